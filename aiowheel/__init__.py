@@ -1,0 +1,27 @@
+"""aiowheel: a hierarchical timing-wheel timer for asyncio, uvloop and trio.
+
+Kafka's SystemTimer brought to async Python: O(1) schedule, cancel and re-arm, one
+driver per timer that wakes only when the earliest occupied bucket is due, async
+callbacks on a bounded worker pool, and a purgatory of delayed operations.
+"""
+
+from ._exceptions import TimerCancelled, TimerClosed, TimerError, TimerFull
+from ._handle import PeriodicHandle, TimerHandle
+from ._timeout import Timeout
+from ._timer import Timer, TimerStats, TraceRecorder
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PeriodicHandle",
+    "Timeout",
+    "Timer",
+    "TimerCancelled",
+    "TimerClosed",
+    "TimerError",
+    "TimerFull",
+    "TimerHandle",
+    "TimerStats",
+    "TraceRecorder",
+    "__version__",
+]

@@ -1,0 +1,152 @@
+"""Drivers: what wakes the timer when the earliest occupied bucket comes due.
+
+This replaces Kafka's reaper thread blocked in ``DelayQueue.poll``. A driver knows
+one thing, the instant of its next wake-up, and calls ``on_wakeup`` then. It never
+wakes periodically: with no timers it is not armed at all.
+
+* ``AsyncioDriver`` uses one ``loop.call_at`` handle. Re-arming it (only when a timer
+  lands in a bucket earlier than the armed one) costs a handle cancel and a heap push
+  in the loop; a task step per wake-up would cost several times more.
+* ``AnyioDriver`` is one task sleeping in a ``CancelScope`` whose deadline is the next
+  wake-up; re-arming is an assignment to ``scope.deadline``. It is used on trio (and
+  works on any anyio backend).
+
+Both read time only from the loop's clock, so virtual clocks (``looptime``,
+``trio.testing.MockClock``) drive them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+__all__ = ["AnyioDriver", "AsyncioDriver", "backend_name", "loop_clock"]
+
+_INF = math.inf
+
+
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The cheapest callable returning ``loop.time()``.
+
+    ``BaseEventLoop.time`` is a Python method around ``time.monotonic``; when the loop
+    does not override it (looptime and other virtual clocks do), call the C function
+    directly and save a Python frame per call.
+    """
+    if type(loop).time is asyncio.BaseEventLoop.time and "time" not in getattr(
+        loop, "__dict__", {}
+    ):
+        return time.monotonic
+    return loop.time
+
+
+def backend_name() -> str:
+    """``"asyncio"``, ``"uvloop"`` or ``"trio"``: what is running in this thread."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            pass
+        else:
+            return "trio"
+    raise RuntimeError("aiowheel needs a running asyncio or trio event loop")
+
+
+def current_clock() -> Callable[[], float]:
+    """The clock of the running event loop (asyncio ``loop.time``, trio ``current_time``)."""
+    name = backend_name()
+    if name == "trio":
+        import trio
+
+        return trio.current_time
+    return loop_clock(asyncio.get_running_loop())
+
+
+class AsyncioDriver:
+    """Wakes the timer with a single ``call_at`` handle on the running loop."""
+
+    __slots__ = ("_handle", "_loop", "_on_wakeup")
+
+    needs_task = False
+
+    def __init__(self, on_wakeup: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._on_wakeup = on_wakeup
+        self._handle: asyncio.Handle | None = None
+
+    def arm(self, when: float) -> None:
+        handle = self._handle
+        if handle is not None:
+            handle.cancel()
+        if when == -_INF:
+            self._handle = self._loop.call_soon(self._wake)
+        else:
+            self._handle = self._loop.call_at(when, self._wake)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _wake(self) -> None:
+        self._handle = None
+        self._on_wakeup()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        raise NotImplementedError  # pragma: no cover - needs_task is False
+
+
+class AnyioDriver:
+    """One task that sleeps until the next wake-up in a movable ``CancelScope``."""
+
+    __slots__ = ("_deadline", "_on_wakeup", "_scope")
+
+    needs_task = True
+
+    def __init__(self, on_wakeup: Callable[[], None]) -> None:
+        self._on_wakeup = on_wakeup
+        self._deadline = _INF
+        self._scope: anyio.CancelScope | None = None
+
+    def arm(self, when: float) -> None:
+        self._deadline = when
+        scope = self._scope
+        if scope is not None:
+            scope.deadline = when
+
+    def disarm(self) -> None:
+        self.arm(_INF)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            # Invariant: while we sleep, _scope.deadline is the wake-up instant; while
+            # the timer's pass runs, _scope is None and arming only records _deadline.
+            with anyio.CancelScope(deadline=self._deadline) as scope:
+                self._scope = scope
+                await anyio.sleep_forever()
+            self._scope = None
+            self._deadline = _INF
+            self._on_wakeup()
+
+
+Driver = AsyncioDriver | AnyioDriver
+
+
+def make_driver(name: str, on_wakeup: Callable[[], None]) -> Any:
+    if name in ("asyncio", "uvloop"):
+        return AsyncioDriver(on_wakeup)
+    return AnyioDriver(on_wakeup)

@@ -1,0 +1,298 @@
+"""Timer handles: what ``schedule`` returns.
+
+A handle is also the wheel's entry (Kafka's ``TimerTaskEntry``): it sits directly in
+a bucket, so cancelling it is one ``del`` from a dict. A handle has six slots and no
+``__dict__``; with its float deadline and its dict slot in a bucket a pending timer
+costs about 150 bytes.
+
+State lives in two slots:
+
+* ``_bucket`` is the container holding the handle while it is *pending* (a wheel
+  bucket, a bucket handed back by the wheel as expired, or the timer's run queue of
+  async callbacks waiting for a worker), ``None`` otherwise;
+* ``_result`` is ``_PENDING`` until the callback starts, then ``_RUNNING`` while an
+  async callback runs, then the callback's return value or a ``_Failure``;
+  ``_CANCELLED`` once cancelled. While queued for a worker it holds the awaitable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._exceptions import TimerCancelled
+from ._wheel import WheelEntry
+
+if TYPE_CHECKING:
+    from ._timer import Timer
+
+__all__ = ["PeriodicHandle", "TimerHandle"]
+
+T = TypeVar("T")
+
+
+class _Sentinel:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_PENDING: Any = _Sentinel("PENDING")
+_RUNNING: Any = _Sentinel("RUNNING")
+_CANCELLED: Any = _Sentinel("CANCELLED")
+
+
+class _Failure:
+    """The exception a callback raised, kept for ``wait()``."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def check_delay(delay: float, what: str = "delay") -> None:
+    """Raise the documented exception for a delay/deadline that is not a finite number."""
+    try:
+        finite = delay - delay == 0  # False for NaN and +-inf, TypeError for non-numbers
+    except TypeError:
+        raise TypeError(f"{what} must be a number of seconds, got {delay!r}") from None
+    if not finite:
+        raise ValueError(f"{what} must be finite, got {delay!r}")
+
+
+class TimerHandle(WheelEntry, Generic[T]):
+    """A scheduled callback. Returned by ``Timer.schedule`` and friends."""
+
+    __slots__ = ("_args", "_callback", "_result", "_timer")
+
+    def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._timer = timer
+        self._callback = callback
+        self._args = args
+        self._result = _PENDING
+        self._bucket = None
+
+    # -- state ----------------------------------------------------------------------
+
+    @property
+    def deadline(self) -> float:
+        """When the callback is due, on the timer's clock (``time() + delay``)."""
+        return self._deadline
+
+    @property
+    def callback(self) -> Callable[..., Any]:
+        return self._callback
+
+    def pending(self) -> bool:
+        """True from scheduling until the callback starts (also while an expired async
+        callback waits for a worker)."""
+        return self._bucket is not None
+
+    def cancelled(self) -> bool:
+        return self._result is _CANCELLED
+
+    def fired(self) -> bool:
+        """True once the callback has started (also when it raised)."""
+        return self._bucket is None and self._result is not _CANCELLED
+
+    def done(self) -> bool:
+        """True when there is nothing left to wait for: finished or cancelled."""
+        return (
+            self._bucket is None and self._result is not _PENDING and self._result is not _RUNNING
+        )
+
+    def __repr__(self) -> str:
+        state = (
+            "pending"
+            if self._bucket is not None
+            else "cancelled"
+            if self._result is _CANCELLED
+            else "running"
+            if self._result is _RUNNING or self._result is _PENDING
+            else "done"
+        )
+        name = getattr(self._callback, "__qualname__", repr(self._callback))
+        return f"<{type(self).__name__} {state} deadline={self._deadline:.6f} callback={name}>"
+
+    # -- control ----------------------------------------------------------------------
+
+    def cancel(self) -> bool:
+        """Stop the timer. True exactly when it was pending: its callback will never
+        run. The timer drops its reference to the handle at once (eager O(1) removal:
+        no tombstone is left behind)."""
+        bucket = self._bucket
+        if bucket is None:
+            return False
+        del bucket[self]
+        self._bucket = None
+        result = self._result
+        self._result = _CANCELLED
+        timer = self._timer
+        timer._cancelled_one(self, bucket, result)
+        return True
+
+    def reset(self, delay: float) -> None:
+        """Re-arm to ``timer.time() + delay``: pending, fired or cancelled alike.
+
+        Moving a pending timer later only records the new deadline (O(1), no bucket
+        work); the wheel re-files it when its old bucket comes due.
+        """
+        try:
+            finite = delay - delay == 0
+        except TypeError:
+            raise TypeError(f"delay must be a number of seconds, got {delay!r}") from None
+        if not finite:
+            raise ValueError(f"delay must be finite, got {delay!r}")
+        timer = self._timer
+        timer._rearm(self, timer._clock() + delay)
+
+    def reset_at(self, deadline: float) -> None:
+        """Re-arm to the absolute ``deadline`` (same rules as ``reset``)."""
+        check_delay(deadline, "deadline")
+        self._timer._rearm(self, deadline + 0.0)
+
+    async def wait(self) -> T:
+        """The callback's return value once it (awaited, for async callbacks) has
+        finished; re-raises its exception; ``TimerCancelled`` if cancelled first."""
+        if self._bucket is not None or self._result is _RUNNING or self._result is _PENDING:
+            outcome = await self._timer._wait_for(self)
+        else:
+            outcome = self._result
+        if outcome is _CANCELLED:
+            raise TimerCancelled(f"{self!r} was cancelled")
+        if type(outcome) is _Failure:
+            raise outcome.exc
+        return outcome  # type: ignore[no-any-return]
+
+
+class TracedHandle(TimerHandle[T]):
+    """A handle of a timer with a trace recorder: it carries what a trace row needs.
+
+    Only timers with a recorder create these, so a timer without one pays nothing.
+    """
+
+    __slots__ = ("_id", "_label", "_level", "_scheduled_at")
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        self._timer._trace_cancelled(self)
+        return True
+
+    @property
+    def label(self) -> str | None:
+        return self._label
+
+
+class PeriodicHandle(TimerHandle[Any]):
+    """The handle of ``Timer.every``: it re-arms itself after each run.
+
+    Its callback slot holds ``self._run``, which calls the user's callback and then
+    re-arms, so the dispatcher treats periodic timers like any other.
+    """
+
+    __slots__ = ("_active", "_fixed_rate", "_interval", "_k", "_start", "_user_args", "_user_cb")
+
+    def __init__(
+        self,
+        timer: Timer,
+        callback: Callable[..., Any],
+        args: tuple[Any, ...],
+        interval: float,
+        fixed_rate: bool,
+        start: float,
+    ) -> None:
+        super().__init__(timer, self._run, ())
+        self._user_cb = callback
+        self._user_args = args
+        self._interval = interval
+        self._fixed_rate = fixed_rate
+        self._start = start
+        self._k = 1
+        self._active = True
+
+    @property
+    def callback(self) -> Callable[..., Any]:
+        return self._user_cb
+
+    @property
+    def interval(self) -> float:
+        return self._interval
+
+    def active(self) -> bool:
+        return self._active
+
+    def cancelled(self) -> bool:
+        return not self._active
+
+    def cancel(self) -> bool:
+        """Stop the periodic timer: True while it was active; no run starts after."""
+        if not self._active:
+            return False
+        self._active = False
+        self._timer._periodic.discard(self)
+        if not TimerHandle.cancel(self):
+            # A run is in progress; it finishes, and it is not re-armed.
+            self._timer._cancelled += 1
+        return True
+
+    def reset(self, delay: float) -> None:
+        """Move the next run to ``time() + delay`` (re-activating a stopped timer);
+        later runs follow from there."""
+        check_delay(delay)
+        timer = self._timer
+        deadline = timer._clock() + delay
+        self._start = deadline - self._interval
+        self._k = 1
+        if not self._active:
+            self._active = True
+            timer._periodic.add(self)
+        timer._rearm(self, deadline)
+
+    def reset_at(self, deadline: float) -> None:
+        check_delay(deadline, "deadline")
+        self.reset(deadline - self._timer._clock())
+
+    def _run(self) -> Any:
+        try:
+            result = self._user_cb(*self._user_args)
+        except BaseException:
+            self._next()
+            raise
+        if result is not None and _is_awaitable(result):
+            return self._run_async(result)
+        self._next()
+        return result
+
+    async def _run_async(self, awaitable: Awaitable[Any]) -> Any:
+        try:
+            return await awaitable
+        finally:
+            self._next()
+
+    def _next(self) -> None:
+        # Runs never overlap: the next run is armed only once this one has finished.
+        timer = self._timer
+        if not self._active or not timer._accepting_periodic():
+            return
+        now = timer._clock()
+        if self._fixed_rate:
+            interval = self._interval
+            # Skip missed periods instead of bunching them: the first grid point at
+            # or after now, and never the same one twice.
+            k = max(self._k + 1, math.ceil((now - self._start) / interval))
+            self._k = k
+            deadline = self._start + k * interval
+        else:
+            deadline = now + self._interval
+        timer._rearm(self, deadline)
+
+
+def _is_awaitable(obj: object) -> bool:
+    return hasattr(type(obj), "__await__")

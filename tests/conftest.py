@@ -1,0 +1,65 @@
+"""Shared fixtures: every async test runs on asyncio, uvloop and trio (anyio's plugin).
+
+* ``asyncio``: the default loop with looptime's virtual clock: time jumps to the next
+  timer whenever the loop would sleep, so a 10-second test takes microseconds and
+  timing assertions are exact.
+* ``uvloop``: uvloop has no virtual clock (looptime patches pure-Python loops only),
+  so it runs on real time. Tests marked ``virtual_time`` are skipped there; the
+  others use small delays and await the events themselves.
+* ``trio``: ``trio.testing.MockClock(autojump_threshold=0)``, virtual like asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import looptime
+import pytest
+import trio.testing
+
+BACKENDS = ["asyncio", "uvloop", "trio"]
+
+
+def _looptime_loop() -> asyncio.AbstractEventLoop:
+    # start=1000.0: a non-zero epoch catches code that assumes the clock starts at 0.
+    return looptime.new_event_loop(start=1000.0)
+
+
+@pytest.fixture(params=BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    name = request.param
+    if name == "asyncio":
+        return ("asyncio", {"loop_factory": _looptime_loop})
+    if name == "uvloop":
+        return ("asyncio", {"use_uvloop": True})
+    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+@pytest.fixture
+def backend(anyio_backend: tuple[str, dict[str, Any]]) -> str:
+    """``"asyncio"``, ``"uvloop"`` or ``"trio"``."""
+    name, options = anyio_backend
+    if name == "asyncio" and options.get("use_uvloop"):
+        return "uvloop"
+    return name
+
+
+@pytest.fixture
+def virtual(backend: str) -> bool:
+    """True when time is virtual (asyncio with looptime, trio with MockClock)."""
+    return backend != "uvloop"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "virtual_time: needs a virtual clock; skipped on uvloop (real time)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _skip_real_time(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("virtual_time") is None:
+        return
+    if "anyio_backend" in request.fixturenames and request.getfixturevalue("backend") == "uvloop":
+        pytest.skip("needs a virtual clock; uvloop runs on real time")
