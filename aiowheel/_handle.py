@@ -134,7 +134,13 @@ class TimerHandle(WheelEntry, Generic[T]):
         result = self._result
         self._result = _CANCELLED
         timer = self._timer
-        timer._cancelled_one(self, bucket, result)
+        timer._pending -= 1
+        timer._cancelled += 1
+        # The common case ends here. The rest is rare: the bucket the driver waits for
+        # emptied, an async callback queued for a worker (its coroutine must be
+        # closed), or someone waiting on this timer.
+        if not bucket or result is not _PENDING or timer._listening:
+            timer._after_cancel(self, bucket, result)
         return True
 
     def reset(self, delay: float) -> None:
@@ -178,6 +184,11 @@ class TracedHandle(TimerHandle[T]):
     """
 
     __slots__ = ("_id", "_label", "_level", "_scheduled_at")
+
+    _id: int
+    _label: str | None
+    _level: int
+    _scheduled_at: float
 
     def cancel(self) -> bool:
         if not super().cancel():

@@ -51,7 +51,8 @@ class Timeout:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._scope is not None and self._handle is not None
+        assert self._scope is not None
+        assert self._handle is not None
         self._handle.cancel()
         suppressed = self._scope.__exit__(exc_type, exc, tb)
         if self._expired and self._scope.cancelled_caught:

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -187,6 +187,10 @@ class Timer:
         self._nworkers = 0
 
         self._waiters: dict[TimerHandle[Any], _Waiter] = {}
+        # True whenever any of the three waiter collections below may be non-empty
+        # (set on every registration, recomputed lazily), so that handle.cancel()
+        # checks one attribute instead of three.
+        self._listening = False
         self._room_waiters: list[anyio.Event] = []
         self._idle_waiters: list[anyio.Event] = []
         self._periodic: set[PeriodicHandle] = set()
@@ -274,6 +278,7 @@ class Timer:
             while (self._pending or self._running) and self._state == _DRAINING:
                 event = anyio.Event()
                 self._idle_waiters.append(event)
+                self._listening = True
                 await event.wait()
         if self._state == _CLOSED:
             return []
@@ -282,7 +287,8 @@ class Timer:
         self._driver.disarm()
         self._wake_at = _INF
         cancelled = self._cancel_everything()
-        assert self._inner_tg is not None and self._stopped is not None
+        assert self._inner_tg is not None
+        assert self._stopped is not None
         self._inner_tg.cancel_scope.cancel()
         for event in self._room_waiters + self._idle_waiters:
             event.set()
@@ -384,6 +390,8 @@ class Timer:
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` ``delay`` seconds from now; ``TimerFull`` at
         ``max_pending``. ``delay <= 0`` fires on the driver's next pass."""
+        # The hot path: kept flat (no helper calls) on purpose; schedule_at_nowait
+        # is the same with an absolute deadline.
         if not self._open:
             raise TimerClosed(self._closed_reason())
         try:
@@ -392,7 +400,19 @@ class Timer:
             raise TypeError(f"delay must be a number of seconds, got {delay!r}") from None
         if not finite:
             raise ValueError(f"delay must be finite, got {delay!r}")
-        return self._add(self._clock() + delay, callback, args, label)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        if self._pending >= self._limit:
+            raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
+        if self._recorder is not None:
+            return self._add_traced(self._clock() + delay, callback, args, label)
+        handle: TimerHandle[Any] = TimerHandle(self, callback, args)
+        when = self._wheel.insert(handle, self._clock() + delay)  # type: ignore[union-attr]
+        self._pending += 1
+        self._scheduled += 1
+        if when < self._wake_at:
+            self._arm(when)
+        return handle
 
     def schedule_at_nowait(
         self, deadline: float, callback: Callable[..., Any], *args: Any, label: str | None = None
@@ -401,7 +421,18 @@ class Timer:
         if not self._open:
             raise TimerClosed(self._closed_reason())
         check_delay(deadline, "deadline")
-        return self._add(deadline + 0.0, callback, args, label)
+        _check_callable(callback)
+        if self._pending >= self._limit:
+            raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
+        if self._recorder is not None:
+            return self._add_traced(deadline + 0.0, callback, args, label)
+        handle: TimerHandle[Any] = TimerHandle(self, callback, args)
+        when = self._wheel.insert(handle, deadline + 0.0)  # type: ignore[union-attr]
+        self._pending += 1
+        self._scheduled += 1
+        if when < self._wake_at:
+            self._arm(when)
+        return handle
 
     async def schedule(
         self, delay: float, callback: Callable[..., Any], *args: Any, label: str | None = None
@@ -424,24 +455,20 @@ class Timer:
             await self._wait_for_room()
         return self.schedule_at_nowait(deadline, callback, *args, label=label)
 
-    def _add(
+    def _add_traced(
         self,
         deadline: float,
         callback: Callable[..., Any],
         args: tuple[Any, ...],
         label: str | None,
     ) -> TimerHandle[Any]:
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
-        if self._pending >= self._limit:
-            raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
-        if self._recorder is None:
-            handle: TimerHandle[Any] = TimerHandle(self, callback, args)
-            when = self._wheel.insert(handle, deadline)  # type: ignore[union-attr]
-        else:
-            handle = self._traced(callback, args, label)
-            when = self._wheel.insert(handle, deadline)  # type: ignore[union-attr]
-            handle._level = handle._bucket.level  # type: ignore[attr-defined,union-attr]
+        # Timers with a recorder get handles that carry what a trace row needs.
+        handle: TracedHandle[Any] = TracedHandle(self, callback, args)
+        handle._id = next(self._ids)
+        handle._label = label
+        handle._scheduled_at = self._clock()
+        when = self._wheel.insert(handle, deadline)  # type: ignore[union-attr]
+        handle._level = handle._bucket.level  # type: ignore[union-attr]
         self._pending += 1
         self._scheduled += 1
         if when < self._wake_at:
@@ -484,15 +511,6 @@ class Timer:
             self._arm(when)
         return handle
 
-    def _traced(
-        self, callback: Callable[..., Any], args: tuple[Any, ...], label: str | None
-    ) -> TracedHandle[Any]:
-        handle: TracedHandle[Any] = TracedHandle(self, callback, args)
-        handle._id = next(self._ids)
-        handle._label = label
-        handle._scheduled_at = self._clock()
-        return handle
-
     # -- re-arming and cancelling (called by handles) -------------------------------
 
     def _rearm(self, handle: TimerHandle[Any], deadline: float) -> None:
@@ -500,7 +518,7 @@ class Timer:
             raise TimerClosed(self._closed_reason())
         wheel = self._wheel
         assert wheel is not None
-        bucket = handle._bucket
+        bucket: object = handle._bucket
         if bucket is None:
             # Fired or cancelled: a new pending period starts.
             if self._pending >= self._limit:
@@ -521,25 +539,22 @@ class Timer:
         if when < self._wake_at:
             self._arm(when)
 
-    def _cancelled_one(self, handle: TimerHandle[Any], bucket: Bucket, previous: Any) -> None:
-        # Bookkeeping after handle.cancel() took the handle out of `bucket`.
-        self._pending -= 1
-        self._cancelled += 1
-        if not bucket:
-            if bucket is self._runq:
-                pass
-            elif bucket.time == self._wake_at:
-                # The driver was armed for the bucket this cancel emptied: re-arm it
-                # for the next occupied bucket instead of waking for nothing.
-                self._rearm_driver()
-        if previous is not _PENDING and bucket is self._runq:
+    def _after_cancel(self, handle: TimerHandle[Any], bucket: Bucket, previous: Any) -> None:
+        # The rare part of handle.cancel(); the counters are already updated.
+        runq: object = self._runq
+        if bucket is runq:
             _close_awaitable(previous)
+        elif not bucket and bucket.time == self._wake_at:
+            # The driver was armed for the bucket this cancel emptied: re-arm it for
+            # the next occupied bucket instead of waking for nothing.
+            self._rearm_driver()
         if self._waiters:
             self._settle(handle, _CANCELLED)
         if self._room_waiters:
             self._wake_room()
         if self._idle_waiters and not self._pending and not self._running:
             self._wake_idle()
+        self._listening = bool(self._waiters or self._room_waiters or self._idle_waiters)
 
     def _trace_cancelled(self, handle: TracedHandle[Any]) -> None:
         self._trace(handle, None, self._clock())
@@ -611,7 +626,7 @@ class Timer:
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
                 # A snapshot: callbacks may cancel (del) later handles of this bucket.
-                for handle in list(bucket):
+                for handle in cast("list[TimerHandle[Any]]", list(bucket)):
                     if handle._bucket is not bucket:
                         continue  # cancelled or re-armed by an earlier callback
                     handle._bucket = None
@@ -676,6 +691,7 @@ class Timer:
         waiter = self._waiters.get(handle)
         if waiter is None:
             waiter = self._waiters[handle] = _Waiter()
+            self._listening = True
         await waiter.event.wait()
         return waiter.outcome
 
@@ -687,6 +703,7 @@ class Timer:
                 raise TimerClosed(self._closed_reason())
             event = anyio.Event()
             self._room_waiters.append(event)
+            self._listening = True
             try:
                 await event.wait()
             except BaseException:
