@@ -21,11 +21,11 @@ import asyncio
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 __all__ = ["AnyioDriver", "AsyncioDriver", "backend_name", "loop_clock"]
 
@@ -76,9 +76,14 @@ def current_clock() -> Callable[[], float]:
 
 
 class AsyncioDriver:
-    """Wakes the timer with a single ``call_at`` handle on the running loop."""
+    """Wakes the timer with a single ``call_at`` handle on the running loop.
 
-    __slots__ = ("_handle", "_loop", "_on_wakeup")
+    It also spawns the timer's worker tasks, with ``loop.create_task``: the pass that
+    needs a worker runs inside a ``call_at`` callback, where no task is current, so
+    anyio cannot tell which backend runs and its task groups cannot be used there.
+    """
+
+    __slots__ = ("_handle", "_loop", "_on_wakeup", "_tasks")
 
     needs_task = False
 
@@ -86,6 +91,22 @@ class AsyncioDriver:
         self._loop = asyncio.get_running_loop()
         self._on_wakeup = on_wakeup
         self._handle: asyncio.Handle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, worker: Callable[[], Coroutine[Any, Any, None]], tg: TaskGroup) -> None:
+        task = self._loop.create_task(worker())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cancel_workers(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def join_workers(self) -> None:
+        current = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not current]
+        if tasks:
+            await asyncio.wait(tasks)
 
     def arm(self, when: float) -> None:
         handle = self._handle
@@ -129,6 +150,16 @@ class AnyioDriver:
 
     def disarm(self) -> None:
         self.arm(_INF)
+
+    def spawn(self, worker: Callable[[], Coroutine[Any, Any, None]], tg: TaskGroup) -> None:
+        # The pass runs in this driver's own task, so the task group can be used.
+        tg.start_soon(worker)
+
+    def cancel_workers(self) -> None:
+        pass  # they live in the timer's inner task group, which aclose() cancels
+
+    async def join_workers(self) -> None:
+        pass
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

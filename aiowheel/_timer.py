@@ -290,12 +290,14 @@ class Timer:
         assert self._inner_tg is not None
         assert self._stopped is not None
         self._inner_tg.cancel_scope.cancel()
+        self._driver.cancel_workers()
         for event in self._room_waiters + self._idle_waiters:
             event.set()
         self._room_waiters.clear()
         self._idle_waiters.clear()
         if _inside.get() is not self:
             await self._stopped.wait()
+            await self._driver.join_workers()
         if self._recorder is not None:
             await anyio.to_thread.run_sync(self._recorder.close)
         return cancelled
@@ -740,7 +742,7 @@ class Timer:
         elif self._nworkers < self._max_concurrency:
             self._nworkers += 1
             assert self._inner_tg is not None
-            self._inner_tg.start_soon(self._worker)
+            self._driver.spawn(self._worker, self._inner_tg)
 
     async def _worker(self) -> None:
         _inside.set(self)
