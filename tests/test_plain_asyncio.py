@@ -43,14 +43,18 @@ def test_async_callbacks_run_on_workers(run: Runner) -> None:
 
 @pytest.mark.parametrize("run", RUNNERS)
 def test_timeout_cancels_a_plain_task(run: Runner) -> None:
+    async def idle_reader(timer: aiowheel.Timer, scope: aiowheel.Timeout) -> None:
+        with scope:
+            for _ in range(3):
+                await asyncio.sleep(0.005)
+                scope.reset(0.02)  # idle timeout: activity pushes it out
+            await asyncio.sleep(5)
+
     async def main() -> float:
         async with aiowheel.Timer() as timer:
+            scope = timer.timeout(0.02)
             with pytest.raises(TimeoutError):
-                with timer.timeout(0.02) as scope:
-                    for _ in range(3):
-                        await asyncio.sleep(0.005)
-                        scope.reset(0.02)  # idle timeout: activity pushes it out
-                    await asyncio.sleep(5)
+                await idle_reader(timer, scope)
             assert scope.expired()
             return timer.time() - scope.deadline
 
@@ -65,13 +69,15 @@ def test_sleep_wait_and_close(run: Runner) -> None:
             await timer.sleep(0.01)
             assert timer.time() >= start + 0.01  # the deadline, computed as the timer does
 
+            started = asyncio.Event()
+
             async def forever() -> None:
+                started.set()
                 await asyncio.sleep(3600)
 
             running = timer.schedule_nowait(0, forever)
             later = timer.schedule_nowait(60, print)
-            while not running.fired():
-                await asyncio.sleep(0.001)
+            await started.wait()
             cancelled = await timer.aclose()
             assert cancelled == [later]
             with pytest.raises(aiowheel.TimerCancelled):
