@@ -491,7 +491,8 @@ class Timer:
         periods are skipped, not bunched); ``fixed_rate=False`` waits ``interval``
         after each run finishes. Runs never overlap. ``cancel()`` stops it.
         """
-        if not self._open:
+        if self._state != _RUNNING_STATE:
+            # While draining too: aclose(drain=True) has cancelled the periodic timers.
             raise TimerClosed(self._closed_reason())
         try:
             valid = interval > 0 and interval - interval == 0
@@ -595,6 +596,8 @@ class Timer:
     def _closed_reason(self) -> str:
         if self._state == _NEW:
             return "the timer is not started: use `async with Timer() as timer:`"
+        if self._state == _DRAINING:
+            return "the timer is draining (aclose(drain=True)): no new periodic timers"
         return "the timer is closed"
 
     # -- the driver's pass ----------------------------------------------------------
