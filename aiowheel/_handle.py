@@ -87,6 +87,7 @@ class TimerHandle(WheelEntry, Generic[T]):
 
     @property
     def callback(self) -> Callable[..., Any]:
+        """The callable this handle runs."""
         return self._callback
 
     def pending(self) -> bool:
@@ -95,6 +96,8 @@ class TimerHandle(WheelEntry, Generic[T]):
         return self._bucket is not None
 
     def cancelled(self) -> bool:
+        """True when the timer was cancelled before its callback started (or, for an
+        async callback, while it ran, by ``aclose()``)."""
         return self._result is _CANCELLED
 
     def fired(self) -> bool:
@@ -198,6 +201,7 @@ class TracedHandle(TimerHandle[T]):
 
     @property
     def label(self) -> str | None:
+        """The label given at schedule time, written to the trace."""
         return self._label
 
 
@@ -230,16 +234,20 @@ class PeriodicHandle(TimerHandle[Any]):
 
     @property
     def callback(self) -> Callable[..., Any]:
+        """The user's callable, run once per period."""
         return self._user_cb
 
     @property
     def interval(self) -> float:
+        """Seconds between runs."""
         return self._interval
 
     def active(self) -> bool:
+        """True until ``cancel()`` (or the timer's close) stops it."""
         return self._active
 
     def cancelled(self) -> bool:
+        """True once stopped by ``cancel()`` or by the timer's close."""
         return not self._active
 
     def cancel(self) -> bool:

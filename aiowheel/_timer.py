@@ -129,8 +129,21 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 class Timer:
     """A hierarchical timing-wheel timer on the running event loop.
 
-    ``async with Timer() as timer:`` starts it; leaving the block closes it
-    (``aclose()``). See API.md for the full contract.
+    ``async with Timer() as timer:`` starts it (on asyncio, uvloop or trio); leaving
+    the block closes it (``aclose()``).
+
+    :param tick: resolution of the lowest wheel, in seconds (> 0). Callbacks never
+        start before their deadline and at most one tick (plus the loop's own delay)
+        after it.
+    :param wheel_size: buckets per wheel (>= 2); coarser wheels are added on demand,
+        so any finite delay is accepted.
+    :param max_pending: bound on ``len(timer)`` (pending timers, expired async
+        callbacks still waiting for a worker included), or None for no bound.
+    :param max_concurrency: most async callbacks running at once.
+    :param on_error: ``on_error(handle, exc)`` when a callback raises; by default the
+        error is logged at ERROR on the ``"aiowheel"`` logger.
+    :param recorder: a trace recorder (``aiowheel.trace.ParquetRecorder``) that gets one
+        row per timer when it ends; a timer without one pays nothing for tracing.
     """
 
     def __init__(
@@ -337,10 +350,12 @@ class Timer:
 
     @property
     def tick(self) -> float:
+        """Resolution of the lowest wheel, in seconds."""
         return self._tick
 
     @property
     def wheel_size(self) -> int:
+        """Buckets per wheel."""
         return self._wheel_size
 
     @property
@@ -350,12 +365,16 @@ class Timer:
 
     @property
     def closed(self) -> bool:
+        """True once ``aclose()`` has run (or started)."""
         return self._state == _CLOSED
 
     def __len__(self) -> int:
+        """Pending timers, exact at every moment (expired async callbacks still
+        waiting for a worker included)."""
         return self._pending
 
     def stats(self) -> TimerStats:
+        """A snapshot of the counters; zeros on a timer that is not started."""
         return TimerStats(
             pending=self._pending,
             scheduled=self._scheduled,
