@@ -30,6 +30,9 @@ from anyio.abc import TaskGroup, TaskStatus
 __all__ = ["AnyioDriver", "AsyncioDriver", "backend_name", "loop_clock"]
 
 _INF = math.inf
+_ceil = math.ceil
+# Past this (about 31 years of loop time) a microsecond is below float resolution.
+_ROUNDING_LIMIT = 1e9
 
 
 def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
@@ -98,9 +101,8 @@ class AsyncioDriver:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def cancel_workers(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+    def stop(self) -> None:
+        self.disarm()
 
     async def join_workers(self) -> None:
         current = asyncio.current_task()
@@ -114,8 +116,16 @@ class AsyncioDriver:
             handle.cancel()
         if when == -_INF:
             self._handle = self._loop.call_soon(self._wake)
-        else:
-            self._handle = self._loop.call_at(when, self._wake)
+            return
+        if when < _ROUNDING_LIMIT:
+            # Round the wake-up *up* to a whole microsecond. A bucket's time,
+            # origin + start * tick, is not on any clock's grid, and a virtual clock
+            # that counts integer microseconds (looptime) may never reach a wake-up
+            # that falls a few ulps past one of its ticks: asyncio asks it to sleep
+            # for a few nanoseconds and it rounds the step to zero, for ever. One
+            # microsecond of lateness at most, and never early.
+            when = _ceil(when * 1e6) / 1e6
+        self._handle = self._loop.call_at(when, self._wake)
 
     def disarm(self) -> None:
         if self._handle is not None:
@@ -133,7 +143,7 @@ class AsyncioDriver:
 class AnyioDriver:
     """One task that sleeps until the next wake-up in a movable ``CancelScope``."""
 
-    __slots__ = ("_deadline", "_on_wakeup", "_scope")
+    __slots__ = ("_deadline", "_on_wakeup", "_scope", "_stopped")
 
     needs_task = True
 
@@ -141,6 +151,7 @@ class AnyioDriver:
         self._on_wakeup = on_wakeup
         self._deadline = _INF
         self._scope: anyio.CancelScope | None = None
+        self._stopped = False
 
     def arm(self, when: float) -> None:
         self._deadline = when
@@ -155,15 +166,16 @@ class AnyioDriver:
         # The pass runs in this driver's own task, so the task group can be used.
         tg.start_soon(worker)
 
-    def cancel_workers(self) -> None:
-        pass  # they live in the timer's inner task group, which aclose() cancels
+    def stop(self) -> None:
+        self._stopped = True
+        self.arm(-_INF)  # wake the task: it sees _stopped and returns
 
     async def join_workers(self) -> None:
-        pass
+        pass  # they live in the timer's inner task group, which the timer waits for
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
+        while not self._stopped:
             # Invariant: while we sleep, _scope.deadline is the wake-up instant; while
             # the timer's pass runs, _scope is None and arming only records _deadline.
             with anyio.CancelScope(deadline=self._deadline) as scope:
@@ -171,7 +183,8 @@ class AnyioDriver:
                 await anyio.sleep_forever()
             self._scope = None
             self._deadline = _INF
-            self._on_wakeup()
+            if not self._stopped:
+                self._on_wakeup()
 
 
 Driver = AsyncioDriver | AnyioDriver

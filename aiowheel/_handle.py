@@ -120,7 +120,8 @@ class TimerHandle(WheelEntry, Generic[T]):
             if self._result is _RUNNING or self._result is _PENDING
             else "done"
         )
-        name = getattr(self._callback, "__qualname__", repr(self._callback))
+        callback = self.callback
+        name = getattr(callback, "__qualname__", None) or type(callback).__name__
         return f"<{type(self).__name__} {state} deadline={self._deadline:.6f} callback={name}>"
 
     # -- control ----------------------------------------------------------------------

@@ -37,7 +37,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ._driver import backend_name, current_clock, loop_clock, make_driver
-from ._exceptions import TimerClosed, TimerFull
+from ._exceptions import TimerCancelled, TimerClosed, TimerFull
 from ._handle import (
     _CANCELLED,
     _PENDING,
@@ -64,6 +64,12 @@ _NEW, _RUNNING_STATE, _DRAINING, _CLOSED = range(4)
 # Set in the timer's own tasks, so that aclose() called from one of them does not
 # wait for itself.
 _inside: ContextVar[object] = ContextVar("aiowheel_inside", default=None)
+# The handle whose async callback the current worker task is running, and that
+# worker's cancel scope.
+_current: ContextVar[object] = ContextVar("aiowheel_current", default=None)
+_worker_scope: ContextVar[anyio.CancelScope | None] = ContextVar(
+    "aiowheel_worker_scope", default=None
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +218,8 @@ class Timer:
         self._outer_tg: TaskGroup | None = None
         self._inner_tg: TaskGroup | None = None
         self._stopped: anyio.Event | None = None
+        self._closing: anyio.Event | None = None
+        self._worker_scopes: set[anyio.CancelScope] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -230,6 +238,7 @@ class Timer:
         self._wheel = Wheel(self._tick, self._wheel_size, self._clock())
         self._driver = make_driver(self._backend, self._pass)
         self._stopped = anyio.Event()
+        self._closing = anyio.Event()
         outer = anyio.create_task_group()
         await outer.__aenter__()
         self._outer_tg = outer
@@ -260,16 +269,20 @@ class Timer:
         return False
 
     async def _supervise(self, *, task_status: TaskStatus[None]) -> None:
-        # The driver (on trio) and the workers live in this inner task group, which
-        # aclose() cancels; the host task of ``async with`` is never cancelled by us.
+        # The driver (on trio) and the workers (on trio) live in this inner task
+        # group; the host task of ``async with`` is never cancelled by us. aclose()
+        # stops the driver and cancels each worker's own scope (not the group's, so
+        # that an async callback that calls aclose() is not cancelled by its own call),
+        # then sets _closing, and the group ends once every child has returned.
         _inside.set(self)
+        assert self._closing is not None
         try:
             async with anyio.create_task_group() as tg:
                 self._inner_tg = tg
                 if self._driver.needs_task:
                     await tg.start(self._driver.run)
                 task_status.started()
-                await anyio.sleep_forever()
+                await self._closing.wait()
         finally:
             assert self._stopped is not None
             self._stopped.set()
@@ -288,7 +301,10 @@ class Timer:
             self._state = _DRAINING
             for periodic in list(self._periodic):
                 periodic.cancel()
-            while (self._pending or self._running) and self._state == _DRAINING:
+            # Called from an async callback, that callback is one of the running
+            # ones: do not wait for it (it is waiting for us).
+            me = 1 if _current.get() in self._running else 0
+            while (self._pending or len(self._running) > me) and self._state == _DRAINING:
                 event = anyio.Event()
                 self._idle_waiters.append(event)
                 self._listening = True
@@ -300,10 +316,16 @@ class Timer:
         self._driver.disarm()
         self._wake_at = _INF
         cancelled = self._cancel_everything()
-        assert self._inner_tg is not None
         assert self._stopped is not None
-        self._inner_tg.cancel_scope.cancel()
-        self._driver.cancel_workers()
+        assert self._closing is not None
+        self._driver.stop()
+        own = _worker_scope.get()
+        for scope in self._worker_scopes:
+            if scope is not own:
+                scope.cancel()
+        self._closing.set()
+        for parked in self._parked:
+            parked.set()  # a parked worker sees the timer closed and returns
         for event in self._room_waiters + self._idle_waiters:
             event.set()
         self._room_waiters.clear()
@@ -312,7 +334,8 @@ class Timer:
             await self._stopped.wait()
             await self._driver.join_workers()
         if self._recorder is not None:
-            await anyio.to_thread.run_sync(self._recorder.close)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._recorder.close)
         return cancelled
 
     def _cancel_everything(self) -> list[TimerHandle[Any]]:
@@ -335,9 +358,16 @@ class Timer:
         self._periodic.clear()
         self._cancelled += len(handles)
         self._pending = 0
+        current = _current.get()
         for handle in self._running:
-            handle._result = _CANCELLED
-            self._settle(handle, _CANCELLED)
+            if handle is current:
+                continue  # the callback that called aclose() runs to its end
+            # It started, so it stays fired(); its wait() raises TimerCancelled.
+            outcome = _Failure(
+                TimerCancelled(f"{handle!r} was cancelled by aclose() while running")
+            )
+            handle._result = outcome
+            self._settle(handle, outcome)
         return handles
 
     # -- clock and introspection ----------------------------------------------------
@@ -428,7 +458,11 @@ class Timer:
         if self._recorder is not None:
             return self._add_traced(self._clock() + delay, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
-        when = self._wheel.insert(handle, self._clock() + delay)  # type: ignore[union-attr]
+        if delay > 0:
+            when = self._wheel.insert(handle, self._clock() + delay)  # type: ignore[union-attr]
+        else:
+            # Due now: the next pass, not the next tick.
+            when = self._wheel.insert_due(handle, self._clock() + delay)  # type: ignore[union-attr]
         self._pending += 1
         self._scheduled += 1
         if when < self._wake_at:
@@ -446,9 +480,13 @@ class Timer:
         if self._pending >= self._limit:
             raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
         if self._recorder is not None:
-            return self._add_traced(deadline + 0.0, callback, args, label)
+            return self._add_traced(float(deadline), callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
-        when = self._wheel.insert(handle, deadline + 0.0)  # type: ignore[union-attr]
+        deadline = float(deadline)
+        if deadline > self._clock():
+            when = self._wheel.insert(handle, deadline)  # type: ignore[union-attr]
+        else:
+            when = self._wheel.insert_due(handle, deadline)  # type: ignore[union-attr]
         self._pending += 1
         self._scheduled += 1
         if when < self._wake_at:
@@ -487,8 +525,13 @@ class Timer:
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
         handle._id = next(self._ids)
         handle._label = label
-        handle._scheduled_at = self._clock()
-        when = self._wheel.insert(handle, deadline)  # type: ignore[union-attr]
+        handle._scheduled_at = now = self._clock()
+        wheel = self._wheel
+        assert wheel is not None
+        if deadline > now:
+            when = wheel.insert(handle, deadline)
+        else:
+            when = wheel.insert_due(handle, deadline)
         handle._level = handle._bucket.level  # type: ignore[union-attr]
         self._pending += 1
         self._scheduled += 1
@@ -541,6 +584,7 @@ class Timer:
         wheel = self._wheel
         assert wheel is not None
         bucket: object = handle._bucket
+        due = deadline <= self._clock()
         if bucket is None:
             # Fired or cancelled: a new pending period starts.
             if self._pending >= self._limit:
@@ -550,14 +594,18 @@ class Timer:
             handle._result = _PENDING
             if isinstance(handle, TracedHandle):
                 handle._scheduled_at = self._clock()
-            when = wheel.insert(handle, deadline)
         elif bucket is self._runq:
             del self._runq[handle]
             _close_awaitable(handle._result)
             handle._result = _PENDING
-            when = wheel.insert(handle, deadline)
-        else:
+        elif not due:
             when = wheel.extend(handle, deadline)
+            if when < self._wake_at:
+                self._arm(when)
+            return
+        else:
+            wheel.remove(handle)
+        when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
         if when < self._wake_at:
             self._arm(when)
 
@@ -574,8 +622,8 @@ class Timer:
             self._settle(handle, _CANCELLED)
         if self._room_waiters:
             self._wake_room()
-        if self._idle_waiters and not self._pending and not self._running:
-            self._wake_idle()
+        if self._idle_waiters and not self._pending and len(self._running) <= 1:
+            self._wake_idle()  # the drainer re-checks (it may be running itself)
         self._listening = bool(self._waiters or self._room_waiters or self._idle_waiters)
 
     def _trace_cancelled(self, handle: TracedHandle[Any]) -> None:
@@ -638,8 +686,8 @@ class Timer:
                 self._arm(when)
         if self._room_waiters:
             self._wake_room()
-        if self._idle_waiters and not self._pending and not self._running:
-            self._wake_idle()
+        if self._idle_waiters and not self._pending and len(self._running) <= 1:
+            self._wake_idle()  # the drainer re-checks (it may be running itself)
 
     def _dispatch(self, buckets: list[Bucket], now: float) -> None:
         waiters = self._waiters
@@ -768,58 +816,74 @@ class Timer:
 
     async def _worker(self) -> None:
         _inside.set(self)
+        scope = anyio.CancelScope()
+        _worker_scope.set(scope)
+        self._worker_scopes.add(scope)
+        try:
+            with scope:
+                await self._work()
+        finally:
+            self._worker_scopes.discard(scope)
+            self._nworkers -= 1
+
+    async def _work(self) -> None:
+        # One worker's loop: take the oldest expired async callback and await it.
         runq = self._runq
         running = self._running
         cancelled_exc = anyio.get_cancelled_exc_class()
-        parked: anyio.Event | None = None
-        try:
-            while True:
-                if not runq:
-                    parked = anyio.Event()
-                    self._parked.append(parked)
-                    await parked.wait()
-                    parked = None
-                    continue
-                handle, _ = runq.popitem(last=False)
-                awaitable = handle._result
-                handle._bucket = None
-                handle._result = _RUNNING
-                self._pending -= 1
-                self._fired += 1
-                now = self._clock()
-                lateness = now - handle._deadline
-                if lateness > self._lateness_max:
-                    self._lateness_max = lateness
-                if self._recorder is not None:
-                    self._trace(handle, now, None)  # type: ignore[arg-type]
-                running[handle] = None
-                if self._room_waiters:
-                    self._wake_room()
+        while self._state != _CLOSED:
+            if not runq:
+                parked = anyio.Event()
+                self._parked.append(parked)
                 try:
-                    value = await awaitable
-                except cancelled_exc:
-                    running.pop(handle, None)
-                    if handle._result is _RUNNING:
-                        handle._result = _CANCELLED
-                    self._settle(handle, _CANCELLED)
-                    raise
-                except Exception as exc:
-                    self._failed += 1
-                    outcome: Any = _Failure(exc)
-                    self._report(handle, exc)
-                else:
-                    outcome = value
-                del running[handle]
-                if handle._bucket is None and handle._result is _RUNNING:
-                    handle._result = outcome
-                if self._waiters:
-                    self._settle(handle, outcome)
-                if self._idle_waiters and not self._pending and not running:
-                    self._wake_idle()
-        finally:
-            self._nworkers -= 1
-            if parked is not None and parked in self._parked:
-                self._parked.remove(parked)
+                    await parked.wait()
+                finally:
+                    if parked in self._parked:
+                        self._parked.remove(parked)
+                continue
+            handle, _ = runq.popitem(last=False)
+            awaitable = handle._result
+            handle._bucket = None
+            handle._result = _RUNNING
+            self._pending -= 1
+            self._fired += 1
+            now = self._clock()
+            lateness = now - handle._deadline
+            if lateness > self._lateness_max:
+                self._lateness_max = lateness
+            if self._recorder is not None:
+                self._trace(handle, now, None)  # type: ignore[arg-type]
+            running[handle] = None
+            _current.set(handle)
+            if self._room_waiters:
+                self._wake_room()
+            try:
+                value = await awaitable
+            except cancelled_exc:
+                # aclose() cancelled us and already settled the handle as
+                # cancelled-while-running; anything else cancelling a worker is
+                # treated the same way.
+                running.pop(handle, None)
+                if handle._result is _RUNNING:
+                    stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
+                    handle._result = stopped
+                    self._settle(handle, stopped)
+                raise
+            except Exception as exc:
+                self._failed += 1
+                outcome: Any = _Failure(exc)
+                self._report(handle, exc)
+            else:
+                outcome = value
+            finally:
+                _current.set(None)
+            running.pop(handle, None)
+            if handle._bucket is None and handle._result is _RUNNING:
+                handle._result = outcome
+            if self._waiters:
+                self._settle(handle, outcome)
+            if self._idle_waiters and not self._pending and len(running) <= 1:
+                self._wake_idle()  # the drainer re-checks (it may be running itself)
 
     # -- conveniences -------------------------------------------------------------------
 

@@ -249,6 +249,16 @@ class Wheel:
         entry._bucket = bucket
         return _INF
 
+    def insert_due(self, entry: WheelEntry, deadline: float) -> float:
+        """File ``entry`` as due now: it comes out of the next ``advance``, whatever
+        tick the wheel's clock is at. For deadlines the caller knows have passed (a
+        delay <= 0), which must fire on the next pass, not at the next tick."""
+        entry._deadline = deadline
+        bucket = self._due
+        bucket[entry] = None
+        entry._bucket = bucket
+        return -_INF
+
     def remove(self, entry: WheelEntry) -> bool:
         """Take ``entry`` out of whatever bucket holds it. False if it was not pending.
 
@@ -305,12 +315,14 @@ class Wheel:
         (``entry._bucket``), so removing one of them before the caller gets to it
         works as usual. Buckets come due in tick order; a coarse bucket is cascaded
         against its own start tick, so after a long stall entries still come out in
-        deadline order across ticks (within one tick no order is promised).
+        deadline order across ticks (within one tick no order is promised). Entries
+        filed as due (``insert_due``) are merged into that order by deadline.
         """
         fired: list[Bucket] = []
-        if self._due:
-            self._detach_due(now, fired)
         heap = self._heap
+        # Entries filed as due before this pass, sorted; they go out ahead of any
+        # overdue bucket that comes due after their deadline.
+        early: list[WheelEntry] = self._take_due(now) if self._due else []
         size = self._size
         origin = self.origin
         tick = self.tick
@@ -322,6 +334,8 @@ class Wheel:
             if not bucket:
                 bucket.time = _INF
                 continue
+            if early and early[0]._deadline < when:
+                early = self._emit_before(early, when, fired)
             # Detach: new inserts during this pass must not land in a bucket we return.
             self._levels[level][(start // self._widths[level]) % size] = Bucket(level)
             if start > self._now:
@@ -330,8 +344,8 @@ class Wheel:
                 # Entries filed at this tick are due now; entries whose deadline was
                 # moved later (extend) or that a float rounding put one tick early go
                 # back into the wheel, at a tick strictly after this one.
-                early = [entry for entry in bucket if entry._deadline > when]
-                for entry in early:
+                late = [entry for entry in bucket if entry._deadline > when]
+                for entry in late:
                     del bucket[entry]
                     e = _ceil((entry._deadline - origin) / tick)
                     self._file(entry, e if e > start else start + 1)
@@ -344,37 +358,50 @@ class Wheel:
                     self._file(entry, _ceil((entry._deadline - origin) / tick))
                 bucket.clear()
                 if self._due:
-                    self._detach_due(now, fired)
+                    fired.append(self._chunk(self._take_due(now)))
+        if early:
+            fired.append(self._chunk(early))
         target = _floor((now - origin) / tick)
         if target > self._now:
             self._set_now(target)
         return fired
 
-    def _detach_due(self, now: float, fired: list[Bucket]) -> None:
+    def _take_due(self, now: float) -> list[WheelEntry]:
+        # Empty the due bucket: its entries in deadline order. An entry a float
+        # rounding filed as due a hair after `now` waits for the next tick instead.
         due = self._due
         self._due = Bucket(-1)
-        # Filed as due against the wheel's tick clock; a float rounding can still leave
-        # a deadline a hair after `now`. Such an entry waits for the next tick.
-        early = [entry for entry in due if entry._deadline > now]
-        for entry in early:
-            del due[entry]
-            self._file(entry, self._now + 1)
-        if not due:
-            return
-        # Timers scheduled with past deadlines land here in the order they were
-        # scheduled; deadline order is promised across ticks, so sort when needed
-        # (a stream of zero-delay timers is already in order: one comparison each).
+        entries = [entry for entry in due if entry._deadline <= now]
+        if len(entries) < len(due):
+            for entry in due:
+                if entry._deadline > now:
+                    self._file(entry, self._now + 1)
+        # Entries are usually already in order (zero-delay timers, or one tick of a
+        # cascade): then this is one comparison each, and no sort.
         previous = -_INF
-        for entry in due:
+        for entry in entries:
             if entry._deadline < previous:
-                ordered = Bucket(-1)
-                for moved in sorted(due, key=_deadline_of):
-                    ordered[moved] = None
-                    moved._bucket = ordered
-                due = ordered
+                entries.sort(key=_deadline_of)
                 break
             previous = entry._deadline
-        fired.append(due)
+        return entries
+
+    def _chunk(self, entries: list[WheelEntry]) -> Bucket:
+        bucket = Bucket(-1)
+        for entry in entries:
+            bucket[entry] = None
+            entry._bucket = bucket
+        return bucket
+
+    def _emit_before(
+        self, entries: list[WheelEntry], when: float, fired: list[Bucket]
+    ) -> list[WheelEntry]:
+        # Emit the due entries whose deadline is before `when`; return the rest.
+        cut = 0
+        while cut < len(entries) and entries[cut]._deadline < when:
+            cut += 1
+        fired.append(self._chunk(entries[:cut]))
+        return entries[cut:]
 
     # -- introspection (not on any hot path) -----------------------------------------
 
