@@ -31,7 +31,7 @@ __all__ = ["AnyioDriver", "AsyncioDriver", "backend_name", "loop_clock"]
 
 _INF = math.inf
 _ceil = math.ceil
-# Past this (about 31 years of loop time) a microsecond is below float resolution.
+# Past this (about 31 years of loop time) a microsecond is near float resolution.
 _ROUNDING_LIMIT = 1e9
 
 
@@ -86,7 +86,7 @@ class AsyncioDriver:
     anyio cannot tell which backend runs and its task groups cannot be used there.
     """
 
-    __slots__ = ("_handle", "_loop", "_on_wakeup", "_tasks")
+    __slots__ = ("_grid", "_handle", "_loop", "_on_wakeup", "_tasks")
 
     needs_task = False
 
@@ -95,6 +95,9 @@ class AsyncioDriver:
         self._on_wakeup = on_wakeup
         self._handle: asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Wake-ups are rounded up to the loop clock's grid (see arm): uvloop keeps
+        # whole milliseconds; for the others a microsecond covers the virtual clocks.
+        self._grid = 1e3 if backend_name() == "uvloop" else 1e6
 
     def spawn(self, worker: Callable[[], Coroutine[Any, Any, None]], tg: TaskGroup) -> None:
         task = self._loop.create_task(worker())
@@ -118,13 +121,20 @@ class AsyncioDriver:
             self._handle = self._loop.call_soon(self._wake)
             return
         if when < _ROUNDING_LIMIT:
-            # Round the wake-up *up* to a whole microsecond. A bucket's time,
-            # origin + start * tick, is not on any clock's grid, and a virtual clock
-            # that counts integer microseconds (looptime) may never reach a wake-up
-            # that falls a few ulps past one of its ticks: asyncio asks it to sleep
-            # for a few nanoseconds and it rounds the step to zero, for ever. One
-            # microsecond of lateness at most, and never early.
-            when = _ceil(when * 1e6) / 1e6
+            # Round the wake-up *up* to the loop clock's grid. A bucket's time,
+            # origin + start * tick, is on no clock's grid, and a loop whose clock
+            # counts whole units may wake us for it one unit early and then never move:
+            # uvloop rounds a call_at delay to whole milliseconds, so a wake-up less
+            # than half a millisecond ahead becomes a 0 ms timer on an unchanged clock
+            # (the driver would spin until the millisecond turns); an integer-
+            # microsecond virtual clock (looptime) asked to sleep a few nanoseconds
+            # rounds the step to zero, for ever. One grid unit of lateness at most
+            # (on uvloop its clock's own resolution), and never early.
+            grid = self._grid
+            units = _ceil(when * grid)
+            if units / grid < when:
+                units += 1  # when * grid rounded down onto an integer: one ulp short
+            when = units / grid
         self._handle = self._loop.call_at(when, self._wake)
 
     def disarm(self) -> None:
