@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-__all__ = ["AnyioDriver", "AsyncioDriver", "backend_name", "loop_clock"]
+__all__ = ["AnyioDriver", "AsyncioDriver", "backend_name", "loop_clock", "round_up"]
 
 _INF = math.inf
 _ceil = math.ceil
@@ -47,6 +47,15 @@ def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     ):
         return time.monotonic
     return loop.time
+
+
+def round_up(when: float, grid: float) -> float:
+    """The first instant at or after ``when`` on a clock that counts units of
+    ``1 / grid`` seconds."""
+    units = _ceil(when * grid)
+    if units / grid < when:
+        units += 1  # when * grid rounded down onto an integer: one ulp short
+    return units / grid
 
 
 def backend_name() -> str:
@@ -130,11 +139,7 @@ class AsyncioDriver:
             # microsecond virtual clock (looptime) asked to sleep a few nanoseconds
             # rounds the step to zero, for ever. One grid unit of lateness at most
             # (on uvloop its clock's own resolution), and never early.
-            grid = self._grid
-            units = _ceil(when * grid)
-            if units / grid < when:
-                units += 1  # when * grid rounded down onto an integer: one ulp short
-            when = units / grid
+            when = round_up(when, self._grid)
         self._handle = self._loop.call_at(when, self._wake)
 
     def disarm(self) -> None:
