@@ -9,11 +9,14 @@ from ._exceptions import TimerCancelled, TimerClosed, TimerError, TimerFull
 from ._handle import PeriodicHandle, TimerHandle
 from ._timeout import Timeout
 from ._timer import Timer, TimerStats, TraceRecorder
+from .purgatory import DelayedOperation, Purgatory
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DelayedOperation",
     "PeriodicHandle",
+    "Purgatory",
     "Timeout",
     "Timer",
     "TimerCancelled",

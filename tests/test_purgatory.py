@@ -1,0 +1,1048 @@
+"""The purgatory of delayed operations (Kafka's DelayedOperationPurgatory).
+
+Scenarios from Kafka's ``DelayedOperationTest`` (anchors.md §1.4, items 11-17) and the
+purgatory behaviours 54-64 of anchors.md (c), on asyncio (looptime), uvloop (real
+time, small delays) and trio (MockClock). Tests that assert exact instants are marked
+``virtual_time``; the others await the operations themselves.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+import weakref
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+
+from aiowheel import Timer, TimerCancelled, TimerClosed, TimerFull, TimerHandle
+from aiowheel.purgatory import DelayedOperation, Purgatory
+
+pytestmark = pytest.mark.anyio
+
+TICK = 0.001
+
+
+class Op(DelayedOperation):
+    """Completes once ``ready`` is set; records what happened to it, and when."""
+
+    def __init__(self, timeout: float, *, ready: bool = False, clock: Timer | None = None):
+        super().__init__(timeout)
+        self.ready = ready
+        self.clock = clock
+        self.tries = 0
+        self.events: list[str] = []
+        self.completed_at: float | None = None
+
+    def try_complete(self) -> bool:
+        self.tries += 1
+        if self.ready:
+            return self.force_complete()
+        return False
+
+    def on_complete(self) -> None:
+        self.events.append("complete")
+        if self.clock is not None:
+            self.completed_at = self.clock.time()
+
+    def on_expiration(self) -> None:
+        self.events.append("expire")
+
+
+# -- Kafka's DelayedOperationTest ------------------------------------------------------
+
+
+async def test_check_without_watchers_completes_nothing() -> None:
+    # Kafka: testRequestSatisfaction, first assertion; behaviour 54.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        assert purgatory.check_and_complete("test1") == 0
+        assert purgatory.check_and_complete(("topic", 0)) == 0
+        assert purgatory.delayed() == purgatory.watched() == len(purgatory) == 0
+
+
+async def test_request_satisfaction() -> None:
+    # Kafka: testRequestSatisfaction; behaviour 56.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        r1, r2 = Op(100_000), Op(100_000)
+        assert not purgatory.try_complete_else_watch(r1, ["test1"])
+        assert purgatory.check_and_complete("test1") == 0
+        assert not purgatory.try_complete_else_watch(r2, ["test2"])
+        assert purgatory.check_and_complete("test2") == 0
+        assert purgatory.delayed() == 2
+        r1.ready = True
+        assert purgatory.check_and_complete("test1") == 1
+        assert purgatory.check_and_complete("test1") == 0
+        assert r1.events == ["complete"]
+        assert r1.is_completed()
+        r2.ready = True
+        assert purgatory.check_and_complete("test2") == 1
+        assert purgatory.check_and_complete("test2") == 0
+        assert r2.events == ["complete"]
+        assert purgatory.delayed() == purgatory.watched() == 0
+        # Both timeouts left the wheel the moment their operations completed.
+        assert len(timer) == 0
+
+
+async def test_request_expiry(virtual: bool) -> None:
+    # Kafka: testRequestExpiry; behaviour 57. Never before the timeout, on_complete
+    # then on_expiration, each once; the long operation is untouched.
+    async with Timer(tick=TICK) as timer:
+        purgatory = Purgatory(timer)
+        r1 = Op(0.020, clock=timer)
+        r2 = Op(200.0, clock=timer)
+        start = timer.time()
+        assert not purgatory.try_complete_else_watch(r1, ["test1"])
+        assert not purgatory.try_complete_else_watch(r2, ["test2"])
+        await r1.wait()
+        assert r1.completed_at is not None
+        assert r1.completed_at >= start + 0.020
+        if virtual:
+            assert r1.completed_at <= start + 0.020 + TICK + 1e-9
+        assert r1.events == ["complete", "expire"]
+        assert not r2.is_completed()
+        assert r2.events == []
+        assert purgatory.delayed() == 1
+        # r1 expired, so nobody checked "test1": its entry stays until a check or purge.
+        assert purgatory.watched() == 2
+        assert purgatory.check_and_complete("test1") == 0
+        assert purgatory.watched() == 1
+        assert len(timer) == 1
+
+
+async def test_completes_right_away_without_watching_or_timing() -> None:
+    # Behaviour 55: an operation whose condition holds is neither watched nor timed.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(10.0, ready=True)
+        assert purgatory.try_complete_else_watch(op, ["a", "b"])
+        assert op.events == ["complete"]
+        assert op.tries == 1
+        assert purgatory.delayed() == purgatory.watched() == 0
+        assert len(timer) == 0
+        assert timer.stats().scheduled == 0
+        await op.wait()  # already completed: returns at once
+
+
+async def test_purge_accounting_r1_r2_r3() -> None:
+    # Kafka: testRequestPurge; behaviour 59.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        r1, r2, r3 = Op(100_000), Op(100_000), Op(100_000)
+        purgatory.try_complete_else_watch(r1, ["test1"])
+        purgatory.try_complete_else_watch(r2, ["test1", "test2"])
+        purgatory.try_complete_else_watch(r3, ["test1", "test2", "test3"])
+        assert purgatory.delayed() == len(purgatory) == 3
+        assert purgatory.watched() == 6
+        assert len(timer) == 3
+
+        # Completed directly: delayed() drops at once and the timeout leaves the wheel
+        # at once; the watch lists keep the entries until their keys are checked.
+        assert r2.force_complete()
+        assert purgatory.delayed() == 2
+        assert len(timer) == 2
+        assert r3.force_complete()
+        assert purgatory.delayed() == 1
+        assert len(timer) == 1
+        assert purgatory.watched() == 6
+
+        assert purgatory.check_and_complete("test1") == 0
+        assert purgatory.watched() == 4
+        assert purgatory.check_and_complete("test2") == 0
+        assert purgatory.watched() == 2
+        assert purgatory.check_and_complete("test3") == 0
+        assert purgatory.watched() == 1
+        assert not r1.is_completed()
+
+
+async def test_cancel_for_key() -> None:
+    # Kafka: testCancelForKeyReturningCancelledOperations; behaviour 60.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        ops = [Op(10_000), Op(10_000), Op(10_000)]
+        purgatory.try_complete_else_watch(ops[0], ["key"])
+        purgatory.try_complete_else_watch(ops[1], ["key"])
+        purgatory.try_complete_else_watch(ops[2], ["key2"])
+        cancelled = purgatory.cancel_for_key("key")
+        assert cancelled == ops[:2]
+        assert purgatory.delayed() == 1
+        assert purgatory.watched() == 1
+        assert len(timer) == 1  # both timeouts were cancelled
+        for op in ops[:2]:
+            assert not op.is_completed()
+            assert op.is_cancelled()
+            assert op.events == []  # neither on_complete nor on_expiration
+            assert not op.force_complete()  # a cancelled operation stays cancelled
+            with pytest.raises(TimerCancelled):
+                await op.wait()
+        assert purgatory.check_and_complete("key") == 0
+
+
+async def test_cancel_for_unknown_key() -> None:
+    # Kafka: testCancelForKeyReturningEmptyList.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        assert purgatory.cancel_for_key("key") == []
+        purgatory.try_complete_else_watch(Op(10), ["other"])
+        assert purgatory.cancel_for_key("key") == []
+        assert purgatory.delayed() == 1
+
+
+async def test_cancel_for_key_skips_completed_and_keeps_other_keys_consistent() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        done, live, wide = Op(10), Op(10), Op(10)
+        purgatory.try_complete_else_watch(done, ["k"])
+        purgatory.try_complete_else_watch(live, ["k"])
+        purgatory.try_complete_else_watch(wide, ["k", "j"])
+        done.force_complete()
+        assert purgatory.cancel_for_key("k") == [live, wide]
+        assert purgatory.delayed() == 0
+        # wide's entry under "j" lingers until "j" is checked, like a completed one.
+        assert purgatory.watched() == 1
+        assert purgatory.check_and_complete("j") == 0
+        assert purgatory.watched() == 0
+        assert len(timer) == 0
+
+
+# -- completion racing expiry (behaviour 58) ------------------------------------------
+
+
+async def test_expiry_and_completion_in_the_same_timer_pass() -> None:
+    # Two operations with the same deadline share a bucket: the first to expire
+    # force-completes the other from its on_expiration, in the middle of the pass that
+    # is about to expire it. Exactly one path wins for each.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        forced: list[bool] = []
+
+        class Killer(Op):
+            def on_expiration(self) -> None:
+                super().on_expiration()
+                forced.append(victim.force_complete())
+
+        killer, victim = Killer(0.005), Op(0.005)
+        purgatory.try_complete_else_watch(killer, ["k"])
+        purgatory.try_complete_else_watch(victim, ["k"])
+        await killer.wait()
+        await victim.wait()
+        assert killer.events.count("complete") == victim.events.count("complete") == 1
+        if forced == [True]:
+            assert victim.events == ["complete"]  # the force won, the expiry never ran
+        else:
+            assert forced == [False]
+            assert victim.events == ["complete", "expire"]
+        assert purgatory.delayed() == 0
+        assert len(timer) == 0
+        stats = timer.stats()
+        assert stats.fired + stats.cancelled == 2
+
+
+async def test_force_complete_at_the_deadline_races_the_timeout() -> None:
+    # A task wakes at the operation's deadline and force-completes it while the
+    # timeout is due too: exactly one wins, on_complete runs once.
+    for _ in range(5):
+        async with Timer() as timer:
+            purgatory = Purgatory(timer)
+            op = Op(0.010)
+            purgatory.try_complete_else_watch(op, ["k"])
+            deadline = timer.time() + 0.010
+            results: list[bool] = []
+
+            async def rival(
+                op: Op = op, deadline: float = deadline, results: list[bool] = results
+            ) -> None:
+                await anyio.sleep(deadline - anyio.current_time())
+                results.append(op.force_complete())
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(rival)
+                await op.wait()
+            assert op.events.count("complete") == 1
+            expired = op.events == ["complete", "expire"]
+            assert results.count(True) == (0 if expired else 1)
+            assert len(results) == 3
+
+
+async def test_force_complete_first_caller_wins_and_releases_the_timer() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(0.005, clock=timer)
+        purgatory.try_complete_else_watch(op, ["k"])
+        assert len(timer) == 1
+        assert op.force_complete()
+        assert len(timer) == 0
+        assert timer.stats().cancelled == 1
+        assert [op.force_complete() for _ in range(3)] == [False] * 3
+        # Past the old deadline nothing else happens: the timeout is gone.
+        await anyio.sleep(0.02)
+        assert op.events == ["complete"]
+        assert timer.stats().fired == 0
+
+
+async def test_force_complete_from_inside_on_complete_returns_false() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        inner: list[bool] = []
+
+        class Reentrant(Op):
+            def on_complete(self) -> None:
+                super().on_complete()
+                inner.append(self.force_complete())
+
+        op = Reentrant(10)
+        purgatory.try_complete_else_watch(op, ["k"])
+        assert op.force_complete()
+        assert inner == [False]
+        assert op.events == ["complete"]
+
+
+async def test_expired_operation_cannot_be_forced() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(0.002)
+        purgatory.try_complete_else_watch(op, ["k"])
+        await op.wait()
+        assert op.events == ["complete", "expire"]
+        assert not op.force_complete()
+        op.ready = True
+        assert purgatory.check_and_complete("k") == 0
+
+
+# -- timing --------------------------------------------------------------------------
+
+
+@pytest.mark.virtual_time
+async def test_timeout_counts_from_watch_and_is_never_early() -> None:
+    async with Timer(tick=TICK) as timer:
+        purgatory = Purgatory(timer)
+        ops = [Op(t, clock=timer) for t in (0.0, 0.0015, 0.010, 0.0637, 1.0, 65.5)]
+        await anyio.sleep(3.0)  # created long before they are watched
+        start = timer.time()
+        for op in ops:
+            purgatory.try_complete_else_watch(op, ["k"])
+        assert not any(op.is_completed() for op in ops)  # timeout 0 included
+        for op in ops:
+            await op.wait()
+            assert op.completed_at is not None
+            deadline = start + op.timeout
+            assert deadline <= op.completed_at <= deadline + TICK + 1e-9, op
+            assert op.events == ["complete", "expire"]
+        assert purgatory.delayed() == 0
+
+
+async def test_zero_timeout_expires_on_the_next_pass_not_inside_the_call() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(0)
+        assert not purgatory.try_complete_else_watch(op, ["k"])
+        assert op.events == []
+        assert purgatory.delayed() == 1
+        await op.wait()
+        assert op.events == ["complete", "expire"]
+        assert purgatory.delayed() == 0
+
+
+async def test_delayed_is_exact_through_expiry() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        ops = [Op(0.001 * (i + 1)) for i in range(20)]
+        for i, op in enumerate(ops):
+            purgatory.try_complete_else_watch(op, [i % 3])
+        for i, op in enumerate(ops):
+            await op.wait()
+            still = sum(not o.is_completed() for o in ops)
+            assert purgatory.delayed() == still == len(timer)
+            assert still <= 19 - i
+
+
+# -- wait() --------------------------------------------------------------------------
+
+
+async def test_many_tasks_wait_for_one_operation() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(60)
+        purgatory.try_complete_else_watch(op, ["k"])
+        woken: list[int] = []
+
+        async def waiter(i: int) -> None:
+            await op.wait()
+            woken.append(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(waiter, i)
+            await anyio.wait_all_tasks_blocked()
+            assert woken == []
+            op.ready = True
+            assert purgatory.check_and_complete("k") == 1
+        assert sorted(woken) == list(range(50))
+
+
+async def test_wait_on_an_operation_that_was_never_watched() -> None:
+    op = Op(1.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(op.wait)
+        await anyio.wait_all_tasks_blocked()
+        assert op.force_complete()
+    await op.wait()
+    assert op.events == ["complete"]
+
+
+async def test_wait_after_cancel_raises_for_every_waiter() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(60)
+        purgatory.try_complete_else_watch(op, ["k"])
+        outcomes: list[str] = []
+
+        async def waiter() -> None:
+            try:
+                await op.wait()
+            except TimerCancelled:
+                outcomes.append("cancelled")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert purgatory.cancel_for_key("k") == [op]
+        assert outcomes == ["cancelled"] * 5
+
+
+async def test_a_cancelled_waiter_does_not_disturb_the_others() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(60)
+        purgatory.try_complete_else_watch(op, ["k"])
+        with anyio.move_on_after(0.001):
+            await op.wait()
+        assert not op.is_completed()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(op.wait)
+            await anyio.wait_all_tasks_blocked()
+            op.force_complete()
+
+
+# -- purging (behaviour 61) and memory -------------------------------------------------
+
+
+async def test_purge_once_more_than_purge_interval_completed_are_watched() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer, purge_interval=10)
+        live = [Op(100) for _ in range(4)]
+        done = [Op(100) for _ in range(11)]
+        for op in live + done:
+            purgatory.try_complete_else_watch(op, ["a", "b"])
+        assert purgatory.watched() == 30
+        for op in done[:10]:
+            op.force_complete()
+        # Ten completed operations still watched: not more than purge_interval.
+        assert purgatory.watched() == 30
+        assert purgatory.delayed() == 5
+        done[10].force_complete()
+        # The eleventh tips it over: every list is purged of completed operations.
+        assert purgatory.watched() == 2 * len(live)
+        assert purgatory.delayed() == 4
+
+
+async def test_purge_counts_operations_not_entries_and_not_checked_ones() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer, purge_interval=3)
+        ops = [Op(100) for _ in range(6)]
+        for i, op in enumerate(ops):
+            purgatory.try_complete_else_watch(op, [f"own{i}", "shared", "x"])
+        for op in ops[:3]:
+            op.force_complete()
+        assert purgatory.watched() == 18  # 3 completed ops (9 entries): no purge yet
+        # Checking their own keys takes 3 entries out, but all three are still
+        # referenced by "shared" and "x", so they still count.
+        for i in range(3):
+            assert purgatory.check_and_complete(f"own{i}") == 0
+        assert purgatory.watched() == 15
+        # Checking "shared" and "x" unwatches them entirely: the count drops to 0, so
+        # the next three completions do not trigger a purge either.
+        purgatory.check_and_complete("shared")
+        purgatory.check_and_complete("x")
+        assert purgatory.watched() == 9
+        for op in ops[3:]:
+            op.force_complete()
+        assert purgatory.watched() == 9
+        purgatory.try_complete_else_watch(extra := Op(100), ["y"])
+        extra.force_complete()  # the fourth completed-and-watched: purge
+        assert purgatory.watched() == 0
+
+
+async def test_memory_stays_bounded_on_keys_never_checked_again(backend: str) -> None:
+    # 1,000,000 operations watched on fresh keys and on a shared key, completed
+    # directly, their keys never checked again: the purge keeps the watch lists at
+    # most purge_interval completed operations deep, and completed operations are
+    # released (not retained by any list). The loop is synchronous, so the backend
+    # only changes the timer's driver: the full million runs once (asyncio, ~4-6 s),
+    # the other backends run a tenth of it.
+    n = 1_000_000 if backend == "asyncio" else 100_000
+    interval = 1000
+    async with Timer() as timer:
+        purgatory = Purgatory(timer, purge_interval=interval)
+        # One long-lived operation with the earliest deadline keeps the timer's driver
+        # armed for it, so the loop below measures the purgatory, not driver re-arms.
+        sentinel = Op(3600)
+        purgatory.try_complete_else_watch(sentinel, ["sentinel"])
+        early: list[weakref.ref[DelayedOperation]] = []
+        most = 0
+        started = time.perf_counter()
+        for i in range(n):
+            op = DelayedOperation(7200)
+            purgatory.try_complete_else_watch(op, (i, "shared"))
+            op.force_complete()
+            if i % 997 == 0:
+                most = max(most, purgatory.watched())
+            if i < 100:
+                early.append(weakref.ref(op))
+        elapsed = time.perf_counter() - started
+        print(
+            f"\n{backend}: {n:,} watch+complete in {elapsed:.2f} s ({elapsed / n * 1e9:.0f} ns/op)"
+        )
+        assert most <= 2 * (interval + 1) + 1
+        assert purgatory.watched() <= 2 * (interval + 1) + 1
+        assert purgatory.delayed() == 1
+        assert len(timer) == 1
+        gc.collect()
+        assert all(ref() is None for ref in early)
+        assert not sentinel.is_completed()
+
+
+@pytest.mark.virtual_time
+async def test_memory_stays_bounded_when_operations_expire() -> None:
+    # The same with completion by timeout: expired operations linger on their
+    # (never checked) keys only until the purge.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer, purge_interval=100)
+        most = 0
+        for round_ in range(50):
+            for i in range(500):
+                purgatory.try_complete_else_watch(Op(0.001 * (i % 7)), [(round_, i), "all"])
+            await anyio.sleep(0.01)
+            assert purgatory.delayed() == 0
+            most = max(most, purgatory.watched())
+        assert most <= 2 * 101
+
+
+# -- futures (behaviour 62) and concurrent checkers (behaviour 63) ---------------------
+
+
+class Slot:
+    """A minimal future-like value, watched through the purgatory."""
+
+    def __init__(self, purgatory: Purgatory, key: Hashable) -> None:
+        self.purgatory = purgatory
+        self.key = key
+        self.value: int | None = None
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.value is not None or self.error is not None
+
+    def set(self, value: int) -> None:
+        self.value = value
+        self.purgatory.check_and_complete(self.key)
+
+
+class AllOf(DelayedOperation):
+    """Kafka's DelayedFuture: completes when every slot is done; on timeout the slots
+    still pending fail with TimeoutError and the callback sees the values there are."""
+
+    def __init__(self, timeout: float, slots: list[Slot]) -> None:
+        super().__init__(timeout)
+        self.slots = slots
+        self.result: int | None = None
+
+    def try_complete(self) -> bool:
+        return all(s.done() for s in self.slots) and self.force_complete()
+
+    def on_complete(self) -> None:
+        for slot in self.slots:
+            if not slot.done():
+                slot.error = TimeoutError()
+        self.result = sum(s.value for s in self.slots if s.value is not None)
+
+
+async def test_delayed_futures() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+
+        # (a) every future already done: completes at once.
+        a = [Slot(purgatory, "a1"), Slot(purgatory, "a2")]
+        a[0].value, a[1].value = 10, 11
+        op_a = AllOf(60, a)
+        assert purgatory.try_complete_else_watch(op_a, ["a1", "a2"])
+        assert op_a.result == 21
+
+        # (b) both pending: incomplete until both are done.
+        b = [Slot(purgatory, "b1"), Slot(purgatory, "b2")]
+        op_b = AllOf(60, b)
+        assert not purgatory.try_complete_else_watch(op_b, ["b1", "b2"])
+        b[0].set(20)
+        assert not op_b.is_completed()
+        b[1].set(21)
+        assert op_b.is_completed()
+        assert op_b.result == 41
+
+        # (c) one pending, one done: completes with the pending one.
+        c = [Slot(purgatory, "c1"), Slot(purgatory, "c2")]
+        c[1].value = 30
+        op_c = AllOf(60, c)
+        assert not purgatory.try_complete_else_watch(op_c, ["c1", "c2"])
+        c[0].set(31)
+        assert op_c.result == 61
+
+        # (d) one never completes: on timeout it fails, the other keeps its value.
+        d = [Slot(purgatory, "d1"), Slot(purgatory, "d2")]
+        op_d = AllOf(0.02, d)
+        start = timer.time()
+        assert not purgatory.try_complete_else_watch(op_d, ["d1", "d2"])
+        d[0].set(40)
+        await op_d.wait()
+        assert timer.time() >= start + 0.02
+        assert op_d.result == 40
+        assert isinstance(d[1].error, TimeoutError)
+        assert d[0].error is None
+        assert purgatory.delayed() == 0
+
+
+async def test_no_lost_wakeups_with_many_concurrent_checkers(virtual: bool) -> None:
+    # Kafka: testDelayedOperationLock's successor, behaviour 63: 100 operations on
+    # distinct keys, 20 randomly delayed checks each; an operation becomes completable
+    # only on its last check. Every operation must end completed.
+    rng = random.Random(63)
+    rounds = 20
+    scale = 1.0 if virtual else 0.005  # real time on uvloop: keep it short
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+
+        class Countdown(DelayedOperation):
+            def __init__(self) -> None:
+                super().__init__(3600)
+                self.left = rounds
+                self.completions = 0
+
+            def try_complete(self) -> bool:
+                return self.left == 0 and self.force_complete()
+
+            def on_complete(self) -> None:
+                self.completions += 1
+
+        ops = [Countdown() for _ in range(100)]
+        for i, op in enumerate(ops):
+            assert not purgatory.try_complete_else_watch(op, [i])
+
+        async def checker(i: int, delay: float) -> None:
+            await anyio.sleep(delay)
+            ops[i].left -= 1
+            purgatory.check_and_complete(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(ops)):
+                for _ in range(rounds):
+                    tg.start_soon(checker, i, rng.random() * scale)
+        assert all(op.completions == 1 for op in ops)
+        assert purgatory.delayed() == purgatory.watched() == 0
+
+
+# -- shutdown (behaviour 64) -----------------------------------------------------------
+
+
+async def test_close_cancels_delayed_operations_and_refuses_new_ones() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        ops = [Op(0.005), Op(0.005), Op(60)]
+        purgatory.try_complete_else_watch(ops[0], ["a"])
+        purgatory.try_complete_else_watch(ops[1], ["a", "b"])
+        purgatory.try_complete_else_watch(ops[2], ["c"])
+        ops[0].force_complete()
+        assert purgatory.close() == ops[1:]
+        assert purgatory.closed
+        assert purgatory.delayed() == purgatory.watched() == 0
+        assert len(timer) == 0
+        await anyio.sleep(0.02)  # past every timeout: nothing completes or expires
+        assert ops[1].events == ops[2].events == []
+        for op in ops[1:]:
+            with pytest.raises(TimerCancelled):
+                await op.wait()
+        with pytest.raises(TimerClosed, match="closed"):
+            purgatory.try_complete_else_watch(Op(1), ["a"])
+        assert purgatory.close() == []  # idempotent
+        assert purgatory.check_and_complete("a") == 0
+
+
+async def test_purgatory_as_context_manager_closes() -> None:
+    async with Timer() as timer:
+        with Purgatory(timer) as purgatory:
+            op = Op(60)
+            purgatory.try_complete_else_watch(op, ["k"])
+        assert op.is_cancelled()
+        assert len(timer) == 0
+
+
+# -- re-entrancy: callbacks that call back into the purgatory -------------------------
+
+
+async def test_on_complete_watches_a_new_operation_on_the_key_being_checked() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        follow_ups: list[Op] = []
+
+        class Repark(Op):
+            def on_complete(self) -> None:
+                super().on_complete()
+                nxt = Op(60)
+                follow_ups.append(nxt)
+                assert not purgatory.try_complete_else_watch(nxt, ["k"])
+
+        ops = [Repark(60) for _ in range(3)]
+        for op in ops:
+            purgatory.try_complete_else_watch(op, ["k"])
+        for op in ops:
+            op.ready = True
+        assert purgatory.check_and_complete("k") == 3
+        assert len(follow_ups) == 3
+        assert not any(o.is_completed() for o in follow_ups)
+        assert purgatory.delayed() == 3
+        assert purgatory.watched() == 3
+        for follow_up in follow_ups:
+            follow_up.ready = True
+        assert purgatory.check_and_complete("k") == 3
+        assert purgatory.delayed() == purgatory.watched() == 0
+
+
+async def test_nested_check_of_the_same_key_loses_no_wakeup() -> None:
+    # a is checked first and is not ready; completing b makes a ready and checks the
+    # key again from b's on_complete: a must complete.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        a = Op(60)
+
+        class B(Op):
+            def on_complete(self) -> None:
+                super().on_complete()
+                a.ready = True
+                nested.append(purgatory.check_and_complete("k"))
+
+        nested: list[int] = []
+        b = B(60)
+        purgatory.try_complete_else_watch(a, ["k"])
+        purgatory.try_complete_else_watch(b, ["k"])
+        b.ready = True
+        assert purgatory.check_and_complete("k") == 1
+        assert nested == [1]
+        assert a.events == b.events == ["complete"]
+        assert purgatory.delayed() == purgatory.watched() == 0
+
+
+async def test_cancel_for_key_during_a_check_of_that_key() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        cancelled: list[DelayedOperation] = []
+
+        class Canceller(Op):
+            def on_complete(self) -> None:
+                super().on_complete()
+                cancelled.extend(purgatory.cancel_for_key("k"))
+
+        first = Canceller(60)
+        rest = [Op(60) for _ in range(3)]
+        purgatory.try_complete_else_watch(first, ["k"])
+        for op in rest:
+            purgatory.try_complete_else_watch(op, ["k", "other"])
+        for op in [first, *rest]:
+            op.ready = True
+        assert purgatory.check_and_complete("k") == 1
+        assert cancelled == rest
+        assert all(op.events == [] for op in rest)
+        assert purgatory.delayed() == 0
+        assert purgatory.watched() == 3  # their "other" entries
+        assert purgatory.check_and_complete("other") == 0
+        assert purgatory.watched() == 0
+        assert len(timer) == 0
+
+
+async def test_purge_triggered_during_a_check_is_deferred_and_consistent() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer, purge_interval=0)
+        ops = [Op(60, ready=True) for _ in range(5)]
+        for i, op in enumerate(ops):
+            op.ready = False
+            purgatory.try_complete_else_watch(op, ["k", f"own{i}"])
+            op.ready = True
+        assert purgatory.check_and_complete("k") == 5
+        # purge_interval=0: the completions purged every other list right after.
+        assert purgatory.watched() == 0
+        assert purgatory.delayed() == 0
+
+
+async def test_exception_in_on_complete_propagates_and_leaves_state_consistent() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+
+        class Boom(Op):
+            def on_complete(self) -> None:
+                super().on_complete()
+                raise RuntimeError("boom")
+
+        boom, later = Boom(60), Op(60)
+        purgatory.try_complete_else_watch(boom, ["k"])
+        purgatory.try_complete_else_watch(later, ["k"])
+        boom.ready = later.ready = True
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(boom.wait)
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(RuntimeError, match="boom"):
+                purgatory.check_and_complete("k")
+        # boom completed (and its waiter woke); the walk stopped before `later`.
+        assert boom.is_completed()
+        assert not later.is_completed()
+        assert purgatory.delayed() == 1
+        assert len(timer) == 1
+        assert purgatory.check_and_complete("k") == 1
+        assert purgatory.delayed() == purgatory.watched() == 0
+
+
+async def test_exception_on_expiry_goes_to_the_timers_on_error() -> None:
+    errors: list[BaseException] = []
+
+    def on_error(handle: TimerHandle[Any], exc: BaseException) -> None:
+        errors.append(exc)
+
+    async with Timer(on_error=on_error) as timer:
+        purgatory = Purgatory(timer)
+
+        class Boom(Op):
+            def on_expiration(self) -> None:
+                super().on_expiration()
+                raise ValueError("late")
+
+        op, other = Boom(0.002), Op(0.002)
+        purgatory.try_complete_else_watch(op, ["k"])
+        purgatory.try_complete_else_watch(other, ["k"])
+        await op.wait()
+        await other.wait()
+        assert [type(e) for e in errors] == [ValueError]
+        assert op.events == other.events == ["complete", "expire"]
+        assert purgatory.delayed() == 0
+
+
+# -- several purgatories, one timer ---------------------------------------------------
+
+
+async def test_purgatories_share_a_timer() -> None:
+    async with Timer() as timer:
+        fetch = Purgatory(timer, name="fetch")
+        produce = Purgatory(timer, name="produce")
+        f, p = Op(60), Op(0.002)
+        fetch.try_complete_else_watch(f, ["t"])
+        produce.try_complete_else_watch(p, ["t"])
+        assert len(timer) == 2
+        await p.wait()
+        assert fetch.delayed() == 1
+        assert produce.delayed() == 0
+        f.ready = True
+        assert produce.check_and_complete("t") == 0
+        assert fetch.check_and_complete("t") == 1
+        with pytest.raises(RuntimeError, match="already handed"):
+            produce.try_complete_else_watch(f, ["t"])
+        assert "fetch" in repr(fetch)
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["1", None, True, [1], 1j])
+def test_timeout_of_wrong_type(bad: Any) -> None:
+    with pytest.raises(TypeError, match="timeout"):
+        DelayedOperation(bad)
+
+
+@pytest.mark.parametrize("bad", [-0.001, -1, float("nan"), float("inf"), float("-inf")])
+def test_timeout_out_of_range(bad: float) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        DelayedOperation(bad)
+
+
+def test_timeout_accepts_ints_and_zero() -> None:
+    assert DelayedOperation(0).timeout == 0.0
+    assert DelayedOperation(5).timeout == 5.0
+    assert "new" in repr(DelayedOperation(1.5))
+
+
+async def test_purgatory_constructor_validation() -> None:
+    timer = Timer()
+    with pytest.raises(TypeError, match="Timer"):
+        Purgatory(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name"):
+        Purgatory(timer, name=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="purge_interval"):
+        Purgatory(timer, purge_interval=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="purge_interval"):
+        Purgatory(timer, purge_interval=True)
+    with pytest.raises(ValueError, match="purge_interval"):
+        Purgatory(timer, purge_interval=-1)
+    purgatory = Purgatory(timer, name="fetch", purge_interval=0)
+    assert (purgatory.name, purgatory.purge_interval, purgatory.timer) == ("fetch", 0, timer)
+
+
+async def test_bad_keys() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        with pytest.raises(ValueError, match="at least one key"):
+            purgatory.try_complete_else_watch(Op(1), [])
+        with pytest.raises(ValueError, match="at least one key"):
+            purgatory.try_complete_else_watch(Op(1), iter(()))
+        with pytest.raises(TypeError, match="string"):
+            purgatory.try_complete_else_watch(Op(1), "topic")
+        with pytest.raises(TypeError, match="string"):
+            purgatory.try_complete_else_watch(Op(1), b"topic")
+        with pytest.raises(TypeError, match="unhashable"):
+            purgatory.try_complete_else_watch(Op(1), ["ok", ["not", "hashable"]])  # type: ignore[list-item]
+        assert purgatory.delayed() == purgatory.watched() == len(timer) == 0
+        # Any iterable of hashables works; a key given twice is one entry.
+        op = Op(1)
+        purgatory.try_complete_else_watch(op, (k for k in ["a", ("t", 0), "a"]))
+        assert purgatory.watched() == 2
+        op.force_complete()
+
+
+async def test_bad_operations() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        with pytest.raises(TypeError, match="DelayedOperation"):
+            purgatory.try_complete_else_watch(object(), ["k"])  # type: ignore[arg-type]
+
+        class Forgetful(DelayedOperation):
+            def __init__(self) -> None:
+                pass  # no super().__init__
+
+        with pytest.raises(TypeError, match=r"super\(\).__init__"):
+            purgatory.try_complete_else_watch(Forgetful(), ["k"])
+
+        @dataclass
+        class Fetch(DelayedOperation):
+            # A dataclass defines __eq__ and loses __hash__: still watchable.
+            topic: str
+            seen: list[str] = field(default_factory=list)
+
+            def __post_init__(self) -> None:
+                super().__init__(60)
+
+        f1, f2 = Fetch("t"), Fetch("t")
+        assert f1 == f2
+        purgatory.try_complete_else_watch(f1, ["t"])
+        purgatory.try_complete_else_watch(f2, ["t"])
+        assert purgatory.watched() == 2
+        assert purgatory.delayed() == 2
+        f1.force_complete()
+        assert purgatory.check_and_complete("t") == 0
+        assert purgatory.watched() == 1
+
+        # Watching twice is an error, whether the operation is waiting, done or
+        # cancelled; an operation completed before it was ever watched is just done.
+        op = Op(60)
+        purgatory.try_complete_else_watch(op, ["k"])
+        with pytest.raises(RuntimeError, match="already handed"):
+            purgatory.try_complete_else_watch(op, ["k"])
+        op.force_complete()
+        with pytest.raises(RuntimeError, match="already handed"):
+            purgatory.try_complete_else_watch(op, ["k"])
+        early = Op(60)
+        early.force_complete()
+        assert purgatory.try_complete_else_watch(early, ["k"])
+        assert early.events == ["complete"]
+        assert purgatory.delayed() == 1
+
+
+async def test_closed_or_unstarted_timer_is_refused() -> None:
+    unstarted = Purgatory(Timer())
+    with pytest.raises(TimerClosed, match="not started"):
+        unstarted.try_complete_else_watch(Op(1), ["k"])
+    assert unstarted.delayed() == unstarted.watched() == 0
+
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+    with pytest.raises(TimerClosed, match="closed"):
+        purgatory.try_complete_else_watch(Op(1), ["k"])
+    with pytest.raises(TimerClosed, match="closed"):
+        purgatory.try_complete_else_watch(Op(1, ready=True), ["k"])
+    assert purgatory.delayed() == purgatory.watched() == 0
+
+
+async def test_full_timer_is_refused_without_watching() -> None:
+    async with Timer(max_pending=1) as timer:
+        purgatory = Purgatory(timer)
+        purgatory.try_complete_else_watch(Op(60), ["k"])
+        op = Op(60)
+        with pytest.raises(TimerFull):
+            purgatory.try_complete_else_watch(op, ["k"])
+        assert purgatory.delayed() == 1
+        assert purgatory.watched() == 1
+        # Not handed over: it may be watched once there is room.
+        purgatory.cancel_for_key("k")
+        assert not purgatory.try_complete_else_watch(op, ["k"])
+
+
+# -- a seeded random walk against a model -------------------------------------------
+
+
+async def test_random_operations_keep_the_accounting_exact() -> None:
+    rng = random.Random(2015)
+    async with Timer() as timer:
+        purgatory = Purgatory(timer, purge_interval=7)
+        keys = list(range(6))
+        live: dict[int, tuple[Op, tuple[int, ...]]] = {}
+        # Model: which finished operations each key's list may still hold.
+        everything: list[Op] = []
+        for _ in range(3000):
+            action = rng.random()
+            if action < 0.4:
+                op = Op(60, ready=rng.random() < 0.1)
+                watch = tuple(rng.sample(keys, rng.randint(1, 3)))
+                if not purgatory.try_complete_else_watch(op, watch):
+                    live[id(op)] = (op, watch)
+                everything.append(op)
+            elif action < 0.6 and live:
+                op, _ = live[rng.choice(list(live))]
+                op.ready = True
+            elif action < 0.8:
+                key = rng.choice(keys)
+                expected = sum(1 for op, watch in live.values() if op.ready and key in watch)
+                assert purgatory.check_and_complete(key) == expected
+            elif action < 0.9 and live:
+                op, _ = live[rng.choice(list(live))]
+                assert op.force_complete()
+            else:
+                key = rng.choice(keys)
+                expected_ops = [op for op, watch in live.values() if key in watch]
+                got = purgatory.cancel_for_key(key)
+                assert {id(o) for o in got} == {id(o) for o in expected_ops}
+            for ident in [
+                i for i, (op, _) in live.items() if op.is_completed() or op.is_cancelled()
+            ]:
+                del live[ident]
+            assert purgatory.delayed() == len(live) == len(timer)
+            live_entries = sum(len(watch) for _, watch in live.values())
+            # Completed/cancelled operations may linger, but at most purge_interval of
+            # them (each on at most 3 keys) once the call returned.
+            assert live_entries <= purgatory.watched() <= live_entries + 3 * 7
+        assert all(op.events in ([], ["complete"]) for op in everything)
+        for key in keys:
+            purgatory.check_and_complete(key)
+        # Every list was just walked: only live operations are left in them.
+        still = [(op, w) for op, w in live.values() if not op.is_completed()]
+        assert all(not op.ready for op, _ in still)
+        assert purgatory.watched() == sum(len(w) for _, w in still)
+        assert purgatory.delayed() == len(still)
