@@ -1,0 +1,333 @@
+"""What every idle-timeout integration shares: validation, the error, the shared timer.
+
+The shared timer. Every connection of a process should be watched by one timer (one
+driver, one wake-up for every connection whose deadline falls in the same tick), so
+the integrations use one ``Timer`` per event loop unless given their own. It comes
+from one of two owners:
+
+* explicit: ``async with shared_timer():`` (a server's lifespan; ``IdleTimeoutMiddleware``
+  does this by itself when the server runs the ASGI lifespan protocol) registers a timer
+  for the block;
+* lazy: the first connection that finds no timer starts one in a background task with
+  a fresh context (asyncio: ``loop.create_task``; trio: a system task). That task owns
+  the timer's task group and lives until the event loop shuts down, when asyncio and
+  trio cancel leftover tasks; cancelling it closes the timer.
+
+The registry maps the loop (asyncio) or the trio token to its slot through weak keys;
+the owner removes its slot when it ends, so a closed loop leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import math
+import sys
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import anyio
+
+from .. import Timer, TimerClosed, TimerHandle
+
+__all__ = [
+    "DEFAULT_TICK",
+    "SCOPE_KEY",
+    "IdleTimeoutError",
+    "check_timeout",
+    "get_shared_timer",
+    "schedule_idle",
+    "set_idle_timeout",
+    "shared_timer",
+]
+
+logger = logging.getLogger("aiowheel.middleware")
+
+#: Tick of a shared timer the middleware creates: idle timeouts are seconds long, so
+#: 10 ms resolution costs nothing in accuracy and lets the connections whose deadlines
+#: fall in the same 10 ms share one wake-up.
+DEFAULT_TICK: Final = 0.01
+
+#: The ASGI scope key under which ``IdleTimeoutMiddleware`` puts a request's control
+#: object (namespaced like Starlette's own ``starlette.*`` keys).
+SCOPE_KEY: Final = "aiowheel.idle_timeout"
+
+
+class IdleTimeoutError(TimeoutError):
+    """A connection, request or stream was idle for longer than its idle timeout."""
+
+
+def check_timeout(value: object, name: str = "timeout") -> float:
+    """``value`` as a float when it is a positive finite number of seconds, else the
+    documented ``TypeError``/``ValueError`` (raised where the configuration is made)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_timer(timer: object) -> Timer | None:
+    if timer is not None and not isinstance(timer, Timer):
+        raise TypeError(f"timer must be an aiowheel.Timer or None, got {timer!r}")
+    return timer
+
+
+def schedule_idle(
+    timer: Timer, delay: float, callback: Callable[[], None]
+) -> TimerHandle[Any] | None:
+    """``timer.schedule_nowait(delay, callback)``, or ``None`` when the timer is closed
+    (a server shutting down): the connection is then simply not timed. A timer that
+    was never started is a configuration error and raises ``TimerClosed``."""
+    try:
+        return timer.schedule_nowait(delay, callback)
+    except TimerClosed:
+        if timer.closed:
+            return None
+        raise
+
+
+class IdleControl:
+    """What ``set_idle_timeout`` talks to: one request's or one connection's timeout."""
+
+    __slots__ = ()
+
+    def set_timeout(self, timeout: float | None) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def set_idle_timeout(target: object, timeout: float | None) -> bool:
+    """Change the idle timeout of the request or connection ``target`` from now on.
+
+    ``target`` is an ASGI scope (an endpoint passes its own, e.g. Starlette's
+    ``request.scope``) or a reader/writer handed out by ``idle_timeout``. ``timeout`` is
+    a positive number of seconds (re-arms to now + timeout, and later activity re-arms by
+    that much) or ``None`` (no idle timeout for the rest of this request or connection:
+    a long-poll endpoint). Returns ``False`` when no idle timeout watches ``target``
+    (e.g. an endpoint tested without the middleware).
+    """
+    if timeout is not None:
+        timeout = check_timeout(timeout)
+    if isinstance(target, Mapping):
+        control = target.get(SCOPE_KEY)
+    else:
+        control = getattr(target, "_aiowheel_idle", _MISSING)
+        if control is _MISSING:
+            raise TypeError(
+                "set_idle_timeout() takes an ASGI scope or a stream from "
+                f"aiowheel.middleware.idle_timeout, got {target!r}"
+            )
+    if not isinstance(control, IdleControl):
+        return False
+    control.set_timeout(timeout)
+    return True
+
+
+_MISSING: Any = object()
+
+# -- the shared timer ---------------------------------------------------------------
+
+
+class _Slot:
+    """The shared timer of one event loop, or the promise of one while it starts.
+
+    States: starting (``ready`` false, not ``dead``), running (``ready``, timer not
+    closed), over (``dead`` or timer closed). Callbacks wait for the end of starting.
+    """
+
+    __slots__ = ("__weakref__", "callbacks", "dead", "owner", "ready", "timer")
+
+    def __init__(self) -> None:
+        self.timer: Timer | None = None
+        self.ready = False
+        self.dead = False
+        self.callbacks: list[Callable[[Timer | None], None]] = []
+        # Strong reference to the asyncio owner task (the loop keeps only weak ones).
+        self.owner: asyncio.Task[None] | None = None
+
+    def running(self) -> Timer | None:
+        timer = self.timer
+        if self.ready and timer is not None and not timer.closed:
+            return timer
+        return None
+
+    def alive(self) -> bool:
+        timer = self.timer
+        return not self.dead and (timer is None or not timer.closed)
+
+    def start(self, timer: Timer) -> None:
+        self.timer = timer
+        self.ready = True
+        self.notify()
+
+    def end(self) -> None:
+        self.dead = True
+        self.owner = None
+        self.notify()  # anyone still waiting for a timer that never started gets None
+
+    def notify(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        timer = self.running()
+        for callback in callbacks:
+            try:
+                callback(timer)
+            except Exception:  # pragma: no cover - our callbacks do not raise
+                logger.exception("shared-timer callback %r raised", callback)
+
+
+_slots: weakref.WeakKeyDictionary[object, _Slot] = weakref.WeakKeyDictionary()
+
+
+def _loop_key() -> tuple[object, bool]:
+    """(registry key, is_trio) for the running event loop."""
+    try:
+        return asyncio.get_running_loop(), False
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            return trio.lowlevel.current_trio_token(), True
+        except RuntimeError:
+            pass
+    raise RuntimeError("aiowheel.middleware needs a running asyncio or trio event loop")
+
+
+async def _own(key: object, slot: _Slot) -> None:
+    # The lazy owner: holds the shared timer open until cancelled (loop shutdown).
+    try:
+        async with Timer(tick=DEFAULT_TICK) as timer:
+            slot.start(timer)
+            await anyio.sleep_forever()
+    except Exception:  # pragma: no cover - Timer() with these arguments does not fail
+        logger.exception("the shared aiowheel timer failed")
+    finally:
+        if _slots.get(key) is slot:
+            del _slots[key]
+        slot.end()
+
+
+def _start_lazy(key: object, is_trio: bool) -> _Slot:
+    slot = _Slot()
+    _slots[key] = slot
+    # A fresh context: the owner must not inherit the context variables of the
+    # request that happened to start it (its worker tasks would see them too).
+    context = contextvars.Context()
+    if is_trio:
+        import trio
+
+        trio.lowlevel.spawn_system_task(
+            _own, key, slot, name="aiowheel shared idle timer", context=context
+        )
+    else:
+        assert isinstance(key, asyncio.AbstractEventLoop)
+        slot.owner = key.create_task(
+            _own(key, slot), name="aiowheel shared idle timer", context=context
+        )
+    return slot
+
+
+def shared_timer_nowait(on_ready: Callable[[Timer | None], None]) -> Timer | None:
+    """The loop's running shared timer, or ``None`` after arranging for one to start
+    and for ``on_ready(timer)`` to be called once it runs (``None`` if it failed).
+    For synchronous callers such as ``Protocol.connection_made``."""
+    key, is_trio = _loop_key()
+    slot = _slots.get(key)
+    if slot is not None:
+        timer = slot.running()
+        if timer is not None:
+            return timer
+        if not slot.alive():  # closed: its owner is on its way out
+            slot = None
+    if slot is None:
+        slot = _start_lazy(key, is_trio)
+    slot.callbacks.append(on_ready)
+    return None
+
+
+async def get_shared_timer() -> Timer:
+    """The running event loop's shared timer, started on first use.
+
+    It is the timer of the enclosing ``async with shared_timer():`` block if there is
+    one, else a timer owned by a background task that lives until the event loop
+    shuts down (asyncio: a task; trio: a system task).
+    """
+    key, is_trio = _loop_key()
+    slot = _slots.get(key)
+    if slot is not None:
+        timer = slot.running()
+        if timer is not None:
+            return timer
+    # Not running: wait for it (shared_timer_nowait registers the callback before it
+    # returns, and we have not awaited since the check above, so it returns None).
+    done: list[Timer | None] = []
+    if is_trio:
+        import trio
+
+        event = trio.Event()
+
+        def wake_trio(timer: Timer | None) -> None:
+            done.append(timer)
+            event.set()
+
+        if shared_timer_nowait(wake_trio) is None:
+            await event.wait()
+    else:
+        assert isinstance(key, asyncio.AbstractEventLoop)
+        future: asyncio.Future[None] = key.create_future()
+
+        def wake_asyncio(timer: Timer | None) -> None:
+            done.append(timer)
+            if not future.done():
+                future.set_result(None)
+
+        if shared_timer_nowait(wake_asyncio) is None:
+            await future
+    if not done or done[0] is None:
+        raise RuntimeError("the shared aiowheel timer could not be started")
+    return done[0]
+
+
+@asynccontextmanager
+async def shared_timer(timer: Timer | None = None) -> AsyncIterator[Timer]:
+    """``async with shared_timer() as timer:`` makes ``timer`` the running event loop's
+    shared idle timer for the block (e.g. a server's lifespan), so its lifetime is
+    explicit rather than tied to the event loop.
+
+    ``timer`` may be a new ``Timer`` (started here and closed at the end of the block)
+    or a running one (only registered). Default: ``Timer(tick=DEFAULT_TICK)``. Raises
+    ``RuntimeError`` if this event loop already has a running shared timer.
+    """
+    check_timer(timer)
+    key, _ = _loop_key()
+    existing = _slots.get(key)
+    if existing is not None and existing.alive():
+        raise RuntimeError("this event loop already has a shared aiowheel timer")
+    if timer is None:
+        timer = Timer(tick=DEFAULT_TICK)
+    if timer.closed:
+        raise ValueError("shared_timer() needs a new or running Timer, got a closed one")
+    slot = _Slot()
+    _slots[key] = slot
+    try:
+        if timer.backend == "":  # not started: this block owns it
+            async with timer:
+                slot.start(timer)
+                yield timer
+        else:
+            slot.start(timer)
+            yield timer
+    finally:
+        if _slots.get(key) is slot:
+            del _slots[key]
+        slot.end()
+
+
+def has_shared_timer() -> bool:
+    """True when the running event loop has a shared timer (running or starting)."""
+    key, _ = _loop_key()
+    slot = _slots.get(key)
+    return slot is not None and slot.alive()

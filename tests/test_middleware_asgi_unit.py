@@ -1,0 +1,270 @@
+"""IdleTimeoutMiddleware called directly, without a server, on the suite's backends.
+
+asyncio (looptime) and trio (MockClock) have virtual clocks, so the timing here is
+exact: expiry happens at the deadline, within one tick, and never before it. uvloop
+runs the same tests in real time with small delays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+import anyio
+import pytest
+
+from aiowheel import Timer, TimerClosed
+from aiowheel.middleware import (
+    IdleTimeoutError,
+    IdleTimeoutMiddleware,
+    get_shared_timer,
+    set_idle_timeout,
+)
+
+pytestmark = pytest.mark.anyio
+
+T = 0.05
+TICK = 0.001
+Message = MutableMapping[str, Any]
+
+
+class Peer:
+    """The server side of one ASGI call: scripted messages in, recorded messages out."""
+
+    def __init__(self, timer: Timer, *incoming: Message) -> None:
+        self.timer = timer
+        self.incoming = list(incoming)
+        self.sent: list[tuple[float, Message]] = []
+
+    async def receive(self) -> Message:
+        if self.incoming:
+            return self.incoming.pop(0)
+        await anyio.sleep_forever()  # the client went quiet
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def send(self, message: Message) -> None:
+        self.sent.append((self.timer.time(), message))
+
+    def types(self) -> list[str]:
+        return [message["type"] for _, message in self.sent]
+
+
+def http_scope(path: str = "/") -> dict[str, Any]:
+    return {"type": "http", "path": path, "method": "GET", "headers": []}
+
+
+def assert_at_deadline(when: float, start: float, virtual: bool, timeout: float = T) -> None:
+    assert when >= start + timeout  # never early (compared as the timer computes it)
+    assert when <= start + timeout + TICK + (1e-9 if virtual else 0.1)
+
+
+async def respond(send: Any, body: bytes = b"ok") -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def test_stalled_body_gets_408_at_the_deadline(virtual: bool) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await respond(send)  # pragma: no cover - the body never completes
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer, {"type": "http.request", "body": b"a", "more_body": True})
+        start = timer.time()
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+        assert len(timer) == 0
+    assert peer.types() == ["http.response.start", "http.response.body"]
+    when, head = peer.sent[0]
+    assert head["status"] == 408
+    assert (b"connection", b"close") in head["headers"]
+    assert_at_deadline(when, start, virtual)
+
+
+async def test_idle_handler_gets_503(virtual: bool) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()  # the whole (empty) body
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer, {"type": "http.request", "body": b"", "more_body": False})
+        start = timer.time()
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+    assert peer.sent[0][1]["status"] == 503
+    assert_at_deadline(peer.sent[0][0], start, virtual)
+
+
+async def test_stalled_response_is_aborted(virtual: bool) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"1", "more_body": True})
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        start = timer.time()
+        with pytest.raises(IdleTimeoutError, match="aborted"):
+            await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+                http_scope(), peer.receive, peer.send
+            )
+        assert_at_deadline(timer.time(), start, virtual)
+        assert len(timer) == 0
+    assert peer.types() == ["http.response.start", "http.response.body"]
+
+
+async def test_activity_re_arms(virtual: bool) -> None:
+    # Ten chunks 0.6 T apart: 6 T in all, never idle for T.
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(10):
+            await anyio.sleep(0.6 * T)
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+        assert timer.stats().fired == 0
+    assert len(peer.sent) == 12
+
+
+async def test_idle_websocket_is_closed(virtual: bool) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        await receive()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer, {"type": "websocket.connect"})
+        start = timer.time()
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer, close_code=4000)(
+            {"type": "websocket", "path": "/ws"}, peer.receive, peer.send
+        )
+    assert peer.types() == ["websocket.accept", "websocket.close"]
+    when, close = peer.sent[1]
+    assert close["code"] == 4000
+    assert close["reason"] == "idle timeout"
+    assert_at_deadline(when, start, virtual)
+
+
+async def test_endpoint_extends_then_opts_out(virtual: bool) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert set_idle_timeout(scope, 3 * T)
+        await anyio.sleep(2 * T)
+        assert set_idle_timeout(scope, None)
+        await anyio.sleep(5 * T)
+        await respond(send)
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+        assert timer.stats().fired == 0
+    assert peer.sent[0][1]["status"] == 200
+
+
+async def test_override_none_then_endpoint_opts_back_in(virtual: bool) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await anyio.sleep(3 * T)  # no timeout on this path
+        assert set_idle_timeout(scope, T)  # until the endpoint asks for one
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        start = timer.time()
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer, overrides={"/poll": None})(
+            http_scope("/poll/topic"), peer.receive, peer.send
+        )
+    assert peer.sent[0][1]["status"] == 503
+    assert_at_deadline(peer.sent[0][0], start, virtual, 4 * T)
+
+
+async def test_work_after_the_response_is_not_timed(virtual: bool) -> None:
+    finished = False
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal finished
+        await respond(send)
+        await anyio.sleep(5 * T)  # e.g. a background task
+        finished = True
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+    assert finished
+
+
+async def test_client_gone_and_app_stuck_is_cancelled_silently(virtual: bool) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        assert (await receive())["type"] == "http.disconnect"
+        await anyio.sleep_forever()  # ignores the disconnect
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(
+            timer,
+            {"type": "http.request", "body": b"", "more_body": False},
+            {"type": "http.disconnect"},
+        )
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+    assert peer.sent == []  # cancelled; nobody to answer
+
+
+async def test_unstarted_timer_is_a_clear_error() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await respond(send)  # pragma: no cover
+
+    middleware = IdleTimeoutMiddleware(app, timeout=T, timer=Timer())
+    with pytest.raises(TimerClosed, match="not started"):
+        await middleware(http_scope(), Peer(Timer()).receive, Peer(Timer()).send)
+
+
+async def test_closed_timer_serves_without_timeout() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await respond(send)
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+    middleware = IdleTimeoutMiddleware(app, timeout=T, timer=timer)
+    await middleware(http_scope(), peer.receive, peer.send)  # the server is shutting down
+    assert [m["type"] for _, m in peer.sent] == ["http.response.start", "http.response.body"]
+
+
+async def test_lifespan_owns_the_shared_timer() -> None:
+    seen: list[Timer] = []
+    shutdown_sent = anyio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert scope["type"] == "lifespan"
+        assert (await receive())["type"] == "lifespan.startup"
+        seen.append(await get_shared_timer())
+        await send({"type": "lifespan.startup.complete"})
+        assert (await receive())["type"] == "lifespan.shutdown"
+        await send({"type": "lifespan.shutdown.complete"})
+
+    incoming = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+
+    async def receive() -> Message:
+        return incoming.pop(0)
+
+    async def send(message: Message) -> None:
+        if message["type"] == "lifespan.shutdown.complete":
+            # Closed before the server hears that the lifespan is over.
+            assert seen[0].closed
+            shutdown_sent.set()
+
+    await IdleTimeoutMiddleware(app, timeout=T)({"type": "lifespan"}, receive, send)
+    assert shutdown_sent.is_set()
+    assert seen[0].closed
+    assert await get_shared_timer() is not seen[0]  # later users get a lazy one

@@ -1,0 +1,362 @@
+"""uvicorn_protocol end to end: uvicorn in-process on 127.0.0.1 port 0, raw sockets.
+
+What only the connection level sees: a client that connects and says nothing, a
+keep-alive gap, a slowloris request head, a reset. uvicorn runs on asyncio and uvloop
+in real time (this module overrides ``anyio_backend``; uvicorn needs asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from aiowheel import Timer
+from aiowheel.middleware import IdleTimeoutMiddleware, get_shared_timer, uvicorn_protocol
+
+T = 0.25
+TICK = 0.01
+SLACK = 0.5
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    # Real time (no looptime): real sockets and a real server.
+    return ("asyncio", {"use_uvloop": request.param == "uvloop"})
+
+
+def assert_idle_window(elapsed: float, timeout: float = T) -> None:
+    # Never early. 1 ns of tolerance only absorbs float rounding: ``end - start`` may
+    # come out a hair below ``timeout`` when ``end == start + timeout`` exactly (uvloop's
+    # clock ticks in whole milliseconds).
+    assert elapsed >= timeout - 1e-9, f"dropped {timeout - elapsed:.4f} s early"
+    assert elapsed < timeout + TICK + SLACK, f"dropped {elapsed - timeout:.3f} s late"
+
+
+async def eventually(predicate: Callable[[], bool], within: float) -> None:
+    """Poll state that has no event to await (``len(timer)``); fail after ``within``."""
+    deadline = anyio.current_time() + within
+    while not predicate():  # no event exists for this state
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"not true within {within} s: {predicate}")
+        await anyio.sleep(0.005)
+
+
+async def index(request: Request) -> Response:
+    return PlainTextResponse(f"ok {request.client.port if request.client else 0}")
+
+
+async def sleep(request: Request) -> Response:
+    await anyio.sleep(float(request.query_params["s"]))
+    return PlainTextResponse("slept")
+
+
+async def ws_quiet(websocket: WebSocket) -> None:
+    await websocket.accept()
+    await anyio.sleep(2 * T)
+    await websocket.send_text("still here")
+    await websocket.close()
+
+
+APP = Starlette(routes=[Route("/", index), Route("/sleep", sleep), WebSocketRoute("/ws", ws_quiet)])
+
+
+@asynccontextmanager
+async def serving(app: Any, protocol: type[asyncio.Protocol], **config: Any) -> AsyncIterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    options: dict[str, Any] = {
+        "lifespan": "off",
+        "log_level": "critical",
+        "timeout_graceful_shutdown": 1,
+        # uvicorn's own keep-alive closes after 5 s; make it irrelevant here.
+        "timeout_keep_alive": 60,
+    }
+    options.update(config)
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:  # uvicorn offers a flag, not an event
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.005)
+        yield port
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
+async def guarded(**options: Any) -> AsyncIterator[tuple[int, Timer]]:
+    async with Timer(tick=TICK) as timer:
+        protocol = uvicorn_protocol(timeout=T, timer=timer, **options)
+        async with serving(APP, protocol) as port:
+            yield port, timer
+        assert len(timer) == 0
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
+    # Bounded: pytest-timeout's signal cannot interrupt a stuck uvloop.
+    with anyio.fail_after(10):
+        try:
+            return await reader.read()
+        except ConnectionResetError:
+            return b"<reset>"
+
+
+def reset_on_close(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+
+
+async def test_silent_connection_is_closed() -> None:
+    async with guarded() as (port, _):
+        start = anyio.current_time()  # before connecting: precedes any arming
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = await read_until_closed(reader)
+        elapsed = anyio.current_time() - start
+        writer.close()
+    assert data == b""  # a clean close: nothing was pending
+    assert_idle_window(elapsed)
+
+
+async def test_slowloris_request_head_is_dropped() -> None:
+    # One header byte every T/2: each byte is activity, but a request head gets
+    # header_timeout (default: timeout) from its first byte, however it trickles.
+    async with guarded() as (port, _):
+        start = anyio.current_time()  # before connecting: precedes any arming
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sent = 0
+
+        async def trickle() -> None:
+            nonlocal sent
+            for byte in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: yes\r\n\r\n":
+                writer.write(bytes([byte]))
+                sent += 1
+                await asyncio.sleep(T / 2)
+
+        trickler = asyncio.create_task(trickle())
+        data = await read_until_closed(reader)
+        elapsed = anyio.current_time() - start
+        trickler.cancel()
+        writer.close()
+    assert data in (b"", b"<reset>")
+    assert sent >= 2  # it was talking, and still dropped
+    assert_idle_window(elapsed)
+
+
+async def test_header_timeout_shorter_than_idle_timeout() -> None:
+    async with guarded(header_timeout=T / 2) as (port, _):
+        # Silent: the idle timeout applies.
+        start = anyio.current_time()  # before connecting: precedes any arming
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await read_until_closed(reader)
+        silent = anyio.current_time() - start
+        writer.close()
+        # A partial head: header_timeout after its first byte.
+        start = anyio.current_time()  # before connecting: precedes any arming
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\n")
+        await read_until_closed(reader)
+        partial = anyio.current_time() - start
+        writer.close()
+    assert_idle_window(silent, T)
+    assert_idle_window(partial, T / 2)
+
+
+async def test_keep_alive_gap_is_closed_after_the_response() -> None:
+    async with guarded() as (port, _):
+        start = anyio.current_time()  # before connecting: precedes any arming
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = await read_until_closed(reader)
+        elapsed = anyio.current_time() - start
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 200 ")
+    assert data.endswith(b"ok " + str(writer.get_extra_info("sockname")[1]).encode())
+    assert_idle_window(elapsed)
+
+
+async def test_active_keep_alive_client_and_long_request_are_not_dropped() -> None:
+    async with guarded() as (port, timer):
+
+        async def keep_alive_client() -> None:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                answers = set()
+                for _ in range(6):  # 3 T of requests, T/2 apart
+                    response = await client.get("/")
+                    assert response.status_code == 200
+                    answers.add(response.text)
+                    await asyncio.sleep(T / 2)
+            assert len(answers) == 1  # one connection all along
+
+        async def long_request() -> None:
+            # In flight: the application's business, not the connection's.
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                response = await client.get("/sleep", params={"s": 3 * T})
+            assert response.text == "slept"
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_alive_client)
+            tg.start_soon(long_request)
+        # The clients closed their connections: nothing left to time.
+        await eventually(lambda: len(timer) == 0, within=2)
+
+
+async def test_websocket_upgrade_is_no_longer_timed_by_the_connection() -> None:
+    from websockets.asyncio.client import connect
+
+    async with guarded() as (port, timer), connect(f"ws://127.0.0.1:{port}/ws") as ws:
+        assert len(timer) == 0  # handed to the websocket protocol: not ours
+        assert await ws.recv() == "still here"  # after 2 T of silence
+
+
+async def test_client_reset_cancels_every_timer() -> None:
+    loop = asyncio.get_running_loop()
+    # A long timeout: only the reset can explain the timers going away in time.
+    async with Timer(tick=TICK) as timer:
+        protocol = uvicorn_protocol(timeout=30, timer=timer)
+        async with serving(APP, protocol, timeout_keep_alive=30) as port:
+            # After a response (uvicorn's own keep-alive timer armed too).
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await reader.readuntil(b"ok ")).startswith(b"HTTP/1.1 200")
+            # And in the middle of a request head.
+            _, writer2 = await asyncio.open_connection("127.0.0.1", port)
+            writer2.write(b"GET / HTTP/1.1\r\nHo")
+            await eventually(lambda: len(timer) == 2, within=5)
+            for w in (writer, writer2):
+                reset_on_close(w)
+                w.close()
+            await eventually(lambda: len(timer) == 0, within=2)
+            assert timer.stats().fired == 0
+            if hasattr(loop, "_scheduled"):  # asyncio (not uvloop): look in its heap
+                # uvicorn alone leaks its keep-alive handle after a reset.
+                leaked = [
+                    h
+                    for h in loop._scheduled
+                    if not h.cancelled()
+                    and getattr(h._callback, "__name__", "") == "timeout_keep_alive_handler"
+                ]
+                assert leaked == []
+
+
+async def test_shared_timer_is_started_lazily_by_the_first_connection() -> None:
+    protocol = uvicorn_protocol(timeout=T)  # no timer: the loop's shared one
+    async with serving(APP, protocol) as port:
+        start = anyio.current_time()  # before connecting: precedes any arming
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await read_until_closed(reader)
+        elapsed = anyio.current_time() - start
+        writer.close()
+        timer = await get_shared_timer()
+        assert len(timer) == 0
+    assert_idle_window(elapsed)
+
+
+async def test_with_the_asgi_middleware_on_the_lifespan_timer() -> None:
+    # The full stack a user would deploy: both layers share the lifespan's timer.
+    seen: list[Timer] = []
+
+    async def upload(request: Request) -> Response:
+        seen.append(await get_shared_timer())
+        return PlainTextResponse(f"got {len(await request.body())}")
+
+    app = IdleTimeoutMiddleware(Starlette(routes=[Route("/", upload, methods=["POST"])]), timeout=T)
+    async with serving(app, uvicorn_protocol(timeout=T), lifespan="on") as port:
+        start = anyio.current_time()  # before connecting: precedes any arming
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc")
+        answer = await read_until_closed(reader)
+        elapsed = anyio.current_time() - start
+        writer.close()
+        assert len(seen[0]) == 0
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert_idle_window(elapsed)
+    assert seen[0].closed  # closed by the lifespan, with the server
+
+
+async def test_client_that_stops_reading_is_dropped() -> None:
+    # The middleware (timeout 2 T) aborts the stalled response; uvicorn then tries a
+    # graceful close, which the unread output holds up, and the protocol (timeout T),
+    # which found the request in flight when it first expired, aborts that close.
+    async def endless(request: Request) -> Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            while True:
+                yield b"x" * 65536
+
+        return StreamingResponse(chunks())
+
+    async with Timer(tick=TICK) as timer:
+        app = IdleTimeoutMiddleware(
+            Starlette(routes=[Route("/", endless)]), timeout=2 * T, timer=timer
+        )
+        async with serving(app, uvicorn_protocol(timeout=T, timer=timer)) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=65536)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")  # the response started; now stop reading
+            await eventually(lambda: len(timer) == 2, within=5)  # connection and request
+            fired = timer.stats().fired
+            # The connection's timer expires while the request is in flight (and looks
+            # again later), the request's after 2 T, the connection's once more at
+            # most T after that.
+            await eventually(lambda: len(timer) == 0, within=3 * T + 3 * TICK + SLACK)
+            assert timer.stats().fired >= fired + 3
+            data = await read_until_closed(reader)  # what was in flight, then the end
+            writer.close()
+    assert data.endswith(b"<reset>") or len(data) < 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"timeout": 0}, ValueError),
+        ({"timeout": float("inf")}, ValueError),
+        ({"timeout": "1"}, TypeError),
+        ({"timeout": 1, "header_timeout": -1}, ValueError),
+        ({"timeout": 1, "header_timeout": float("nan")}, ValueError),
+        ({"timeout": 1, "timer": "shared"}, TypeError),
+        ({"timeout": 1, "base": "zttp"}, ValueError),
+        ({"timeout": 1, "base": asyncio.Protocol}, ValueError),
+    ],
+)
+def test_bad_configuration_raises(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        uvicorn_protocol(**kwargs)
+
+
+def test_bases() -> None:
+    if importlib.util.find_spec("httptools") is None:
+        with pytest.raises(ImportError, match="httptools"):
+            uvicorn_protocol(timeout=1, base="httptools")
+        assert issubclass(uvicorn_protocol(timeout=1), H11Protocol)  # auto: h11
+    else:  # pragma: no cover - not installed here
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        assert issubclass(uvicorn_protocol(timeout=1, base="httptools"), HttpToolsProtocol)
+
+    class Custom(H11Protocol):
+        pass
+
+    custom = uvicorn_protocol(timeout=2, header_timeout=1, base=Custom)
+    assert issubclass(custom, Custom)
+    assert custom.idle_timeout == 2.0  # type: ignore[attr-defined]
+    assert custom.header_timeout == 1.0  # type: ignore[attr-defined]
+    assert issubclass(uvicorn_protocol(timeout=1, base="h11"), H11Protocol)
