@@ -9,9 +9,8 @@ timeout plus one tick plus a generous slack.
 
 from __future__ import annotations
 
-import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from idle_helpers import TICK, T, assert_idle_window, eventually, serve_uvicorn
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -46,10 +46,6 @@ from aiowheel.middleware import (
     set_idle_timeout,
 )
 
-T = 0.25  # the idle timeout under test
-TICK = 0.01
-SLACK = 0.5  # loaded CI machines; the lower bound is the strict one
-
 pytestmark = pytest.mark.anyio
 
 
@@ -61,24 +57,6 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     if request.param == "uvloop":
         return ("asyncio", {"use_uvloop": True})
     return ("trio", {})
-
-
-async def eventually(predicate: Callable[[], bool], within: float) -> None:
-    """Poll ``predicate`` (state with no event to await, such as ``len(timer)``) until
-    it holds; fail after ``within`` seconds."""
-    deadline = anyio.current_time() + within
-    while not predicate():  # no event exists for this state
-        if anyio.current_time() > deadline:
-            raise AssertionError(f"not true within {within} s: {predicate}")
-        await anyio.sleep(0.005)
-
-
-def assert_idle_window(elapsed: float, timeout: float = T) -> None:
-    # Never early. 1 ns of tolerance only absorbs float rounding: ``end - start`` may
-    # come out a hair below ``timeout`` when ``end == start + timeout`` exactly (uvloop's
-    # clock ticks in whole milliseconds).
-    assert elapsed >= timeout - 1e-9, f"dropped {timeout - elapsed:.4f} s early"
-    assert elapsed < timeout + TICK + SLACK, f"dropped {elapsed - timeout:.3f} s late"
 
 
 # -- servers ------------------------------------------------------------------------
@@ -107,29 +85,8 @@ async def serving(app: Any, backend: str, *, lifespan: bool = False) -> AsyncIte
             finally:
                 shutdown.set()
         return
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            lifespan="on" if lifespan else "off",
-            log_level="critical",
-            timeout_graceful_shutdown=1,
-        )
-    )
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:  # uvicorn offers a flag, not an event
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.005)
+    async with serve_uvicorn(app, lifespan="on" if lifespan else "off") as port:
         yield port
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def read_until_closed(stream: anyio.abc.ByteStream) -> bytes:

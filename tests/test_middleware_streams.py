@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+from idle_helpers import TICK, T, assert_idle_window, eventually, read_until_closed
 
 from aiowheel import Timer
 from aiowheel.middleware import (
@@ -32,10 +33,6 @@ from aiowheel.middleware import (
     set_idle_timeout,
 )
 
-T = 0.25
-TICK = 0.01
-SLACK = 0.5
-
 pytestmark = pytest.mark.anyio
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]
@@ -44,23 +41,6 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]
 @pytest.fixture(params=["asyncio", "uvloop"])
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return ("asyncio", {"use_uvloop": request.param == "uvloop"})
-
-
-def assert_idle_window(elapsed: float, timeout: float = T) -> None:
-    # Never early. 1 ns of tolerance only absorbs float rounding: ``end - start`` may
-    # come out a hair below ``timeout`` when ``end == start + timeout`` exactly (uvloop's
-    # clock ticks in whole milliseconds).
-    assert elapsed >= timeout - 1e-9, f"dropped {timeout - elapsed:.4f} s early"
-    assert elapsed < timeout + TICK + SLACK, f"dropped {elapsed - timeout:.3f} s late"
-
-
-async def eventually(predicate: Callable[[], bool], within: float) -> None:
-    """Poll state that has no event to await (``len(timer)``); fail after ``within``."""
-    deadline = anyio.current_time() + within
-    while not predicate():  # no event exists for this state
-        if anyio.current_time() > deadline:
-            raise AssertionError(f"not true within {within} s: {predicate}")
-        await anyio.sleep(0.005)
 
 
 class LoopErrors:
@@ -97,15 +77,6 @@ async def serving(
                 await server.wait_closed()
     finally:
         loop.set_exception_handler(previous)
-
-
-async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
-    # Bounded: pytest-timeout's signal cannot interrupt a stuck uvloop.
-    with anyio.fail_after(10):
-        try:
-            return await reader.read()
-        except ConnectionResetError:
-            return b"<reset>"
 
 
 async def test_silent_connection_is_aborted_and_the_handler_told() -> None:

@@ -10,14 +10,22 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-import uvicorn
+from idle_helpers import (
+    SLACK,
+    TICK,
+    T,
+    assert_idle_window,
+    eventually,
+    read_until_closed,
+    serve_uvicorn,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
@@ -28,10 +36,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from aiowheel import Timer
 from aiowheel.middleware import IdleTimeoutMiddleware, get_shared_timer, uvicorn_protocol
 
-T = 0.25
-TICK = 0.01
-SLACK = 0.5
-
 pytestmark = pytest.mark.anyio
 
 
@@ -39,23 +43,6 @@ pytestmark = pytest.mark.anyio
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     # Real time (no looptime): real sockets and a real server.
     return ("asyncio", {"use_uvloop": request.param == "uvloop"})
-
-
-def assert_idle_window(elapsed: float, timeout: float = T) -> None:
-    # Never early. 1 ns of tolerance only absorbs float rounding: ``end - start`` may
-    # come out a hair below ``timeout`` when ``end == start + timeout`` exactly (uvloop's
-    # clock ticks in whole milliseconds).
-    assert elapsed >= timeout - 1e-9, f"dropped {timeout - elapsed:.4f} s early"
-    assert elapsed < timeout + TICK + SLACK, f"dropped {elapsed - timeout:.3f} s late"
-
-
-async def eventually(predicate: Callable[[], bool], within: float) -> None:
-    """Poll state that has no event to await (``len(timer)``); fail after ``within``."""
-    deadline = anyio.current_time() + within
-    while not predicate():  # no event exists for this state
-        if anyio.current_time() > deadline:
-            raise AssertionError(f"not true within {within} s: {predicate}")
-        await anyio.sleep(0.005)
 
 
 async def index(request: Request) -> Response:
@@ -79,28 +66,10 @@ APP = Starlette(routes=[Route("/", index), Route("/sleep", sleep), WebSocketRout
 
 @asynccontextmanager
 async def serving(app: Any, protocol: type[asyncio.Protocol], **config: Any) -> AsyncIterator[int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    options: dict[str, Any] = {
-        "lifespan": "off",
-        "log_level": "critical",
-        "timeout_graceful_shutdown": 1,
-        # uvicorn's own keep-alive closes after 5 s; make it irrelevant here.
-        "timeout_keep_alive": 60,
-    }
-    options.update(config)
-    server = uvicorn.Server(uvicorn.Config(app, http=protocol, **options))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:  # uvicorn offers a flag, not an event
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.005)
+    # uvicorn's own keep-alive closes after 5 s; make it irrelevant here.
+    options: dict[str, Any] = {"timeout_keep_alive": 60, **config}
+    async with serve_uvicorn(app, http=protocol, **options) as port:
         yield port
-    finally:
-        server.should_exit = True
-        await task
 
 
 @asynccontextmanager
@@ -110,15 +79,6 @@ async def guarded(**options: Any) -> AsyncIterator[tuple[int, Timer]]:
         async with serving(APP, protocol) as port:
             yield port, timer
         assert len(timer) == 0
-
-
-async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
-    # Bounded: pytest-timeout's signal cannot interrupt a stuck uvloop.
-    with anyio.fail_after(10):
-        try:
-            return await reader.read()
-        except ConnectionResetError:
-            return b"<reset>"
 
 
 def reset_on_close(writer: asyncio.StreamWriter) -> None:

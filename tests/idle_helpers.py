@@ -1,0 +1,85 @@
+"""What the idle-timeout end-to-end tests share (real servers, real sockets, real time).
+
+These tests cannot use the virtual clocks of conftest.py: a real server and a real
+client exchange bytes, so time is the wall clock and the timing assertions are
+windows, strict on the lower side (never dropped before the timeout) and generous on
+the upper side (loaded CI machines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+T = 0.25  # the idle timeout under test
+TICK = 0.01  # the tick of the timers these tests use
+SLACK = 0.5  # upper-side allowance for a loaded machine
+
+
+async def eventually(predicate: Callable[[], bool], within: float) -> None:
+    """Poll ``predicate`` (state with no event to await, such as ``len(timer)``) until
+    it holds; fail after ``within`` seconds."""
+    deadline = anyio.current_time() + within
+    while not predicate():  # no event exists for this state
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"not true within {within} s: {predicate}")
+        await anyio.sleep(0.005)
+
+
+def assert_idle_window(elapsed: float, timeout: float = T) -> None:
+    """Never early; late by at most a tick plus the slack."""
+    # 1 ns of tolerance only absorbs float rounding: ``end - start`` may come out a hair
+    # below ``timeout`` when ``end == start + timeout`` exactly (uvloop's clock ticks in
+    # whole milliseconds).
+    assert elapsed >= timeout - 1e-9, f"dropped {timeout - elapsed:.4f} s early"
+    assert elapsed < timeout + TICK + SLACK, f"dropped {elapsed - timeout:.3f} s late"
+
+
+def loopback_socket() -> socket.socket:
+    """A listening-ready socket on 127.0.0.1, port 0. ``IPPROTO_TCP`` explicitly:
+    asyncio sets TCP_NODELAY only on sockets that say so, and without it Nagle plus
+    delayed ACKs stall small answers by about 40 ms."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@asynccontextmanager
+async def serve_uvicorn(app: Any, **config: Any) -> AsyncIterator[int]:
+    """Serve ``app`` with uvicorn in the running asyncio loop; yield its port."""
+    import uvicorn
+
+    sock = loopback_socket()
+    port: int = sock.getsockname()[1]
+    options: dict[str, Any] = {
+        "lifespan": "off",
+        "log_level": "critical",
+        "timeout_graceful_shutdown": 1,
+    }
+    options.update(config)
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:  # uvicorn offers a flag, not an event
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.005)
+        yield port
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
+    """Everything the server sends until it closes; ``b"<reset>"`` for a reset."""
+    # Bounded: pytest-timeout's signal cannot interrupt a stuck uvloop.
+    with anyio.fail_after(10):
+        try:
+            return await reader.read()
+        except ConnectionResetError:
+            return b"<reset>"
