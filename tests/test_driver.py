@@ -1,0 +1,280 @@
+"""The driver: when it wakes, and what it does after the loop was blocked.
+
+Wake-ups are counted with ``timer.stats().wakeups`` (driver passes). Guarantee 6 says
+the driver sleeps until the earliest occupied bucket and wakes for nothing else: no
+wake-up at all while the timer is empty, a handful (one per level at most: the
+cascades) for one far timer, one for a whole bucket of timers, none for a bucket that
+cancellation emptied. These need a virtual clock to say "over an hour" in a test, so
+they are skipped on uvloop.
+
+The blocked-loop tests need the loop's clock to jump while the loop is busy in one
+synchronous step. A virtual clock cannot be moved by busy-waiting (``time.sleep`` does
+not touch it), so ``block_loop`` moves it the way each clock allows:
+
+* trio: ``MockClock.jump(seconds)``, the clock's public API for exactly this;
+* asyncio (looptime): ``loop.setup_looptime(start=now + seconds)``, looptime's public
+  re-initialisation, which sets the virtual "now" forward (forward only: looptime warns
+  if time would go back);
+* uvloop: real time, so a real synchronous ``time.sleep`` blocks the loop; a short one
+  (50 ms = 50 ticks), and only order / exactly-once / never-early are asserted there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from aiowheel import Timer, TimerHandle
+
+pytestmark = pytest.mark.anyio
+
+TICK = 0.001
+# Slack for "at most one tick late" on virtual clocks: looptime counts whole
+# microseconds, and float sums of deadlines are off by ulps.
+EPS = 2e-6
+
+
+def noop() -> None:
+    pass
+
+
+@pytest.fixture
+def block_loop(anyio_backend: tuple[str, dict[str, Any]], backend: str) -> Callable[[float], None]:
+    """Block the running loop for ``seconds`` of its own clock, synchronously."""
+    if backend == "trio":
+        clock = anyio_backend[1]["clock"]
+        return clock.jump  # type: ignore[no-any-return]
+    if backend == "asyncio":
+
+        def jump(seconds: float) -> None:
+            loop: Any = asyncio.get_running_loop()
+            loop.setup_looptime(start=loop.time() + seconds)
+
+        return jump
+    return time.sleep
+
+
+# == wake-up counts ======================================================================
+
+
+@pytest.mark.virtual_time
+async def test_no_wakeups_while_empty() -> None:
+    async with Timer() as timer:
+        await anyio.sleep(3600)
+        assert timer.stats().wakeups == 0
+        # Empty again after work: still no wake-up.
+        handle = timer.schedule_nowait(0.01, noop)
+        await handle.wait()
+        woke = timer.stats().wakeups
+        await anyio.sleep(3600)
+        assert timer.stats().wakeups == woke
+
+
+@pytest.mark.virtual_time
+@pytest.mark.parametrize("delay", [10.0, 60.0, 3600.0, 86400.0, 1e6], ids=lambda d: f"{d:g}s")
+async def test_one_far_timer_wakes_a_handful_of_times(delay: float) -> None:
+    """10 s is 10,000 ticks: the driver wakes once per cascade (at most once per
+    level), not once per tick or per bucket. (On looptime's microsecond clock this
+    also checks that the driver does not spin at a cascade point whose float time is
+    not on the clock's grid.)"""
+    async with Timer(tick=TICK, wheel_size=64) as timer:
+        handle = timer.schedule_nowait(delay, noop)
+        await handle.wait()
+        stats = timer.stats()
+        assert stats.wakeups <= stats.levels, stats
+
+
+@pytest.mark.virtual_time
+async def test_one_bucket_of_timers_is_one_wakeup() -> None:
+    async with Timer(tick=TICK) as timer:
+        deadline = timer.time() + 0.0305
+        handles = [timer.schedule_at_nowait(deadline, noop) for _ in range(1000)]
+        await handles[-1].wait()
+        assert timer.stats().wakeups == 1
+        assert timer.stats().fired == 1000
+
+
+@pytest.mark.virtual_time
+async def test_wakes_early_for_a_nearer_timer_scheduled_later() -> None:
+    async with Timer(tick=TICK) as timer:
+        far = timer.schedule_nowait(10.0, noop)
+        await anyio.sleep(1.0)
+        assert timer.stats().wakeups == 0  # still asleep for the far timer's bucket
+        fired: list[float] = []
+        near = timer.schedule_nowait(0.5, lambda: fired.append(timer.time()))
+        await near.wait()
+        assert near.deadline <= fired[0] <= near.deadline + TICK + EPS
+        await far.wait()
+        assert timer.stats().wakeups <= timer.stats().levels + 2
+
+
+@pytest.mark.virtual_time
+async def test_no_wakeup_for_a_bucket_emptied_by_cancel() -> None:
+    async with Timer(tick=TICK) as timer:
+        handle = timer.schedule_nowait(5.0, noop)
+        assert handle.cancel()
+        assert timer.next_deadline() is None  # idle again at once
+        await anyio.sleep(3600)
+        assert timer.stats().wakeups == 0
+
+
+@pytest.mark.virtual_time
+async def test_emptied_buckets_cost_nothing_before_a_later_timer() -> None:
+    """Cancelled timers on every level before a 5 s timer: the driver wakes exactly
+    as often as for the 5 s timer alone (measured side by side in the same loop)."""
+    async with (
+        Timer(tick=TICK, wheel_size=8) as with_cancels,
+        Timer(tick=TICK, wheel_size=8) as alone,
+    ):
+        cancelled = [with_cancels.schedule_nowait(d, noop) for d in (0.003, 0.02, 0.2, 1.5)]
+        kept = with_cancels.schedule_nowait(5.0, noop)
+        baseline = alone.schedule_nowait(5.0, noop)
+        await anyio.sleep(0.001)
+        for handle in cancelled:
+            assert handle.cancel()
+        await kept.wait()
+        await baseline.wait()
+        assert with_cancels.stats().wakeups == alone.stats().wakeups
+
+
+@pytest.mark.virtual_time
+async def test_no_wakeups_after_aclose() -> None:
+    async with Timer(tick=TICK) as timer:
+        timer.schedule_nowait(0.5, noop)
+        timer.schedule_nowait(50.0, noop)
+        await timer.aclose()
+        woke = timer.stats().wakeups
+        await anyio.sleep(3600)
+        assert timer.stats().wakeups == woke
+
+
+@pytest.mark.virtual_time
+async def test_never_early_on_cascade_wakeups() -> None:
+    """tokio: the driver wakes at cascade points (bucket starts of higher levels); no
+    callback may start on such a wake before its deadline."""
+    rng = random.Random(11)
+    async with Timer(tick=TICK, wheel_size=4) as timer:
+        runs: list[tuple[float, float]] = []
+        handles: list[TimerHandle[Any]] = []
+
+        def run(i: int) -> None:
+            runs.append((timer.time(), handles[i].deadline))
+
+        for i in range(300):
+            handles.append(timer.schedule_nowait(rng.uniform(0, 3.0), run, i))
+        for handle in handles:
+            await handle.wait()
+        assert len(runs) == 300
+        for fired_at, deadline in runs:
+            assert deadline <= fired_at <= deadline + TICK + EPS
+
+
+# == a blocked loop ======================================================================
+
+
+@pytest.mark.parametrize("where", ["in a callback", "in the caller"])
+async def test_blocked_loop_fires_every_overdue_timer_once_in_deadline_order(
+    where: str, virtual: bool, block_loop: Callable[[float], None]
+) -> None:
+    """The loop is blocked for many ticks (a synchronous step: see the module doc).
+    When it runs again, every overdue timer fires exactly once, in deadline order
+    across ticks (across the cascades of every level), never early; on a virtual clock
+    all of them at the instant the block ends (one catch-up, not one tick at a time),
+    and the timers due after the block still fire on time, not a revolution late."""
+    rng = random.Random(where)
+    block = 0.3 if virtual else 0.05
+    horizon = 0.5 if virtual else 0.1
+    async with Timer(tick=TICK, wheel_size=8) as timer:
+        runs: list[tuple[int, float]] = []
+        handles: list[TimerHandle[Any]] = []
+
+        def run(i: int) -> None:
+            runs.append((i, timer.time()))
+
+        for i in range(600):
+            handles.append(timer.schedule_nowait(rng.uniform(0.002, horizon), run, i))
+        ended: list[float] = []
+
+        def blocker() -> None:
+            started = timer.time()
+            block_loop(block)
+            ended.append(timer.time())
+            assert ended[0] - started >= block - EPS  # the clock did move while blocked
+
+        if where == "in a callback":
+            await timer.schedule_nowait(TICK, blocker).wait()
+        else:
+            await anyio.sleep(TICK)
+            blocker()
+        block_end = ended[0]
+        for handle in handles:
+            await handle.wait()
+
+        fired = [i for i, _ in runs]
+        assert sorted(fired) == list(range(600))  # each exactly once
+        latest = 0.0
+        for i, fired_at in runs:
+            deadline = handles[i].deadline
+            assert fired_at >= deadline  # never early
+            assert deadline >= latest - TICK - EPS  # deadline order across ticks
+            latest = max(latest, deadline)
+            if virtual:
+                if deadline <= block_end:
+                    assert fired_at == block_end  # overdue: all at once when it ends
+                else:
+                    assert fired_at - deadline <= TICK + EPS  # not a revolution late
+        assert any(handles[i].deadline <= block_end for i in fired)
+        assert any(handles[i].deadline > block_end for i in fired)
+
+
+async def test_blocked_loop_with_far_timers_on_high_levels(
+    virtual: bool, block_loop: Callable[[float], None]
+) -> None:
+    """A block longer than several level spans (wheel_size 4: spans of 4, 16, 64, 256
+    ticks): the catch-up cascades through every level in one go."""
+    rng = random.Random(2)
+    block = 2.0 if virtual else 0.05
+    async with Timer(tick=TICK, wheel_size=4) as timer:
+        runs: list[tuple[float, float]] = []
+        handles: list[TimerHandle[Any]] = []
+
+        def run(i: int) -> None:
+            runs.append((handles[i].deadline, timer.time()))
+
+        for i in range(300):
+            handles.append(timer.schedule_nowait(rng.uniform(0.001, 1.5 * block), run, i))
+        block_loop(block)
+        for handle in handles:
+            await handle.wait()
+        assert len(runs) == 300
+        deadlines = [deadline for deadline, _ in runs]
+        latest = 0.0
+        for deadline, fired_at in runs:
+            assert fired_at >= deadline
+            assert deadline >= latest - TICK - EPS
+            latest = max(latest, deadline)
+        assert sorted(deadlines) == sorted(h.deadline for h in handles)
+
+
+async def test_due_now_timers_scheduled_after_a_block_keep_deadline_order(
+    block_loop: Callable[[float], None],
+) -> None:
+    """After the loop was blocked, an older timer is overdue in its bucket; a timer
+    scheduled then with a past deadline (delay <= 0) is due too, but its deadline is
+    later: it must not jump the queue (deadlines more than a tick apart fire in
+    deadline order, guarantee 4)."""
+    async with Timer(tick=TICK) as timer:
+        order: list[str] = []
+        early = timer.schedule_nowait(2 * TICK, order.append, "early")
+        block_loop(0.010)  # the loop is busy for 10 ticks: `early` is overdue
+        late = timer.schedule_nowait(-0.004, order.append, "late")  # due now
+        assert late.deadline - early.deadline > TICK
+        await late.wait()
+        await early.wait()
+        assert order == ["early", "late"]

@@ -1,0 +1,527 @@
+"""Unit tests of the pure wheel (``aiowheel._wheel``): no event loop, no timer.
+
+The wheel is driven here the way the timer drives it: ``advance(now)`` hands back
+detached buckets; the caller walks a snapshot of each one, skips entries that no longer
+point at it (cancelled or re-filed by an earlier "callback"), marks the others fired
+(``_bucket = None``) and clears the bucket.
+
+Most tests use ``tick=1.0`` and ``origin=0.0`` so that deadlines are exact tick counts
+and "fires at the first tick at or after its deadline" can be asserted with ``==``;
+one class repeats the key checks with a millisecond tick on a non-zero origin, where
+float rounding is what can make a wheel fire early.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from aiowheel._wheel import Bucket, Wheel, WheelEntry
+
+# The slot descriptor of WheelEntry._bucket, to read and write the real slot.
+_BUCKET_SLOT: Any = WheelEntry.__dict__["_bucket"]
+
+
+class Entry(WheelEntry):
+    """A wheel entry that counts how often the wheel files it.
+
+    ``_bucket`` shadows the slot of ``WheelEntry`` with a property so that every
+    assignment the wheel makes is seen: the first non-``None`` one is the insert,
+    each later one is a move (a cascade, or a re-file of an early entry).
+    """
+
+    __slots__ = ("filings", "name")
+
+    def __init__(self, name: object = None) -> None:
+        super().__init__()
+        self.name = name
+        self.filings = 0
+
+    def _get_bucket(self) -> Bucket | None:
+        bucket: Bucket | None = _BUCKET_SLOT.__get__(self, WheelEntry)
+        return bucket
+
+    def _set_bucket(self, bucket: Bucket | None) -> None:
+        if bucket is not None and not _resorted(self._get_bucket(), bucket):
+            self.filings += 1
+        _BUCKET_SLOT.__set__(self, bucket)
+
+    # Shadows WheelEntry's `_bucket` slot: every assignment the wheel makes is seen.
+    _bucket = property(_get_bucket, _set_bucket)
+
+    @property
+    def moves(self) -> int:
+        return self.filings - 1
+
+    def __repr__(self) -> str:
+        return f"Entry({self.name!r}, deadline={self._deadline})"
+
+
+def _resorted(old: Bucket | None, new: Bucket) -> bool:
+    """The wheel re-links already-due entries into a sorted copy of the due bucket
+    (level -1) to hand them back in deadline order: that is not a move between levels."""
+    return old is not None and old.level == -1 and new.level == -1
+
+
+def flush(wheel: Wheel, now: float) -> list[Entry]:
+    """``advance(now)`` and fire what it returns, as the timer's dispatcher does."""
+    fired: list[Entry] = []
+    for bucket in wheel.advance(now):
+        for entry in list(bucket):
+            if entry._bucket is not bucket:
+                continue
+            entry._bucket = None
+            fired.append(entry)  # type: ignore[arg-type]
+        bucket.clear()
+    return fired
+
+
+def drive(wheel: Wheel, until: float = math.inf) -> list[tuple[float, Entry]]:
+    """Advance only to ``next_expiry()``, as the driver does, until the wheel is empty
+    (or the next expiry is past ``until``). Returns ``(now, entry)`` per firing."""
+    fired: list[tuple[float, Entry]] = []
+    while True:
+        when = wheel.next_expiry()
+        if when is None or when > until:
+            return fired
+        if when == -math.inf:
+            when = wheel.tick_time(wheel.now_tick)
+        fired.extend((when, entry) for entry in flush(wheel, when))
+
+
+def add(wheel: Wheel, deadlines: Iterable[float]) -> list[Entry]:
+    entries = []
+    for deadline in deadlines:
+        entry = Entry(deadline)
+        wheel.insert(entry, deadline)
+        entries.append(entry)
+    return entries
+
+
+def due(deadline: float, tick: float = 1.0, origin: float = 0.0) -> float:
+    """When a deadline fires: the first tick boundary at or after it."""
+    return origin + math.ceil((deadline - origin) / tick) * tick
+
+
+# -- construction -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tick", [0.0, -1.0, math.nan, math.inf])
+def test_bad_tick_is_a_value_error(tick: float) -> None:
+    with pytest.raises(ValueError, match="tick"):
+        Wheel(tick, 8, 0.0)
+
+
+@pytest.mark.parametrize("size", [1, 0, -4])
+def test_bad_wheel_size_is_a_value_error(size: int) -> None:
+    with pytest.raises(ValueError, match="wheel_size"):
+        Wheel(1.0, size, 0.0)
+
+
+def test_new_wheel_is_empty_with_one_level() -> None:
+    wheel = Wheel(0.001, 64, 1000.0)
+    assert len(wheel) == 0
+    assert wheel.levels == 1
+    assert wheel.next_expiry() is None
+    assert wheel.advance(2000.0) == []
+
+
+# -- levels and boundaries ----------------------------------------------------------
+
+SIZES = [2, 3, 4, 8, 64]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("delta", [-1, -0.5, 0, 0.5, 1])
+def test_level_boundaries(size: int, k: int, delta: float) -> None:
+    """A deadline of ``size**k + delta`` ticks lives on level k (k-1 just below the
+    boundary), fires exactly at its rounded-up tick and is filed at most levels-1
+    more times on the way down."""
+    wheel = Wheel(1.0, size, 0.0)
+    deadline = size**k + delta
+    (entry,) = add(wheel, [deadline])
+    expected_level = k if math.ceil(deadline) >= size**k else k - 1
+    assert wheel.levels == expected_level + 1
+    assert entry._bucket is not None
+    assert entry._bucket.level == expected_level
+    # Just before its due tick: still pending.
+    assert flush(wheel, due(deadline) - 0.5) == []
+    assert entry._bucket is not None
+    assert len(wheel) == 1
+    assert flush(wheel, due(deadline)) == [entry]
+    assert len(wheel) == 0
+    assert entry.moves <= wheel.levels - 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_driver_walk_across_boundaries(size: int, k: int) -> None:
+    """Advancing only to ``next_expiry`` fires every timer around ``size**k`` at its
+    exact due tick, in deadline order, with a handful of advances, not one per tick."""
+    wheel = Wheel(1.0, size, 0.0)
+    deadlines = [size**k + d for d in (-1, -0.5, 0, 0.5, 1, 2)]
+    entries = add(wheel, reversed(deadlines))
+    levels = wheel.levels
+    walked = drive(wheel)
+    assert {entry for _, entry in walked} == set(entries)
+    # Deadline order across ticks (within one tick no order is promised).
+    assert [now for now, _ in walked] == sorted(now for now, _ in walked)
+    for now, entry in walked:
+        assert now == due(entry._deadline)
+        assert entry.moves <= levels - 1
+    advances = len({now for now, _ in walked})
+    assert advances <= len(deadlines)
+
+
+def test_levels_created_on_demand() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    assert wheel.levels == 1
+    add(wheel, [3])
+    assert wheel.levels == 1
+    add(wheel, [4])
+    assert wheel.levels == 2
+    add(wheel, [4**5])
+    assert wheel.levels == 6
+    # Levels never shrink: the hierarchy is kept for later timers.
+    drive(wheel)
+    assert wheel.levels == 6
+    assert len(wheel) == 0
+
+
+def test_every_tick_fires_exactly_what_is_due() -> None:
+    """Deadlines 0..N-1 ticks, processed at every tick t: exactly those <= t fired."""
+    n = 300
+    wheel = Wheel(1.0, 4, 0.0)
+    entries = add(wheel, random.Random(1).sample(range(n), n))
+    fired: set[Entry] = set()
+    for t in range(n):
+        fired.update(flush(wheel, t))
+        assert fired == {e for e in entries if e._deadline <= t}
+        assert len(wheel) == n - len(fired)
+
+
+def test_kafka_batch_on_tiny_wheel() -> None:
+    """Kafka's test: delays 0..4, pairs at 10..99, singles at 100..499 on a wheel of
+    size 3, advanced until idle: every one fires exactly once, duplicates included."""
+    wheel = Wheel(1.0, 3, 0.0)
+    deadlines = [*range(5), *range(10, 100), *range(10, 100), *range(100, 500)]
+    entries = add(wheel, deadlines)
+    walked = drive(wheel)
+    assert sorted(e.name for _, e in walked) == sorted(deadlines)  # type: ignore[type-var]
+    assert len({id(e) for _, e in walked}) == len(entries)
+    assert all(now == due(e._deadline) for now, e in walked)
+
+
+def test_timer_at_193_processed_at_62_and_192_twice() -> None:
+    """tokio's test: a timer at 193 is not fired by processing at 62, 192, 192."""
+    wheel = Wheel(1.0, 64, 0.0)
+    (entry,) = add(wheel, [193])
+    for now in (62, 192, 192):
+        assert flush(wheel, now) == []
+    assert flush(wheel, 193) == [entry]
+
+
+# -- cascades -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_each_entry_moves_at_most_levels_minus_one_times(size: int) -> None:
+    rng = random.Random(size)
+    wheel = Wheel(1.0, size, 0.0)
+    entries = add(wheel, [rng.uniform(0, size**7) for _ in range(500)])
+    levels = wheel.levels
+    assert levels >= 7
+    walked = drive(wheel)
+    assert len(walked) == len(entries)
+    assert max(e.moves for e in entries) <= levels - 1
+    # Cascades really happened: the deepest entries moved more than once.
+    assert max(e.moves for e in entries) >= 2
+
+
+def test_cascade_keeps_deadline_order_within_a_coarse_bucket() -> None:
+    """Entries sharing a level-2 bucket still fire in deadline order, one tick apart."""
+    wheel = Wheel(1.0, 4, 0.0)
+    deadlines = list(range(32, 48))  # one level-2 bucket (width 16)
+    entries = add(wheel, reversed(deadlines))
+    assert {e._bucket.level for e in entries if e._bucket is not None} == {2}
+    assert all(e._bucket is not None for e in entries)
+    walked = drive(wheel)
+    assert [e._deadline for _, e in walked] == deadlines
+    assert all(now == e._deadline for now, e in walked)
+
+
+# -- a stalled clock: one advance over many ticks --------------------------------------
+
+
+@pytest.mark.parametrize("size", [2, 4, 64])
+def test_long_stall_fires_everything_once_in_deadline_order(size: int) -> None:
+    """The loop was blocked: one ``advance`` far past many buckets on every level
+    returns every due entry once, in deadline order across ticks, and nothing more."""
+    rng = random.Random(size)
+    wheel = Wheel(1.0, size, 0.0)
+    deadlines = [rng.uniform(0, 5000) for _ in range(2000)]
+    entries = add(wheel, deadlines)
+    fired = flush(wheel, 3000)
+    assert set(fired) == {e for e in entries if due(e._deadline) <= 3000}
+    assert len(fired) == len(set(fired))
+    ticks = [math.ceil(e._deadline) for e in fired]
+    assert ticks == sorted(ticks)
+    # What is left still fires on time, not a revolution late.
+    rest = drive(wheel)
+    assert {e for _, e in rest} == set(entries) - set(fired)
+    assert all(now == due(e._deadline) for now, e in rest)
+
+
+# -- cancel -------------------------------------------------------------------------
+
+
+def test_remove_pending_entry() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    a, b = add(wheel, [5, 50])
+    assert wheel.remove(a) is True
+    assert a._bucket is None
+    assert len(wheel) == 1
+    assert wheel.remove(a) is False  # second cancel is a no-op
+    assert wheel.remove(Entry()) is False  # never filed
+    assert drive(wheel) == [(50.0, b)]
+    assert wheel.remove(b) is False  # already fired
+
+
+def test_cancel_during_flush() -> None:
+    """An earlier "callback" removes entries of the bucket being walked and of a later
+    returned bucket: they never fire, and the count ends at exactly zero."""
+    wheel = Wheel(1.0, 4, 0.0)
+    same = add(wheel, [3, 3, 3])
+    later = add(wheel, [5, 6])
+    buckets = wheel.advance(10)
+    assert len(buckets) >= 2
+    fired = []
+    for bucket in buckets:
+        for entry in list(bucket):
+            if entry._bucket is not bucket:
+                continue
+            entry._bucket = None
+            fired.append(entry)
+            if entry is same[0]:
+                assert wheel.remove(same[2]) is True
+                assert wheel.remove(later[1]) is True
+                assert wheel.remove(same[2]) is False
+        bucket.clear()
+    assert fired == [same[0], same[1], later[0]]
+    assert len(wheel) == 0
+    assert wheel.next_expiry() is None
+
+
+def test_insert_during_flush_does_not_land_in_a_returned_bucket() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    add(wheel, [2, 3])
+    buckets = wheel.advance(3)
+    new_due, new_future = Entry("due"), Entry("future")
+    wheel.insert(new_due, 3)  # due now: the next advance, not this flush
+    wheel.insert(new_future, 7)
+    for bucket in buckets:
+        assert new_due not in bucket
+        assert new_future not in bucket
+        for entry in bucket:
+            entry._bucket = None
+        bucket.clear()
+    assert flush(wheel, 3) == [new_due]
+    assert drive(wheel) == [(7.0, new_future)]
+
+
+def test_next_expiry_skips_buckets_emptied_by_remove() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    a, b, c = add(wheel, [2, 9, 40])
+    assert wheel.next_expiry() == 2
+    wheel.remove(a)
+    assert wheel.next_expiry() == 8  # b's level-1 bucket [8, 12)
+    wheel.remove(b)
+    assert wheel.next_expiry() == 32  # c's level-2 bucket [32, 48)
+    wheel.remove(c)
+    assert wheel.next_expiry() is None
+    assert wheel.advance(100) == []
+
+
+# -- extend (reset) -----------------------------------------------------------------
+
+
+def test_extend_later_fires_at_new_deadline_only() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    (entry,) = add(wheel, [5])
+    wheel.extend(entry, 30)
+    assert len(wheel) == 1
+    walked = drive(wheel)
+    assert walked == [(30.0, entry)]
+
+
+def test_extend_earlier_fires_ahead_of_others() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    a, b = add(wheel, [20, 60])
+    wheel.extend(b, 10)
+    assert drive(wheel) == [(10.0, b), (20.0, a)]
+
+
+def test_extend_to_the_past_is_due_at_once() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    (entry,) = add(wheel, [50])
+    assert flush(wheel, 10) == []
+    assert wheel.extend(entry, 3) == -math.inf
+    assert wheel.next_expiry() == -math.inf
+    assert flush(wheel, 10) == [entry]
+
+
+def test_extend_sequence_only_last_counts() -> None:
+    """tokio: 200 -> 50 -> 40; and interleaved one->300, two->350, one->400."""
+    wheel = Wheel(1.0, 8, 0.0)
+    (entry,) = add(wheel, [100])
+    for deadline in (200, 50, 40):
+        wheel.extend(entry, deadline)
+    assert drive(wheel) == [(40.0, entry)]
+
+    one, two = add(wheel, [100, 100])
+    wheel.extend(one, 300)
+    wheel.extend(two, 350)
+    wheel.extend(one, 400)
+    assert drive(wheel, until=310) == []
+    assert drive(wheel) == [(350.0, two), (400.0, one)]
+
+
+def test_extend_after_part_of_the_slot_passed() -> None:
+    """tokio: at t=80, 100 -> 120 fires at 120, not at a cascade boundary."""
+    wheel = Wheel(1.0, 8, 0.0)
+    (entry,) = add(wheel, [100])
+    assert drive(wheel, until=80) == []
+    flush(wheel, 80)
+    wheel.extend(entry, 120)
+    walked = drive(wheel)
+    assert walked == [(120.0, entry)]
+
+
+def test_extend_an_entry_of_a_returned_bucket() -> None:
+    """Re-arming an entry that the wheel handed back but the caller has not reached
+    yet takes it out of that bucket: it fires at its new deadline instead."""
+    wheel = Wheel(1.0, 4, 0.0)
+    a, b = add(wheel, [2, 2])
+    (bucket,) = wheel.advance(2)
+    wheel.extend(b, 9)
+    fired = [e for e in list(bucket) if e._bucket is bucket]
+    assert fired == [a]
+    a._bucket = None
+    bucket.clear()
+    assert drive(wheel) == [(9.0, b)]
+
+
+def test_extend_a_fired_or_removed_entry_files_it_again() -> None:
+    wheel = Wheel(1.0, 4, 0.0)
+    a, b = add(wheel, [1, 2])
+    assert flush(wheel, 1) == [a]
+    wheel.remove(b)
+    wheel.extend(a, 5)
+    wheel.extend(b, 6)
+    assert len(wheel) == 2
+    assert drive(wheel) == [(5.0, a), (6.0, b)]
+
+
+def test_lazy_extend_later_does_no_bucket_work() -> None:
+    """Moving a deadline later than its bucket's due time keeps the entry where it is
+    (tokio's lazy extend) and does not re-open buckets."""
+    wheel = Wheel(1.0, 8, 0.0)
+    (entry,) = add(wheel, [3])
+    bucket = entry._bucket
+    filings = entry.filings
+    for deadline in range(4, 1000):
+        wheel.extend(entry, deadline)
+    assert entry._bucket is bucket
+    assert entry.filings == filings
+    assert drive(wheel) == [(999.0, entry)]
+
+
+# -- never early, at most one tick late, with float deadlines ----------------------------
+
+
+class TestMillisecondTick:
+    tick = 0.001
+    origin = 1000.0
+
+    def test_off_tick_deadline_rounds_up(self) -> None:
+        wheel = Wheel(self.tick, 64, self.origin)
+        deadline = self.origin + 0.001 + 1e-9
+        (entry,) = add(wheel, [deadline])
+        assert flush(wheel, self.origin + 0.001) == []
+        ((now, fired),) = drive(wheel)
+        assert fired is entry
+        assert now == pytest.approx(self.origin + 0.002)
+        assert now >= deadline
+
+    def test_random_deadlines_never_early_at_most_one_tick_late(self) -> None:
+        rng = random.Random(7)
+        wheel = Wheel(self.tick, 16, self.origin)
+        entries = add(wheel, [self.origin + rng.uniform(-0.01, 30.0) for _ in range(3000)])
+        walked = drive(wheel)
+        assert {e for _, e in walked} == set(entries)
+        for now, entry in walked:
+            assert now >= entry._deadline
+            # Deadlines before the wheel's start were overdue when filed.
+            assert now - max(entry._deadline, self.origin) <= self.tick + 1e-9
+
+    def test_random_advances_never_early_at_most_one_tick_late(self) -> None:
+        rng = random.Random(8)
+        wheel = Wheel(self.tick, 4, self.origin)
+        entries = set(add(wheel, [self.origin + rng.uniform(0, 5.0) for _ in range(2000)]))
+        now = self.origin
+        seen: set[Entry] = set()
+        while entries - seen:
+            now += rng.choice([1e-4, 7e-4, 0.001, 0.0173, 0.25])
+            fired = flush(wheel, now)
+            for entry in fired:
+                assert entry._deadline <= now
+            seen.update(fired)
+            # At most one tick late: nothing due a full tick ago is still pending.
+            assert all(e._deadline > now - self.tick for e in entries - seen)
+
+
+# -- huge deadlines ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("years", [1, 10, 1000])
+def test_deadline_years_out(years: int) -> None:
+    tick, origin = 0.001, 1000.0
+    wheel = Wheel(tick, 64, origin)
+    deadline = origin + years * 365.25 * 86400
+    (far,) = add(wheel, [deadline])
+    near = add(wheel, [origin + 1.0, origin + 2.0])
+    assert wheel.levels >= 6
+    walked = drive(wheel)
+    assert [e for _, e in walked] == [*near, far]
+    now, _ = walked[-1]
+    assert deadline <= now <= deadline + tick
+    # Fewer advances than levels per timer: the driver does not walk the years.
+    assert len(walked) == 3
+    assert far.moves <= wheel.levels - 1
+
+
+def test_astronomic_deadline_does_not_overflow() -> None:
+    wheel = Wheel(0.001, 64, 1000.0)
+    a, b = add(wheel, [1e300, 2e300])  # consecutive long timers
+    assert wheel.next_expiry() is not None
+    assert wheel.levels > 100
+    assert len(wheel) == 2
+    assert wheel.remove(a)
+    assert wheel.remove(b)
+    assert wheel.next_expiry() is None
+    assert flush(wheel, 1001.0) == []
+
+
+def test_new_timers_after_the_wheel_ran_for_a_long_time() -> None:
+    """tokio: after time has passed the wheel's natural range (2**36 ticks), new timers
+    are accepted and fire on time."""
+    wheel = Wheel(1.0, 64, 0.0)
+    flush(wheel, 2.0**36 + 0.5)
+    entries = add(wheel, [2.0**36 + 3, 2.0**36 + 64**3])
+    walked = drive(wheel)
+    assert [(now, e) for now, e in walked] == [(e._deadline, e) for e in entries]
