@@ -48,12 +48,17 @@ _CANCELLED: Any = _Sentinel("CANCELLED")
 
 
 class _Failure:
-    """The exception a callback raised, kept for ``wait()``."""
+    """The exception a callback raised, kept for ``wait()``.
 
-    __slots__ = ("exc",)
+    The traceback is kept apart and restored on each re-raise (as asyncio's futures
+    do), so waiting twice does not grow it.
+    """
+
+    __slots__ = ("exc", "tb")
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+        self.tb = exc.__traceback__
 
 
 def check_delay(delay: float, what: str = "delay") -> None:
@@ -160,7 +165,15 @@ class TimerHandle(WheelEntry, Generic[T]):
         if not finite:
             raise ValueError(f"delay must be finite, got {delay!r}")
         timer = self._timer
-        timer._rearm(self, timer._clock() + delay)
+        deadline = timer._clock() + delay
+        bucket = self._bucket
+        if bucket is not None and bucket.tick is not None and deadline >= bucket.time:
+            # The idle-timeout touch: a pending timer moved later than its bucket
+            # comes due. Only the deadline changes; the bucket re-files it when it comes
+            # due (Wheel.extend, inlined: this runs on every read of every connection).
+            self._deadline = deadline
+            return
+        timer._rearm(self, deadline)
 
     def reset_at(self, deadline: float) -> None:
         """Re-arm to the absolute ``deadline`` (same rules as ``reset``)."""
@@ -177,7 +190,15 @@ class TimerHandle(WheelEntry, Generic[T]):
         if outcome is _CANCELLED:
             raise TimerCancelled(f"{self!r} was cancelled")
         if type(outcome) is _Failure:
-            raise outcome.exc
+            # A raised exception's traceback keeps this frame alive; were it to hold
+            # the handle, handle -> result -> exception -> frame -> handle would be a
+            # cycle that only the garbage collector frees.
+            exc, tb = outcome.exc, outcome.tb
+            del self, outcome
+            try:
+                raise exc.with_traceback(tb)
+            finally:
+                del exc, tb
         return outcome  # type: ignore[no-any-return]
 
 
@@ -195,9 +216,18 @@ class TracedHandle(TimerHandle[T]):
     _scheduled_at: float
 
     def cancel(self) -> bool:
-        if not super().cancel():
+        if not TimerHandle.cancel(self):
             return False
-        self._timer._trace_cancelled(self)
+        timer = self._timer
+        timer._recorder.record(  # type: ignore[union-attr]
+            self._id,
+            self._label,
+            self._scheduled_at,
+            self._deadline,
+            self._level,
+            None,
+            timer._clock(),
+        )
         return True
 
     @property
@@ -255,7 +285,7 @@ class PeriodicHandle(TimerHandle[Any]):
         """Stop the periodic timer: True while it was active; no run starts after."""
         if not self._active:
             return False
-        self._active = False
+        self._stop()
         self._timer._periodic.discard(self)
         if not TimerHandle.cancel(self):
             # A run is in progress; it finishes, and it is not re-armed.
@@ -272,12 +302,20 @@ class PeriodicHandle(TimerHandle[Any]):
         self._k = 1
         if not self._active:
             self._active = True
+            self._callback = self._run
             timer._periodic.add(self)
         timer._rearm(self, deadline)
 
     def reset_at(self, deadline: float) -> None:
         check_delay(deadline, "deadline")
         self.reset(deadline - self._timer._clock())
+
+    def _stop(self) -> None:
+        # While active, the callback slot holds the bound method self._run: a cycle
+        # (self -> method -> self). Break it when stopped, so a dropped handle is freed
+        # at once rather than by the garbage collector; reset() restores it.
+        self._active = False
+        self._callback = _stopped
 
     def _run(self) -> Any:
         try:
@@ -312,6 +350,10 @@ class PeriodicHandle(TimerHandle[Any]):
         else:
             deadline = now + self._interval
         timer._rearm(self, deadline)
+
+
+def _stopped() -> None:
+    """The callback of a stopped periodic timer (never called: it is not pending)."""
 
 
 def _is_awaitable(obj: object) -> bool:

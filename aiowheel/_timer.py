@@ -22,7 +22,6 @@ therefore never suspends and never allocates a waiter.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import sys
@@ -200,7 +199,7 @@ class Timer:
         self._wakeups = 0
 
         # Async callbacks: expired and waiting for a worker (still pending), running.
-        self._runq: OrderedDict[TimerHandle[Any], None] = OrderedDict()
+        self._runq = _RunQueue()
         self._running: dict[TimerHandle[Any], None] = {}
         self._parked: list[anyio.Event] = []
         self._nworkers = 0
@@ -213,7 +212,7 @@ class Timer:
         self._room_waiters: list[anyio.Event] = []
         self._idle_waiters: list[anyio.Event] = []
         self._periodic: set[PeriodicHandle] = set()
-        self._ids = itertools.count(1)
+        self._last_id = 0  # trace rows number the timers from 1
 
         self._outer_tg: TaskGroup | None = None
         self._inner_tg: TaskGroup | None = None
@@ -351,7 +350,7 @@ class Timer:
         for handle in handles:
             handle._result = _CANCELLED
             if isinstance(handle, PeriodicHandle):
-                handle._active = False
+                handle._stop()
             self._settle(handle, _CANCELLED)
             if self._recorder is not None and isinstance(handle, TracedHandle):
                 self._trace(handle, None, now)
@@ -456,7 +455,8 @@ class Timer:
         if self._pending >= self._limit:
             raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
         if self._recorder is not None:
-            return self._add_traced(self._clock() + delay, callback, args, label)
+            now = self._clock()
+            return self._add_traced(now + delay, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         if delay > 0:
             when = self._wheel.insert(handle, self._clock() + delay)  # type: ignore[union-attr]
@@ -480,7 +480,7 @@ class Timer:
         if self._pending >= self._limit:
             raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
         if self._recorder is not None:
-            return self._add_traced(float(deadline), callback, args, label)
+            return self._add_traced(float(deadline), self._clock(), callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         deadline = float(deadline)
         if deadline > self._clock():
@@ -517,22 +517,23 @@ class Timer:
     def _add_traced(
         self,
         deadline: float,
+        now: float,
         callback: Callable[..., Any],
         args: tuple[Any, ...],
         label: str | None,
     ) -> TimerHandle[Any]:
         # Timers with a recorder get handles that carry what a trace row needs.
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
-        handle._id = next(self._ids)
+        self._last_id = handle._id = self._last_id + 1
         handle._label = label
-        handle._scheduled_at = now = self._clock()
+        handle._scheduled_at = now
         wheel = self._wheel
         assert wheel is not None
         if deadline > now:
             when = wheel.insert(handle, deadline)
         else:
             when = wheel.insert_due(handle, deadline)
-        handle._level = handle._bucket.level  # type: ignore[union-attr]
+        handle._level = wheel_level(handle)
         self._pending += 1
         self._scheduled += 1
         if when < self._wake_at:
@@ -600,12 +601,16 @@ class Timer:
             handle._result = _PENDING
         elif not due:
             when = wheel.extend(handle, deadline)
+            if isinstance(handle, TracedHandle):
+                handle._level = wheel_level(handle)
             if when < self._wake_at:
                 self._arm(when)
             return
         else:
             wheel.remove(handle)
         when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
+        if isinstance(handle, TracedHandle):
+            handle._level = wheel_level(handle)
         if when < self._wake_at:
             self._arm(when)
 
@@ -616,8 +621,11 @@ class Timer:
             _close_awaitable(previous)
         elif not bucket and bucket.time == self._wake_at:
             # The driver was armed for the bucket this cancel emptied: re-arm it for
-            # the next occupied bucket instead of waking for nothing.
-            self._rearm_driver()
+            # the next occupied bucket instead of waking for nothing. On asyncio that
+            # costs a handle cancel and a call_at, so the driver defers it to one check
+            # per loop iteration (still before any timer of that iteration): a loop of
+            # schedule + cancel on an otherwise idle timer re-arms once, not each time.
+            self._driver.recheck(self._recheck_wake)
         if self._waiters:
             self._settle(handle, _CANCELLED)
         if self._room_waiters:
@@ -626,23 +634,20 @@ class Timer:
             self._wake_idle()  # the drainer re-checks (it may be running itself)
         self._listening = bool(self._waiters or self._room_waiters or self._idle_waiters)
 
-    def _trace_cancelled(self, handle: TracedHandle[Any]) -> None:
-        self._trace(handle, None, self._clock())
-
     def _trace(
         self, handle: TracedHandle[Any], fired_at: float | None, cancelled_at: float | None
     ) -> None:
         recorder = self._recorder
         assert recorder is not None
-        recorder.record(
-            handle._id,
-            handle._label,
-            handle._scheduled_at,
-            handle._deadline,
-            handle._level,
-            fired_at,
-            cancelled_at,
-        )
+        recorder.record(*self._trace_row(handle), fired_at, cancelled_at)
+
+    @staticmethod
+    def _trace_row(handle: TracedHandle[Any]) -> tuple[int, str | None, float, float, int]:
+        return (handle._id, handle._label, handle._scheduled_at, handle._deadline, handle._level)
+
+    def _recheck_wake(self) -> None:
+        if self._open and self._wake_at != -_INF:
+            self._rearm_driver()
 
     def _rearm_driver(self) -> None:
         assert self._wheel is not None
@@ -695,6 +700,11 @@ class Timer:
         lateness_max = self._lateness_max
         fired = failed = 0
         index = 0
+        # Declared here so that `finally` can drop them: a stored exception's
+        # traceback keeps this frame alive (through its callers' f_back), and the
+        # frame must not keep the last handle or outcome alive with it.
+        handle: Any = None
+        outcome: Any = None
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
                 # A snapshot: callbacks may cancel (del) later handles of this bucket.
@@ -706,15 +716,18 @@ class Timer:
                     lateness = now - handle._deadline
                     if lateness > lateness_max:
                         lateness_max = lateness
+                    # The trace row describes this firing: take it before the callback
+                    # runs, since a callback may re-arm its own handle.
+                    row = None if recorder is None else self._trace_row(handle)
                     try:
                         result = handle._callback(*handle._args)
                     except Exception as exc:
                         fired += 1
                         failed += 1
-                        outcome: Any = _Failure(exc)
+                        self._report(handle, exc)
+                        outcome = _Failure(_without_frame(exc))
                         if handle._bucket is None:
                             handle._result = outcome
-                        self._report(handle, exc)
                     else:
                         if result is not None and hasattr(type(result), "__await__"):
                             self._enqueue(handle, result)
@@ -725,8 +738,8 @@ class Timer:
                             handle._result = result
                     if waiters:
                         self._settle(handle, outcome)
-                    if recorder is not None:
-                        self._trace(handle, now, None)  # type: ignore[arg-type]
+                    if row is not None:
+                        recorder.record(*row, now, None)  # type: ignore[union-attr]
                 bucket.clear()
         except BaseException:
             # KeyboardInterrupt/SystemExit from a callback: put back what this pass
@@ -737,6 +750,7 @@ class Timer:
             self._fired += fired
             self._failed += failed
             self._lateness_max = lateness_max
+            handle = outcome = None
 
     def _refile(self, buckets: list[Bucket]) -> None:
         wheel = self._wheel
@@ -827,63 +841,69 @@ class Timer:
             self._nworkers -= 1
 
     async def _work(self) -> None:
-        # One worker's loop: take the oldest expired async callback and await it.
+        # One worker's loop: take the oldest expired async callback and run it. Each
+        # job runs in its own frame (_run_job), so a parked worker keeps no reference
+        # to its last handle, awaitable or result: memory is released at once.
         runq = self._runq
-        running = self._running
-        cancelled_exc = anyio.get_cancelled_exc_class()
         while self._state != _CLOSED:
-            if not runq:
-                parked = anyio.Event()
-                self._parked.append(parked)
-                try:
-                    await parked.wait()
-                finally:
-                    if parked in self._parked:
-                        self._parked.remove(parked)
+            if runq:
+                await self._run_job(runq.popitem(last=False)[0])
                 continue
-            handle, _ = runq.popitem(last=False)
-            awaitable = handle._result
-            handle._bucket = None
-            handle._result = _RUNNING
-            self._pending -= 1
-            self._fired += 1
-            now = self._clock()
-            lateness = now - handle._deadline
-            if lateness > self._lateness_max:
-                self._lateness_max = lateness
-            if self._recorder is not None:
-                self._trace(handle, now, None)  # type: ignore[arg-type]
-            running[handle] = None
-            _current.set(handle)
-            if self._room_waiters:
-                self._wake_room()
+            parked = anyio.Event()
+            self._parked.append(parked)
             try:
-                value = await awaitable
-            except cancelled_exc:
-                # aclose() cancelled us and already settled the handle as
-                # cancelled-while-running; anything else cancelling a worker is
-                # treated the same way.
-                running.pop(handle, None)
-                if handle._result is _RUNNING:
-                    stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
-                    handle._result = stopped
-                    self._settle(handle, stopped)
-                raise
-            except Exception as exc:
-                self._failed += 1
-                outcome: Any = _Failure(exc)
-                self._report(handle, exc)
-            else:
-                outcome = value
+                await parked.wait()
             finally:
-                _current.set(None)
+                if parked in self._parked:
+                    self._parked.remove(parked)
+
+    async def _run_job(self, handle: TimerHandle[Any]) -> None:
+        running = self._running
+        awaitable = handle._result
+        handle._bucket = None
+        handle._result = _RUNNING
+        self._pending -= 1
+        self._fired += 1
+        now = self._clock()
+        lateness = now - handle._deadline
+        if lateness > self._lateness_max:
+            self._lateness_max = lateness
+        if self._recorder is not None:
+            self._trace(handle, now, None)  # type: ignore[arg-type]
+        running[handle] = None
+        _current.set(handle)
+        if self._room_waiters:
+            self._wake_room()
+        try:
+            value = await awaitable
+        except anyio.get_cancelled_exc_class():
+            # aclose() cancelled us and already settled the handle as
+            # cancelled-while-running; anything else cancelling a worker is treated
+            # the same way.
             running.pop(handle, None)
-            if handle._bucket is None and handle._result is _RUNNING:
-                handle._result = outcome
-            if self._waiters:
-                self._settle(handle, outcome)
-            if self._idle_waiters and not self._pending and len(running) <= 1:
-                self._wake_idle()  # the drainer re-checks (it may be running itself)
+            if handle._result is _RUNNING:
+                stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
+                handle._result = stopped
+                self._settle(handle, stopped)
+            raise
+        except Exception as exc:
+            self._failed += 1
+            self._report(handle, exc)
+            outcome: Any = _Failure(_without_frame(exc))
+        else:
+            outcome = value
+            del value
+        finally:
+            _current.set(None)
+        running.pop(handle, None)
+        if handle._bucket is None and handle._result is _RUNNING:
+            handle._result = outcome
+        if self._waiters:
+            self._settle(handle, outcome)
+        if self._idle_waiters and not self._pending and len(running) <= 1:
+            self._wake_idle()  # the drainer re-checks (it may be running itself)
+        # A failed job's traceback keeps this frame alive: it must not keep the handle.
+        del handle, awaitable, outcome
 
     # -- conveniences -------------------------------------------------------------------
 
@@ -911,6 +931,25 @@ class Timer:
         return Timeout(self, delay)
 
 
+class _RunQueue(OrderedDict["TimerHandle[Any]", None]):
+    """Expired async callbacks waiting for a worker, oldest first.
+
+    It is the container (``handle._bucket``) of the handles it holds, like a wheel
+    bucket, and answers ``tick is None`` as a detached bucket does, so the handle's
+    lazy re-arm check treats it as "not in the wheel"."""
+
+    tick = None
+    time = _INF
+    level = -2
+
+
+def wheel_level(handle: TimerHandle[Any]) -> int:
+    """The wheel the handle is filed in (-1: due at once)."""
+    bucket = handle._bucket
+    assert bucket is not None
+    return bucket.level
+
+
 def _not_started_clock() -> float:
     raise TimerClosed("the timer is not started: use `async with Timer() as timer:`")
 
@@ -922,6 +961,17 @@ def _check_callable(callback: object) -> None:
 
 def _deadline_of(handle: TimerHandle[Any]) -> float:
     return handle._deadline
+
+
+def _without_frame(exc: BaseException) -> BaseException:
+    # The stored exception's traceback starts in the frame that called the callback,
+    # and that frame refers to the handle: a cycle handle -> result -> traceback ->
+    # frame -> handle, which only the garbage collector would break. Keep the
+    # callback's own frames only.
+    tb = exc.__traceback__
+    if tb is not None:
+        exc.__traceback__ = tb.tb_next
+    return exc
 
 
 def _close_awaitable(awaitable: Any) -> None:

@@ -106,16 +106,7 @@ async def test_fired_timer_released_at_once(unit: float) -> None:
 
 
 @pytest.mark.usefixtures("no_gc")
-async def test_fired_async_timer_released_at_once(
-    unit: float, request: pytest.FixtureRequest
-) -> None:
-    request.applymarker(
-        pytest.mark.xfail(
-            strict=True,
-            reason="core bug: an idle worker task keeps its last handle (and its args and "
-            "result) in its frame's locals until it takes the next job",
-        )
-    )
+async def test_fired_async_timer_released_at_once(unit: float) -> None:
     async with Timer() as timer:
         arg = Payload()
         ref = weakref.ref(arg)
@@ -135,14 +126,7 @@ async def test_fired_async_timer_released_at_once(
 
 
 @pytest.mark.usefixtures("no_gc")
-async def test_failed_timer_released_at_once(unit: float, request: pytest.FixtureRequest) -> None:
-    request.applymarker(
-        pytest.mark.xfail(
-            strict=True,
-            reason="core bug: a failed callback's handle -> exception -> traceback -> "
-            "dispatch frame -> handle is a reference cycle: only gc frees it",
-        )
-    )
+async def test_failed_timer_released_at_once(unit: float) -> None:
     async with Timer(on_error=ignore) as timer:
         arg = Payload()
         ref = weakref.ref(arg)
@@ -159,11 +143,6 @@ async def test_failed_timer_released_at_once(unit: float, request: pytest.Fixtur
 
 
 @pytest.mark.usefixtures("no_gc")
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: a PeriodicHandle's callback slot holds its own bound method "
-    "(self._run): a reference cycle that only gc frees",
-)
 async def test_cancelled_periodic_timer_released(unit: float) -> None:
     async with Timer() as timer:
         arg = Payload()
