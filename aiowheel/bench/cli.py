@@ -1,0 +1,260 @@
+"""``aiowheel bench`` / ``python -m aiowheel.bench``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .contenders import CONTENDERS, TraceFactory, parquet_recorder, parse_contenders
+from .output import Output
+from .runner import Runner
+from .settings import Settings
+from .workloads import WORKLOADS
+
+__all__ = ["add_arguments", "main", "run", "settings_from"]
+
+DESCRIPTION = """\
+Measure aiowheel against the timers you would use instead (loop.call_later on asyncio
+and uvloop, trio's own deadlines), side by side in one process: repetitions alternate
+between contenders, each in a fresh event loop. Prints medians (min-max) and how many
+times better aiowheel is than each peer (> 1: better)."""
+
+EPILOG = (
+    "workloads: "
+    + "; ".join(f"{w.name}: {w.title}" for w in WORKLOADS.values())
+    + ".  contenders: "
+    + ", ".join(c.name for c in CONTENDERS)
+    + " (or a kind/backend: aiowheel, call_later, deadline, asyncio, uvloop, trio)."
+)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,N,... got {text!r}") from None
+    if not sizes or any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError(f"sizes must be positive integers, got {text!r}")
+    return sizes
+
+
+def _rates(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    try:
+        start, top = (float(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START,MAX req/s, got {text!r}") from None
+    if not 0 < start <= top < float("inf"):
+        raise argparse.ArgumentTypeError(f"need 0 < START <= MAX, got {text!r}")
+    return start, top
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workload",
+        "-w",
+        action="append",
+        choices=list(WORKLOADS),
+        metavar="NAME",
+        help=f"run this workload (repeatable; default: all): {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--contenders",
+        "-c",
+        action="append",
+        metavar="LIST",
+        help="comma-separated contenders (repeatable; default: all that apply)",
+    )
+    parser.add_argument(
+        "--n",
+        type=_sizes,
+        metavar="N[,N...]",
+        help="number of timers (connections for idle) for every N-based workload "
+        "(default per workload: churn and memory 1,000,000; rearm 100,000; fire 200,000; "
+        "spread 100,000; idle 10,000 and 100,000)",
+    )
+    parser.add_argument(
+        "--reps", type=_positive_int, help="repetitions per contender (default 3; 1 with --quick)"
+    )
+    parser.add_argument(
+        "--ops", type=_positive_int, help="timed operations per repetition for churn and rearm"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller N, shorter windows, 1 repetition: one to two minutes",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per result line, nothing else"
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        metavar="DIR",
+        help="also write one Parquet trace per contender and workload to DIR "
+        "(an extra repetition each, not measured)",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="trace into OUT/traces and build the analytics report in OUT/report; "
+        "runs the --quick sizes (a few minutes in all) unless --full is given",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="with --report: the full default sizes (about 20 minutes before the report)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-out"), help="--report's directory (./bench-out)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=20150515, help="random seed (same data for all)"
+    )
+    parser.add_argument(
+        "--spread-window", type=_seconds, help="spread: seconds the deadlines span (5; 1 quick)"
+    )
+    parser.add_argument(
+        "--idle-seconds", type=_seconds, help="idle: seconds of reads per repetition (2; 0.5 quick)"
+    )
+    parser.add_argument(
+        "--idle-timeout", type=_seconds, default=1.0, help="idle: the idle timeout (1 s)"
+    )
+    parser.add_argument(
+        "--kafka-case",
+        choices=["high", "low", "both"],
+        default="high",
+        help="kafka: the high-timeout case (default), the low-timeout case, or both",
+    )
+    parser.add_argument(
+        "--kafka-probe", type=_seconds, help="kafka: seconds per search probe (1; 0.3 quick)"
+    )
+    parser.add_argument(
+        "--kafka-seconds",
+        type=_seconds,
+        help="kafka: how long the found rate must be sustained (10; 1 quick)",
+    )
+    parser.add_argument(
+        "--kafka-rates",
+        type=_rates,
+        metavar="START,MAX",
+        help="kafka: search from START doubling up to at most MAX req/s (25000,1600000)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def settings_from(ns: argparse.Namespace) -> Settings:
+    if ns.full and ns.quick:
+        raise SystemExit("aiowheel bench: error: --full and --quick contradict each other")
+    if ns.full and not ns.report:
+        raise SystemExit("aiowheel bench: error: --full goes with --report")
+    # The main job (`aiowheel bench --report`, the README's quick start) must finish
+    # in a few minutes on a 2-core machine: with --report, quick sizes by default.
+    quick: bool = ns.quick or (ns.report and not ns.full)
+    try:
+        contenders = parse_contenders(ns.contenders)
+    except ValueError as exc:
+        raise SystemExit(f"aiowheel bench: error: {exc}") from None
+    workloads = list(dict.fromkeys(ns.workload)) if ns.workload else list(WORKLOADS)
+    trace_dir: Path | None = ns.trace
+    if ns.report:
+        trace_dir = ns.out / "traces"
+    cases = ("high", "low") if ns.kafka_case == "both" else (ns.kafka_case,)
+    return Settings(
+        workloads=workloads,
+        contenders=contenders,
+        n=ns.n,
+        reps=ns.reps if ns.reps is not None else (1 if quick else 3),
+        quick=quick,
+        ops=ns.ops,
+        seed=ns.seed,
+        json=ns.json,
+        trace_dir=trace_dir,
+        spread_window=ns.spread_window or (1.0 if quick else 5.0),
+        idle_seconds=ns.idle_seconds or (0.5 if quick else 2.0),
+        idle_timeout=ns.idle_timeout,
+        kafka_cases=cases,
+        kafka_probe=ns.kafka_probe or (0.3 if quick else 1.0),
+        kafka_seconds=ns.kafka_seconds or (1.0 if quick else 10.0),
+        kafka_start_rate=ns.kafka_rates[0] if ns.kafka_rates else 25_000.0,
+        kafka_max_rate=ns.kafka_rates[1] if ns.kafka_rates else 1_600_000.0,
+        progress=not (ns.no_progress or ns.json),
+    )
+
+
+def run(
+    ns: argparse.Namespace,
+    argv: Sequence[str] | None = None,
+    *,
+    trace_factory: TraceFactory = parquet_recorder,
+) -> int:
+    settings = settings_from(ns)
+    if settings.trace_dir is not None and trace_factory is parquet_recorder:
+        # Fail now, not after minutes of measuring, if tracing cannot work here.
+        try:
+            import aiowheel.trace  # noqa: F401
+        except ImportError as exc:
+            print(f"aiowheel bench: error: --trace needs aiowheel.trace: {exc}", file=sys.stderr)
+            return 2
+    output = Output(settings, argv=["aiowheel", "bench", *(argv or [])])
+    runner = Runner(settings, output, trace_factory=trace_factory)
+    runner.run()
+    if ns.report:
+        return _report(runner.trace_files, ns.out / "report")
+    return 0
+
+
+def _report(trace_files: list[Path], report_dir: Path) -> int:
+    try:
+        # Looked up at run time: another part of the package, needing pyspark.
+        report_main = importlib.import_module("aiowheel.analytics.report").main
+    except ImportError as exc:
+        print(
+            f"aiowheel bench: traces are in {trace_files[0].parent if trace_files else '-'}, "
+            f"but the report needs aiowheel.analytics: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    existing = [str(p) for p in trace_files if p.exists()]
+    result: int | None = report_main([*existing, "--out", str(report_dir)])
+    return int(result or 0)
+
+
+def build_parser(prog: str = "aiowheel bench") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = build_parser("python -m aiowheel.bench").parse_args(args)
+    return run(ns, args)

@@ -1,0 +1,485 @@
+"""``kafka``: the benchmark of Kafka's purgatory redesign proposal, in one Python process.
+
+The proposal (2015, the design behind Kafka's hierarchical-wheel ``SystemTimer``)
+measured how many requests per second a purgatory sustains: requests arrive with
+exponential inter-arrival times at a target rate; each one waits in the purgatory
+with a 200 ms timeout and is completed early, by a separate completer, after a time
+drawn from a log-normal distribution; requests whose draw exceeds the timeout expire.
+Two shapes: the *low-timeout* case (completion p50 20 ms, p75 60 ms: ~10% expire) and
+the *high-timeout* case (p50 200 ms, p75 400 ms: half expire). Kafka's new purgatory
+saturated at about 105,000 requests/s in the high-timeout case (Java, 200 MB heap).
+
+Here one task is both the load generator and the completer: it creates each request
+when its arrival time comes, and completes it when its completion time comes (a
+``heapq`` of completion times, the same for every contender, like Kafka's separate
+completer queue). The contender provides the timeout:
+
+* aiowheel: ``aiowheel.Purgatory``: one ``DelayedOperation`` per request watched on
+  one of 1,000 keys (as produce requests are on partitions), completed by the
+  completer with ``force_complete()``, as Kafka's benchmark completes them; if the
+  purgatory is not available, a timer per request plus a dict of watched requests
+  (the logic the peers use);
+* ``call_later``: ``loop.call_later(0.2, expire, request)`` plus that dict;
+* trio-native: a task per request sleeping in a ``CancelScope`` with the deadline.
+
+A probe runs the load for a fixed time at one rate, in a fresh event loop. The
+contender *falls behind* when arrivals cannot keep up with the schedule (arrival lag
+p99, or the backlog left at the end, above 50 ms) or expirations are late (lateness
+p99 above 50 ms). The search doubles the rate from 25k/s until a probe falls behind,
+bisects (geometric mean) to within 15%, then confirms the best rate with a probe of
+``--kafka-seconds`` (10 s): the sustained rate is one that held for that long. If the
+confirmation fails, it retries 20% lower (five tries at most). Contenders are probed
+in turn, step by step (ABAB...), so drift hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .contenders import Contender, Env, open_env, percentile, run_fresh
+from .results import Result
+from .settings import Settings
+from .workloads import Metric, Workload
+
+__all__ = ["CASES", "Kafka", "ProbeResult", "run_probe"]
+
+TIMEOUT = 0.200
+#: case -> (completion p50, p75), seconds
+CASES = {"low": (0.020, 0.060), "high": (0.200, 0.400)}
+_Z75 = 0.6744897501960817  # standard normal quantile at 0.75
+_POOL = 1 << 20  # random draws cycled through by every probe
+_MAX_BURST = 2_000  # arrivals created before yielding to the loop, when behind
+_KEYS = 1_000  # purgatory keys the requests are spread over ("partitions")
+
+
+@dataclass
+class ProbeResult:
+    rate: float
+    seconds: float
+    ok: bool
+    arrivals: int
+    achieved: float  # arrivals / seconds
+    lag_p99_ms: float
+    backlog_ms: float
+    late_p99_ms: float
+    expired: int
+    completed: int
+    cpu_pct: float
+    implementation: str
+
+
+@dataclass
+class _Pools:
+    exponential: list[float]
+    completion: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _pools(seed: int, cases: tuple[str, ...], size: int) -> _Pools:
+    rng = random.Random(f"{seed}:kafka")
+    expovariate = rng.expovariate
+    pools = _Pools([expovariate(1.0) for _ in range(size)])
+    for case in cases:
+        p50, p75 = CASES[case]
+        mu = math.log(p50)
+        sigma = (math.log(p75) - mu) / _Z75
+        lognormvariate = rng.lognormvariate
+        pools.completion[case] = [lognormvariate(mu, sigma) for _ in range(size)]
+    return pools
+
+
+def purgatory_api() -> tuple[Any, Any] | None:
+    """``(DelayedOperation, Purgatory)`` if aiowheel has them (looked up lazily)."""
+    for module_name in ("aiowheel", "aiowheel.purgatory"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        op, purgatory = (
+            getattr(module, "DelayedOperation", None),
+            getattr(module, "Purgatory", None),
+        )
+        if op is not None and purgatory is not None:
+            return op, purgatory
+    return None
+
+
+class _Request:
+    __slots__ = ("created", "handle", "key", "op")
+
+    def __init__(self, key: int, created: float) -> None:
+        self.key = key
+        self.created = created
+        self.handle: Any = None
+        self.op: Any = None
+
+
+class _Counters:
+    __slots__ = ("completed", "expired", "late")
+
+    def __init__(self) -> None:
+        self.expired = 0
+        self.completed = 0
+        self.late: list[float] = []
+
+
+def _purgatory_model(
+    env: Env, counters: _Counters
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    api = purgatory_api()
+    assert api is not None
+    assert env.timer is not None
+    delayed_operation, purgatory_class = api
+    now = env.now
+    late = counters.late
+
+    class BenchOperation(delayed_operation):  # type: ignore[misc,valid-type]
+        __slots__ = ("created",)
+
+        def __init__(self, created: float) -> None:
+            super().__init__(TIMEOUT)
+            self.created = created
+
+        def try_complete(self) -> bool:
+            return False  # completed only by the completer (force_complete) or timeout
+
+        def on_complete(self) -> None:
+            pass
+
+        def on_expiration(self) -> None:
+            counters.expired += 1
+            late.append(now() - self.created - TIMEOUT)
+
+    purgatory = purgatory_class(env.timer, name="bench")
+    watch = purgatory.try_complete_else_watch
+
+    def arrive(request: _Request) -> None:
+        op = BenchOperation(request.created)
+        request.op = op
+        # Watched on one of _KEYS keys, as produce requests are on partitions.
+        watch(op, (request.key % _KEYS,))
+
+    def complete(request: _Request) -> None:
+        # Kafka's completer holds the operation and forces it; its watch-list entry
+        # goes at the key's next check or the next purge (every purge_interval).
+        if request.op.force_complete():
+            counters.completed += 1
+
+    return arrive, complete
+
+
+def _timer_model(env: Env, counters: _Counters) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    # A dict of watched keys and a timeout timer per request: what a purgatory does,
+    # minus the generality. The completion logic is the same for every contender.
+    watched: dict[int, _Request] = {}
+    call_later = env.call_later
+    now = env.now
+    late = counters.late
+
+    def expire(request: _Request) -> None:
+        if watched.pop(request.key, None) is not None:
+            counters.expired += 1
+            late.append(now() - request.created - TIMEOUT)
+
+    def arrive(request: _Request) -> None:
+        watched[request.key] = request
+        request.handle = call_later(TIMEOUT, expire, request)
+
+    def complete(request: _Request) -> None:
+        if watched.pop(request.key, None) is not None:
+            request.handle.cancel()
+            counters.completed += 1
+
+    return arrive, complete
+
+
+async def run_probe(
+    env: Env, rate: float, seconds: float, case: str, pools: _Pools, max_lag: float
+) -> ProbeResult:
+    """Offer ``rate`` requests/s for ``seconds`` to the contender in ``env``."""
+    counters = _Counters()
+    if env.contender.kind == "aiowheel" and purgatory_api() is not None:
+        implementation = "purgatory"
+        arrive, complete = _purgatory_model(env, counters)
+    else:
+        implementation = "timers+dict" if env.contender.kind == "aiowheel" else env.contender.kind
+        arrive, complete = _timer_model(env, counters)
+    exponential = pools.exponential
+    completion = pools.completion[case]
+    size = len(exponential)
+    spacing = 1.0 / rate
+    now = env.now
+    sleep = env.sleep
+    checkpoint = env.checkpoint
+    heap: list[tuple[float, int, _Request]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    lags: list[float] = []
+    lag = lags.append
+    key = 0
+    cpu0 = time.process_time()
+    start = now()
+    end = start + seconds
+    next_arrival = start + exponential[0] * spacing
+    while True:
+        t = now()
+        if t >= end:
+            break
+        burst = 0
+        while next_arrival <= t and burst < _MAX_BURST:
+            lag(t - next_arrival)
+            request = _Request(key, t)
+            arrive(request)
+            draw = completion[key % size]
+            if draw < TIMEOUT:
+                push(heap, (t + draw, key, request))
+            key += 1
+            burst += 1
+            next_arrival += exponential[key % size] * spacing
+        while heap and heap[0][0] <= t:
+            complete(pop(heap)[2])
+        wake = min(next_arrival, heap[0][0]) if heap else next_arrival
+        delay = wake - now()
+        if delay > 0.0005:
+            await sleep(delay)
+        else:
+            await checkpoint()
+    cpu = time.process_time() - cpu0
+    backlog = max(0.0, end - next_arrival)
+    lags.sort()
+    late = sorted(counters.late)
+    lag_p99 = percentile(lags, 0.99) if lags else 0.0
+    late_p99 = percentile(late, 0.99) if late else 0.0
+    ok = lag_p99 <= max_lag and backlog <= max_lag and late_p99 <= max_lag
+    return ProbeResult(
+        rate=rate,
+        seconds=seconds,
+        ok=ok,
+        arrivals=key,
+        achieved=key / seconds,
+        lag_p99_ms=lag_p99 * 1e3,
+        backlog_ms=backlog * 1e3,
+        late_p99_ms=late_p99 * 1e3,
+        expired=counters.expired,
+        completed=counters.completed,
+        cpu_pct=100.0 * cpu / seconds,
+        implementation=implementation,
+    )
+
+
+# A failed confirmation retries this much lower, this many times at most.
+_STEP_DOWN = 0.8
+_CONFIRM_TRIES = 5
+
+
+@dataclass
+class _Search:
+    """One contender's search for its sustained rate."""
+
+    contender: Contender
+    rate: float
+    precision: float
+    max_rate: float
+    phase: str = "double"  # double -> bisect -> confirm -> done
+    lo: float = 0.0
+    hi: float = math.inf
+    tries: int = 0
+    sustained: float = 0.0
+    confirmed: ProbeResult | None = None
+    probes: list[ProbeResult] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def probe_seconds(self, settings: Settings) -> float:
+        return settings.kafka_seconds if self.phase == "confirm" else settings.kafka_probe
+
+    def update(self, result: ProbeResult) -> None:
+        self.probes.append(result)
+        if self.phase == "confirm":
+            self.tries += 1
+            if result.ok:
+                self.sustained, self.confirmed, self.phase = result.rate, result, "done"
+            elif self.tries >= _CONFIRM_TRIES or self.rate * _STEP_DOWN < 1000:
+                self.sustained, self.confirmed, self.phase = 0.0, result, "done"
+            else:
+                # Short search probes can pass a rate that a long one cannot hold
+                # (the process saturates a core): step down rather than report zero.
+                self.rate *= _STEP_DOWN
+            return
+        if result.ok:
+            self.lo = result.rate
+        else:
+            self.hi = result.rate
+        if self.phase == "double":
+            if not result.ok:
+                self.phase = "bisect"
+            elif self.rate * 2 > self.max_rate:
+                self.rate = self.lo
+                self.phase = "confirm"
+                return
+            else:
+                self.rate *= 2
+                return
+        # bisect
+        if self.lo == 0.0:
+            self.rate = self.hi / 2  # failed at the start rate: go down
+            if self.rate < 1000:
+                self.phase = "done"
+            return
+        if self.hi / self.lo <= self.precision:
+            self.rate = self.lo
+            self.phase = "confirm"
+        else:
+            self.rate = math.sqrt(self.lo * self.hi)
+
+
+class Kafka(Workload):
+    name = "kafka"
+    title = "Kafka purgatory proposal: highest sustained request rate"
+    metrics = (
+        Metric("sustained_rps", "sustained rate", "req/s", "higher"),
+        Metric("probe_rps", "highest rate passing a search probe", "req/s", "higher"),
+        Metric("late_p99_ms", "expiry lateness p99 at that rate", "ms", "lower", ratio=False),
+        Metric("cpu_pct", "CPU at that rate", "%", "lower", ratio=False),
+    )
+
+    def __init__(self) -> None:
+        self._pools: _Pools | None = None
+        self._pool_key: tuple[int, tuple[str, ...], int] | None = None
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [0]
+
+    def pools(self, settings: Settings) -> _Pools:
+        # Enough draws for the longest probe at the highest rate, up to _POOL (then
+        # cycled): drawing a million of each takes about a second.
+        longest = max(settings.kafka_probe, settings.kafka_seconds)
+        size = min(_POOL, max(1024, int(settings.kafka_max_rate * longest * 1.2)))
+        key = (settings.seed, tuple(settings.kafka_cases), size)
+        if self._pools is None or self._pool_key != key:
+            self._pools = _pools(settings.seed, tuple(settings.kafka_cases), size)
+            self._pool_key = key
+        return self._pools
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "timeout_s": TIMEOUT,
+            "cases": {c: {"p50_s": CASES[c][0], "p75_s": CASES[c][1]} for c in CASES},
+            "probe_s": settings.kafka_probe,
+            "sustain_s": settings.kafka_seconds,
+            "max_lag_ms": settings.kafka_max_lag * 1e3,
+            "aiowheel": "Purgatory" if purgatory_api() is not None else "timers + dict",
+        }
+
+    def probe_once(
+        self,
+        contender: Contender,
+        rate: float,
+        seconds: float,
+        case: str,
+        settings: Settings,
+        recorder: Any = None,
+    ) -> ProbeResult:
+        pools = self.pools(settings)
+
+        async def body() -> ProbeResult:
+            async with open_env(contender, recorder) as env:
+                return await run_probe(env, rate, seconds, case, pools, settings.kafka_max_lag)
+
+        result: ProbeResult = run_fresh(contender.backend, body)
+        return result
+
+    def measure(
+        self,
+        settings: Settings,
+        contenders: list[Contender],
+        progress: Callable[[str], None],
+        trace: Callable[[str, Contender], tuple[Any, Path] | None],
+    ) -> list[Result]:
+        """Search each contender's sustained rate, case by case; returns results."""
+        results: list[Result] = []
+        params = self.params(settings)
+        start = min(settings.kafka_start_rate, settings.kafka_max_rate)
+        precision = 1.3 if settings.quick else 1.15
+        for case in settings.kafka_cases:
+            searches = [_Search(c, start, precision, settings.kafka_max_rate) for c in contenders]
+            while not all(s.done for s in searches):
+                for search in searches:
+                    if search.done:
+                        continue
+                    seconds = search.probe_seconds(settings)
+                    progress(
+                        f"kafka {case}: {search.contender.name} {search.phase} "
+                        f"{search.rate:,.0f}/s for {seconds:g} s"
+                    )
+                    result = self.probe_once(search.contender, search.rate, seconds, case, settings)
+                    search.update(result)
+            search_long = (
+                settings.kafka_seconds
+                if settings.kafka_seconds > settings.kafka_probe
+                else math.inf
+            )
+            for search in searches:
+                confirmed = search.confirmed
+                probes = [
+                    {
+                        "rate": round(p.rate),
+                        "seconds": p.seconds,
+                        "ok": p.ok,
+                        "lag_p99_ms": round(p.lag_p99_ms, 3),
+                        "backlog_ms": round(p.backlog_ms, 3),
+                        "late_p99_ms": round(p.late_p99_ms, 3),
+                        "cpu_pct": round(p.cpu_pct, 1),
+                    }
+                    for p in search.probes
+                ]
+                extra = {
+                    **params,
+                    "case": case,
+                    "implementation": confirmed.implementation if confirmed else None,
+                    "probes": probes,
+                }
+                passed = [p.rate for p in search.probes if p.ok and p.seconds < search_long]
+                values = {
+                    "sustained_rps": search.sustained,
+                    "probe_rps": max(passed, default=0.0),
+                    "late_p99_ms": confirmed.late_p99_ms if confirmed else math.nan,
+                    "cpu_pct": confirmed.cpu_pct if confirmed else math.nan,
+                }
+                for metric in self.metrics:
+                    results.append(
+                        Result(
+                            workload=self.name,
+                            variant=case,
+                            n=None,
+                            metric=metric.key,
+                            label=metric.label,
+                            unit=metric.unit,
+                            better=metric.better,
+                            contender=search.contender,
+                            samples=[values[metric.key]],
+                            has_ratio=metric.ratio,
+                            params=extra,
+                        )
+                    )
+                traced = trace(f"kafka-{case}", search.contender) if search.sustained else None
+                if traced is not None:
+                    recorder, _path = traced
+                    progress(f"kafka {case}: {search.contender.name} traced probe")
+                    self.probe_once(
+                        search.contender,
+                        search.sustained,
+                        min(2.0, settings.kafka_seconds),
+                        case,
+                        settings,
+                        recorder,
+                    )
+        return results

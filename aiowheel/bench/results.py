@@ -1,0 +1,95 @@
+"""A measured figure: one metric of one contender on one workload variant, over reps."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .contenders import Contender
+
+__all__ = ["Result", "ratio"]
+
+
+@dataclass
+class Result:
+    workload: str
+    variant: str  # "N=1,000,000", "high", ...
+    n: int | None
+    metric: str
+    label: str
+    unit: str
+    better: str  # "lower" | "higher"
+    contender: Contender
+    samples: list[float]
+    has_ratio: bool = True
+    params: dict[str, Any] = field(default_factory=dict)
+    #: aiowheel contender name -> how many times better aiowheel is (> 1: aiowheel
+    #: better), filled in for peers once every contender of the variant is measured.
+    ratios: dict[str, float | None] = field(default_factory=dict)
+    skipped: str | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.nan
+
+    @property
+    def low(self) -> float:
+        return min(self.samples) if self.samples else math.nan
+
+    @property
+    def high(self) -> float:
+        return max(self.samples) if self.samples else math.nan
+
+    def as_json(self) -> dict[str, Any]:
+        def num(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {
+            "type": "result",
+            "workload": self.workload,
+            "variant": self.variant,
+            "n": self.n,
+            "metric": self.metric,
+            "label": self.label,
+            "unit": self.unit,
+            "better": self.better,
+            "contender": self.contender.name,
+            "kind": self.contender.kind,
+            "backend": self.contender.backend,
+            "median": num(self.median),
+            "min": num(self.low),
+            "max": num(self.high),
+            "samples": [num(s) for s in self.samples],
+            "reps": len(self.samples),
+            "ratios": self.ratios,
+            "skipped": self.skipped,
+            "params": self.params,
+        }
+
+
+def ratio(aiowheel: Result, peer: Result) -> float | None:
+    """How many times better aiowheel's median is than the peer's (> 1: better).
+
+    None when a ratio means nothing: a missing or non-positive figure (lateness can
+    be negative on uvloop, which fires early).
+    """
+    a, p = aiowheel.median, peer.median
+    if not (math.isfinite(a) and math.isfinite(p)) or a <= 0 or p <= 0:
+        return None
+    return p / a if aiowheel.better == "lower" else a / p
+
+
+def fill_ratios(results: list[Result]) -> None:
+    """Give every peer result its ratios against each aiowheel contender's result of
+    the same workload, variant and metric."""
+    groups: dict[tuple[str, str, str], list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.workload, r.variant, r.metric), []).append(r)
+    for group in groups.values():
+        ours = [r for r in group if r.contender.is_aiowheel and r.samples]
+        for r in group:
+            if r.contender.is_aiowheel or not r.has_ratio:
+                continue
+            r.ratios = {a.contender.name: ratio(a, r) if r.samples else None for a in ours}

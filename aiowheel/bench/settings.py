@@ -1,0 +1,44 @@
+"""What one ``aiowheel bench`` run was asked to do (built from the command line)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .contenders import CONTENDERS, Contender
+
+__all__ = ["Settings"]
+
+
+@dataclass
+class Settings:
+    workloads: list[str]
+    contenders: list[Contender] = field(default_factory=lambda: list(CONTENDERS))
+    #: Sizes for every N-based workload (None: each workload's default).
+    n: list[int] | None = None
+    reps: int = 3
+    quick: bool = False
+    #: Timed operations per repetition for churn/rearm (None: workload default).
+    ops: int | None = None
+    seed: int = 20150515
+    json: bool = False
+    #: Write one Parquet trace per contender and workload here (an extra, unmeasured
+    #: repetition each).
+    trace_dir: Path | None = None
+    #: spread: timers are due uniformly over this many seconds.
+    spread_window: float = 5.0
+    #: idle: seconds of reads per repetition, and the idle timeout.
+    idle_seconds: float = 2.0
+    idle_timeout: float = 1.0
+    #: kafka: "high", "low" or both; search probe length; the final confirmation
+    #: length (the rate must be sustained this long); falling-behind threshold.
+    kafka_cases: tuple[str, ...] = ("high",)
+    kafka_probe: float = 1.0
+    kafka_seconds: float = 10.0
+    kafka_max_lag: float = 0.050
+    #: kafka: the search starts at this rate and stops at the maximum (req/s).
+    kafka_start_rate: float = 25_000.0
+    kafka_max_rate: float = 1_600_000.0
+    #: Tasks are ~3 KB each: the trio-native contender skips sizes above this.
+    trio_max_tasks: int = 200_000
+    progress: bool = True

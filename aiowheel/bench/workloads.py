@@ -1,0 +1,626 @@
+"""The workloads: what each repetition does, and what it measures.
+
+Every workload is written once per *kind* of timer with the contender's own API
+bound to local names (see ``contenders.Env``), so that a timed loop calls nothing but
+the operation being measured. Random data (delays, which timer a read touches) is
+drawn before the clock starts, from a seed shared by every contender in the same
+repetition: all contenders see the same workload.
+
+``churn``   N timers pending at random deadlines over 30 s, then M schedule + cancel
+            pairs (ns per pair); also the cost of filling to N (ns per schedule).
+``rearm``   N pending timers, then M re-arms of random ones to 30 s out (ns per re-arm):
+            aiowheel ``reset``, trio ``scope.deadline =``, asyncio/uvloop cancel + re-add.
+``fire``    a burst of N timers due within 20 ms, inserted in random order:
+            callbacks/s and lateness p50/p99/max (the callback's start on the loop
+            clock minus its deadline).
+``spread``  N timers due uniformly over 5 s: driver wake-ups (loop iterations for the
+            peers), CPU seconds per million fired, lateness p99.
+``memory``  bytes per pending timer at N (tracemalloc growth over N pending timers).
+``idle``    N connections, each with an idle timeout re-armed on every read; reads hit
+            random connections flat out for a few seconds, after a warm-up of one
+            timeout: ns per read, everything included (aiowheel ``reset``; uvicorn's
+            cancel + ``call_later``; aiohttp's stored deadline re-checked when its
+            ``call_at`` fires; trio's deadline), and idle closes per second (a
+            connection whose reads came too late: a sign the contender fell behind).
+``kafka``   in ``kafka.py``.
+
+Between batches of 1,000 operations the timed loops yield to the event loop once,
+as a server would: whatever the contender defers to the loop (asyncio's heap clean-up,
+uvloop's handle close, trio's task steps) is inside the measurement.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import time
+import tracemalloc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .contenders import Contender, Env, percentile
+from .settings import Settings
+
+__all__ = ["WORKLOADS", "Metric", "Workload"]
+
+_BATCH = 1_000
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    better: str  # "lower" | "higher"
+    #: False for figures where a ratio means nothing (counts that describe the input).
+    ratio: bool = True
+
+
+def _noop() -> None:
+    pass
+
+
+def _chunks(values: Sequence[Any], size: int = _BATCH) -> list[Sequence[Any]]:
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+class Workload:
+    name: ClassVar[str]
+    title: ClassVar[str]
+    metrics: ClassVar[tuple[Metric, ...]]
+    kinds: ClassVar[frozenset[str]] = frozenset({"aiowheel", "call_later", "trio"})
+    #: Count event-loop iterations (wraps the selector / adds a trio instrument).
+    count_iterations: ClassVar[bool] = False
+    #: Run an extra traced repetition with --trace.
+    traced: ClassVar[bool] = True
+
+    def sizes(self, settings: Settings) -> list[int]:
+        if settings.n:
+            return list(settings.n)
+        return self.default_sizes(settings.quick)
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        raise NotImplementedError
+
+    def skip_reason(self, contender: Contender, n: int, settings: Settings) -> str | None:
+        """Why ``contender`` does not run at ``n`` (None: it runs)."""
+        if contender.kind not in self.kinds:
+            return "not applicable"
+        if contender.kind == "trio" and n > settings.trio_max_tasks:
+            return f"a task per timer: N > {settings.trio_max_tasks:,} tasks (~3 KB each)"
+        return None
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> Any:
+        """Data shared by every contender of one repetition."""
+        return None
+
+    async def run(
+        self, env: Env, n: int, data: Any, settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        """One repetition; returns metric key -> value (keys starting with ``_`` are
+        diagnostics). ``state`` persists across one contender's repetitions."""
+        raise NotImplementedError
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        """What else a reader needs to reproduce a figure (goes into the JSON)."""
+        return {}
+
+
+def _rng(settings: Settings, name: str, n: int, rep: int) -> random.Random:
+    return random.Random(f"{settings.seed}:{name}:{n}:{rep}")
+
+
+async def _settle(env: Env) -> None:
+    # Two checkpoints: trio runs the tasks spawned before our first checkpoint in the
+    # same batch as us, in random order; after the second all have taken their first
+    # step (registered their deadlines).
+    await env.checkpoint()
+    await env.checkpoint()
+
+
+# -- churn --------------------------------------------------------------------------
+
+
+@dataclass
+class _ChurnData:
+    fill: list[float]
+    pairs: list[Sequence[float]]
+    ops: int
+
+
+class Churn(Workload):
+    name = "churn"
+    title = "schedule + cancel with N pending"
+    metrics = (
+        Metric("pair_ns", "schedule+cancel pair", "ns", "lower"),
+        Metric("fill_ns", "schedule, filling to N", "ns", "lower"),
+    )
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [100_000] if quick else [1_000_000]
+
+    def _ops(self, n: int, settings: Settings) -> int:
+        if settings.ops is not None:
+            return settings.ops
+        return 50_000 if settings.quick else 200_000
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> _ChurnData:
+        rng = _rng(settings, self.name, n, rep)
+        uniform = rng.uniform
+        ops = self._ops(n, settings)
+        fill = [uniform(0.0, 30.0) for _ in range(n)]
+        pairs = [uniform(0.0, 30.0) for _ in range(ops)]
+        return _ChurnData(fill, _chunks(pairs), ops)
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {"deadlines": "uniform over 30 s", "batch": _BATCH}
+
+    async def run(
+        self, env: Env, n: int, data: _ChurnData, settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        schedule = env.call_later
+        noop = _noop
+        checkpoint = env.checkpoint
+        perf = time.perf_counter
+        t0 = perf()
+        for delay in data.fill:
+            schedule(delay, noop)
+        await _settle(env)
+        fill = perf() - t0
+        gc.collect()  # start the timed part with the same GC state for everyone
+        t0 = perf()
+        for batch in data.pairs:
+            for delay in batch:
+                schedule(delay, noop).cancel()
+            await checkpoint()
+        pairs = perf() - t0
+        return {"pair_ns": pairs / data.ops * 1e9, "fill_ns": fill / max(n, 1) * 1e9}
+
+
+# -- rearm --------------------------------------------------------------------------
+
+
+@dataclass
+class _RearmData:
+    fill: list[float]
+    picks: list[Sequence[int]]
+    ops: int
+
+
+class Rearm(Workload):
+    name = "rearm"
+    title = "re-arm a pending timer to 30 s, N pending"
+    metrics = (Metric("rearm_ns", "re-arm", "ns", "lower"),)
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [20_000] if quick else [100_000]
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> _RearmData:
+        rng = _rng(settings, self.name, n, rep)
+        ops = settings.ops if settings.ops is not None else min(max(2 * n, 10_000), 1_000_000)
+        fill = [rng.uniform(0.0, 30.0) for _ in range(n)]
+        randrange = rng.randrange
+        picks = [randrange(n) for _ in range(ops)]
+        return _RearmData(fill, _chunks(picks), ops)
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {"initial deadlines": "uniform over 30 s", "new delay": 30.0}
+
+    async def run(
+        self, env: Env, n: int, data: _RearmData, settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        schedule = env.call_later
+        noop = _noop
+        handles = [schedule(delay, noop) for delay in data.fill]
+        await _settle(env)
+        checkpoint = env.checkpoint
+        perf = time.perf_counter
+        kind = env.contender.kind
+        gc.collect()
+        t0 = perf()
+        if kind == "aiowheel":
+            for batch in data.picks:
+                for i in batch:
+                    handles[i].reset(30.0)
+                await checkpoint()
+        elif kind == "trio":
+            # trio's own re-arm: assign the cancel scope's deadline.
+            scopes = [h.scope for h in handles]
+            clock = env.time
+            t0 = perf()
+            for batch in data.picks:
+                for i in batch:
+                    scopes[i].deadline = clock() + 30.0
+                await checkpoint()
+        else:
+            for batch in data.picks:
+                for i in batch:
+                    handles[i].cancel()
+                    handles[i] = schedule(30.0, noop)
+                await checkpoint()
+        elapsed = perf() - t0
+        return {"rearm_ns": elapsed / data.ops * 1e9}
+
+
+# -- memory -------------------------------------------------------------------------
+
+
+class Memory(Workload):
+    name = "memory"
+    title = "bytes per pending timer"
+    metrics = (Metric("bytes", "per pending timer", "B", "lower"),)
+    traced = False  # its timers never end: a trace would be N cancellations
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [50_000] if quick else [1_000_000]
+
+    def skip_reason(self, contender: Contender, n: int, settings: Settings) -> str | None:
+        if contender.kind == "trio" and n > settings.trio_max_tasks:
+            # Per-timer cost does not depend on N for tasks: measure it at the cap.
+            return None
+        return super().skip_reason(contender, n, settings)
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> list[float]:
+        rng = _rng(settings, self.name, n, rep)
+        return [rng.uniform(0.0, 30.0) for _ in range(n)]
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "method": "tracemalloc growth / N (handle, deadline float, container slot)",
+            "trio-native N": f"min(N, {settings.trio_max_tasks:,})",
+        }
+
+    async def run(
+        self, env: Env, n: int, data: list[float], settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        if env.contender.kind == "trio":
+            data = data[: settings.trio_max_tasks]
+            n = len(data)
+        schedule = env.call_later
+        noop = _noop
+        await _settle(env)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for delay in data:
+                schedule(delay, noop)
+            await _settle(env)
+            after = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        return {"bytes": (after - before) / max(n, 1), "_n": float(n)}
+
+
+# -- fire ---------------------------------------------------------------------------
+
+# First repetition's guess of the time to insert one timer (seconds), by kind, so that
+# every deadline is still ahead when insertion ends; later repetitions use twice the
+# insertion time they measured.
+_INSERT_GUESS = {"aiowheel": 5e-6, "call_later": 8e-6, "deadline": 8e-6, "trio": 40e-6}
+
+
+def _lead(env: Env, n: int, state: dict[str, float]) -> float:
+    if "insert_s" in state:
+        return 0.05 + 2.0 * state["insert_s"]
+    return 0.1 + n * _INSERT_GUESS[env.contender.kind]
+
+
+def _lateness_ms(fired: list[float], deadlines: list[float]) -> list[float]:
+    return sorted((f - d) * 1e3 for f, d in zip(fired, deadlines, strict=True))
+
+
+class Fire(Workload):
+    name = "fire"
+    title = "burst of N timers due within 20 ms"
+    metrics = (
+        Metric("rate", "callbacks/s", "1/s", "higher"),
+        Metric("late_p50_ms", "lateness p50", "ms", "lower"),
+        Metric("late_p99_ms", "lateness p99", "ms", "lower"),
+        Metric("late_max_ms", "lateness max", "ms", "lower"),
+        Metric("early_pct", "fired before deadline", "%", "lower", ratio=False),
+    )
+    window = 0.020
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [50_000] if quick else [200_000]
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> list[float]:
+        rng = _rng(settings, self.name, n, rep)
+        return [rng.uniform(0.0, self.window) for _ in range(n)]
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "window_s": self.window,
+            "rate": "N / (last callback - window start)",
+            "lateness": "callback start (loop clock, read fresh) - deadline",
+        }
+
+    async def run(
+        self, env: Env, n: int, data: list[float], settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        base = env.time() + _lead(env, n, state)
+        deadlines = [base + offset for offset in data]
+        fired = [0.0] * n
+        left = n
+        done = env.new_event()
+        now = env.now
+
+        def callback(i: int) -> None:
+            nonlocal left
+            fired[i] = now()
+            left -= 1
+            if not left:
+                done.set()
+
+        call_at = env.call_at
+        perf = time.perf_counter
+        t0 = perf()
+        for i, deadline in enumerate(deadlines):
+            call_at(deadline, callback, i)
+        await _settle(env)
+        state["insert_s"] = perf() - t0
+        overrun = env.time() - base
+        if n:
+            await done.wait()
+        else:
+            return {}
+        lateness = _lateness_ms(fired, deadlines)
+        span = max(fired) - base
+        return {
+            "rate": n / span if span > 0 else math.inf,
+            "late_p50_ms": percentile(lateness, 0.50),
+            "late_p99_ms": percentile(lateness, 0.99),
+            "late_max_ms": lateness[-1],
+            "early_pct": 100.0 * sum(1 for x in lateness if x < 0) / n,
+            "_overrun_ms": max(0.0, overrun * 1e3),
+        }
+
+
+# -- spread -------------------------------------------------------------------------
+
+
+class Spread(Workload):
+    name = "spread"
+    title = "N timers due uniformly over the window"
+    metrics = (
+        Metric("wakeups", "driver wake-ups / loop iterations", "", "lower"),
+        Metric("cpu_s_per_1m", "CPU per 1M fired", "s", "lower"),
+        Metric("late_p99_ms", "lateness p99", "ms", "lower"),
+        Metric("occupied_ticks", "distinct 1 ms ticks with a deadline", "", "lower", ratio=False),
+    )
+    count_iterations = True
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [20_000] if quick else [100_000]
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> list[float]:
+        rng = _rng(settings, self.name, n, rep)
+        window = settings.spread_window
+        return [rng.uniform(0.0, window) for _ in range(n)]
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "window_s": settings.spread_window,
+            "wakeups": (
+                "aiowheel: timer.stats().wakeups (driver passes); asyncio call_later: "
+                "selector.select calls; uvloop call_later: distinct values of the cached "
+                "loop.time() seen by callbacks (lower bound); trio-native: before_io_wait"
+            ),
+            "cpu": "time.process_time() from end of insertion to last callback",
+        }
+
+    async def run(
+        self, env: Env, n: int, data: list[float], settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        if not n:
+            return {}
+        base = env.time() + _lead(env, n, state)
+        deadlines = [base + offset for offset in data]
+        fired = [0.0] * n
+        left = n
+        done = env.new_event()
+        now = env.now
+        uvloop_peer = env.contender.kind == "call_later" and env.contender.backend == "uvloop"
+        seen = [0.0] * n if uvloop_peer else []
+        iteration_clock = env.iteration_clock
+
+        def callback(i: int) -> None:
+            nonlocal left
+            fired[i] = now()
+            left -= 1
+            if not left:
+                done.set()
+
+        def uvloop_callback(i: int) -> None:
+            nonlocal left
+            fired[i] = now()
+            seen[i] = iteration_clock()
+            left -= 1
+            if not left:
+                done.set()
+
+        cb = uvloop_callback if uvloop_peer else callback
+        call_at = env.call_at
+        perf = time.perf_counter
+        t0 = perf()
+        for i, deadline in enumerate(deadlines):
+            call_at(deadline, cb, i)
+        await _settle(env)
+        state["insert_s"] = perf() - t0
+        overrun = env.time() - base
+        timer = env.timer
+        wake0 = timer.stats().wakeups if timer is not None else env.loop_iterations()
+        cpu0 = time.process_time()
+        await done.wait()
+        cpu = time.process_time() - cpu0
+        if timer is not None:
+            wakeups = float(timer.stats().wakeups - wake0)
+        elif uvloop_peer:
+            wakeups = float(len(set(seen)))
+        else:
+            wakeups = float(env.loop_iterations() - wake0)
+        lateness = _lateness_ms(fired, deadlines)
+        tick = 0.001
+        occupied = len({math.ceil(offset / tick) for offset in data})
+        return {
+            "wakeups": wakeups,
+            "cpu_s_per_1m": cpu / n * 1e6,
+            "late_p99_ms": percentile(lateness, 0.99),
+            "occupied_ticks": float(occupied),
+            "_overrun_ms": max(0.0, overrun * 1e3),
+        }
+
+
+# -- idle ---------------------------------------------------------------------------
+
+
+@dataclass
+class _IdleData:
+    initial: list[float]
+    picks: list[Sequence[int]]
+
+
+class Idle(Workload):
+    name = "idle"
+    title = "idle timeout re-armed on every read, N connections"
+    metrics = (
+        Metric("read_ns", "per read (re-arm + deferred timer work)", "ns", "lower"),
+        Metric("timeouts_per_s", "idle closes/s (reads fell behind)", "1/s", "lower", ratio=False),
+    )
+    kinds = frozenset({"aiowheel", "call_later", "deadline", "trio"})
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [10_000] if quick else [10_000, 100_000]
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> _IdleData:
+        rng = _rng(settings, self.name, n, rep)
+        timeout = settings.idle_timeout
+        # Connections in steady state: their deadlines spread over one timeout.
+        initial = [rng.uniform(0.0, timeout) for _ in range(n)]
+        # Reads visit every connection once per pass, in a new random order each
+        # pass (two passes, cycled): a connection is idle only if the contender cannot
+        # get round all N within the timeout.
+        picks: list[int] = []
+        for _ in range(2):
+            order = list(range(n))
+            rng.shuffle(order)
+            picks.extend(order)
+        return _IdleData(initial, _chunks(picks))
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "timeout_s": settings.idle_timeout,
+            "seconds": settings.idle_seconds,
+            "patterns": {
+                "aiowheel": "handle.reset(timeout)",
+                "call_later": "uvicorn: handle.cancel(); loop.call_later(timeout, ...)",
+                "deadline": "aiohttp: store loop.time() + timeout; call_at re-checks and "
+                "re-arms to the stored deadline when it fires",
+                "trio": "scope.deadline = trio.current_time() + timeout",
+            },
+        }
+
+    async def run(
+        self, env: Env, n: int, data: _IdleData, settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        if not n:
+            return {}
+        timeout = settings.idle_timeout
+        kind = env.contender.kind
+        call_later = env.call_later
+        call_at = env.call_at
+        clock = env.time
+        timeouts = 0
+        handles: list[Any]
+
+        # What each pattern does when a connection's timer fires: count an idle
+        # close and start a new connection in its place (so N stays constant).
+        if kind == "aiowheel":
+
+            def on_idle(i: int) -> None:
+                nonlocal timeouts
+                timeouts += 1
+                handles[i].reset(timeout)
+
+        elif kind == "deadline":
+            deadlines = [clock() + offset for offset in data.initial]
+
+            def on_idle(i: int) -> None:
+                nonlocal timeouts
+                deadline = deadlines[i]
+                now = clock()
+                if now < deadline:  # touched since armed: sleep on, to the stored deadline
+                    handles[i] = call_at(deadline, on_idle, i)
+                else:
+                    timeouts += 1
+                    deadlines[i] = now + timeout
+                    handles[i] = call_at(now + timeout, on_idle, i)
+
+        else:
+
+            def on_idle(i: int) -> None:
+                nonlocal timeouts
+                timeouts += 1
+                handles[i] = call_later(timeout, on_idle, i)
+
+        handles = [call_later(offset, on_idle, i) for i, offset in enumerate(data.initial)]
+        await _settle(env)
+        checkpoint = env.checkpoint
+        perf = time.perf_counter
+        gc.collect()
+        # Warm up for one timeout first: connections armed during set-up that expired
+        # while it ran fire now, not inside the measurement; afterwards every
+        # connection has been armed by the read loop itself (steady state).
+        warm_until = perf() + timeout
+        measuring = False
+        reads = 0
+        t0 = 0.0
+        end = math.inf
+        timeouts_before = 0
+        running = True
+        while running:
+            for batch in data.picks:
+                if kind == "aiowheel":
+                    for i in batch:
+                        handles[i].reset(timeout)
+                elif kind == "call_later":
+                    for i in batch:
+                        handles[i].cancel()
+                        handles[i] = call_later(timeout, on_idle, i)
+                elif kind == "deadline":
+                    for i in batch:
+                        deadlines[i] = clock() + timeout
+                else:
+                    for i in batch:
+                        handles[i].scope.deadline = clock() + timeout
+                reads += len(batch)
+                await checkpoint()
+                now = perf()
+                if not measuring and now >= warm_until:
+                    measuring = True
+                    reads = 0
+                    t0 = now
+                    end = now + settings.idle_seconds
+                    timeouts_before = timeouts
+                elif now >= end:
+                    running = False
+                    break
+        elapsed = perf() - t0
+        return {
+            "read_ns": elapsed / reads * 1e9,
+            "timeouts_per_s": (timeouts - timeouts_before) / elapsed,
+        }
+
+
+def _kafka() -> Workload:
+    from .kafka import Kafka
+
+    return Kafka()
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w for w in (Churn(), Rearm(), Fire(), Spread(), _kafka(), Memory(), Idle())
+}
