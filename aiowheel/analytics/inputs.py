@@ -1,0 +1,122 @@
+"""Finding and checking trace files before Spark starts.
+
+Every check here reads Parquet footers only (pyarrow), so a bad input is reported in
+a fraction of a second, with the file's name, instead of as a JVM stack trace after a
+10-second Spark start. Paths with a URI scheme (``hdfs://``, ``s3a://``...) cannot be
+listed from here; they go to Spark unchecked and the job checks their schema there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..trace import TRACE_COLUMNS
+
+__all__ = ["TraceFiles", "TraceInputError", "find_traces", "is_remote", "schema_problem"]
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+# Arrow types that Parquet stores identically, so Spark reads them the same way.
+_SAME_IN_PARQUET = {"large_string": "string", "large_utf8": "string", "utf8": "string"}
+
+
+class TraceInputError(Exception):
+    """A bad input: the message is one line that names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class TraceFiles:
+    """What the job will read: checked local files, and remote paths left to Spark."""
+
+    local: tuple[str, ...]
+    remote: tuple[str, ...]
+    rows: int  #: rows in the local files (remote ones are counted by Spark)
+
+    @property
+    def paths(self) -> list[str]:
+        return [*self.local, *self.remote]
+
+
+def is_remote(path: str) -> bool:
+    """A URI Spark resolves itself (``hdfs://``, ``s3a://``...); ``file://`` is local."""
+    return bool(_SCHEME.match(path)) and not path.startswith("file://")
+
+
+def find_traces(paths: Sequence[str]) -> TraceFiles:
+    """Expand directories to the ``*.parquet`` files below them and check each file.
+
+    Hidden files and those starting with ``_`` are skipped, as Spark skips them (a
+    recorder writes under a hidden name until it closes). Raises ``TraceInputError``.
+    """
+    if not paths:
+        raise TraceInputError("no trace files given")
+    local: dict[str, None] = {}  # ordered set: a file named twice is read once
+    remote: dict[str, None] = {}
+    for raw in paths:
+        if is_remote(raw):
+            remote[raw] = None
+            continue
+        path = Path(raw.removeprefix("file://"))
+        if path.is_dir():
+            found = sorted(_parquet_files(path))
+            if not found:
+                raise TraceInputError(f"{raw}: no Parquet files (*.parquet) in this directory")
+            for file in found:
+                local[str(file.resolve())] = None
+        elif path.is_file():
+            local[str(path.resolve())] = None
+        elif path.exists():
+            raise TraceInputError(f"{raw}: not a file or directory")
+        else:
+            raise TraceInputError(f"{raw}: no such file or directory")
+    rows = sum(check_trace_file(file) for file in local)
+    return TraceFiles(tuple(local), tuple(remote), rows)
+
+
+def _parquet_files(root: Path) -> Iterable[Path]:
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if not d.startswith((".", "_"))]
+        for name in files:
+            if name.endswith(".parquet") and not name.startswith((".", "_")):
+                yield Path(directory, name)
+
+
+def check_trace_file(file: str) -> int:
+    """The number of rows of a trace file; ``TraceInputError`` if it is not one."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    try:
+        metadata = pq.read_metadata(file)
+        schema = pq.read_schema(file)
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...: all mean "not Parquet"
+        raise TraceInputError(f"{file}: not a Parquet file ({_first_line(exc)})") from None
+    problem = schema_problem({field.name: str(field.type) for field in schema})
+    if problem:
+        raise TraceInputError(f"{file}: not an aiowheel trace: {problem}")
+    rows: int = metadata.num_rows
+    if rows == 0:
+        raise TraceInputError(f"{file}: empty trace (no rows)")
+    return rows
+
+
+def schema_problem(types: dict[str, str]) -> str | None:
+    """What is wrong with a schema (column -> Arrow type name), or None if it is a trace."""
+    missing = [name for name in TRACE_COLUMNS if name not in types]
+    if missing:
+        plural = "s" if len(missing) > 1 else ""
+        return f"missing column{plural} {', '.join(missing)}"
+    for name, expected in TRACE_COLUMNS.items():
+        found = _SAME_IN_PARQUET.get(types[name], types[name])
+        if found != expected:
+            return f"column {name} is {types[name]}, expected {expected}"
+    return None
+
+
+def _first_line(exc: Any) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

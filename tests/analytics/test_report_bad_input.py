@@ -1,0 +1,308 @@
+"""Every bad input of ``aiowheel report``: one line naming the file, exit status 2, and
+nothing written to DIR. These checks run before Spark starts, so no JVM is needed."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from aiowheel.analytics import report
+from aiowheel.analytics.inputs import find_traces, schema_problem
+from aiowheel.trace import ParquetRecorder, trace_schema
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+@pytest.fixture
+def good_rows(tracegen: SimpleNamespace) -> list[dict[str, object]]:
+    return [tracegen.row(1, scheduled_at=100.0, deadline=100.5, fired_at=100.6)]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    status = report.main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.err
+
+
+def _assert_nothing_written(out: Path) -> None:
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def _assert_one_line(err: str, *fragments: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("aiowheel report: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_a_path_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(tmp_path / "nope.parquet"), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, "nope.parquet", "no such file")
+    _assert_nothing_written(out)
+
+
+def test_a_directory_without_parquet_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "traces"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a trace")
+    (empty / ".hidden.parquet").write_bytes(b"")  # hidden files are skipped, like Spark does
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(empty), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, str(empty), "no Parquet files")
+    _assert_nothing_written(out)
+
+
+def test_a_file_that_is_not_parquet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bogus = tmp_path / "bogus.parquet"
+    bogus.write_text("run_id,timer_id\nr,1\n")
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(bogus), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, str(bogus), "not a Parquet file")
+    _assert_nothing_written(out)
+
+
+def test_missing_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], good_rows: list[dict[str, object]]
+) -> None:
+    path = tmp_path / "partial.parquet"
+    table = pa.Table.from_pylist(good_rows, schema=trace_schema())
+    pq.write_table(table.drop_columns(["lateness", "wall_anchor"]), path)
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(path), "--out", str(out))
+    assert status == 2
+    _assert_one_line(
+        err, str(path), "not an aiowheel trace", "missing columns lateness, wall_anchor"
+    )
+    _assert_nothing_written(out)
+
+
+def test_wrong_types(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], good_rows: list[dict[str, object]]
+) -> None:
+    path = tmp_path / "ints.parquet"
+    table = pa.Table.from_pylist(good_rows, schema=trace_schema())
+    index = table.schema.get_field_index("deadline")
+    table = table.set_column(index, "deadline", pa.array([100], pa.int64()))
+    pq.write_table(table, path)
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(path), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, str(path), "column deadline is int64, expected double")
+    _assert_nothing_written(out)
+
+
+def test_an_empty_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recorder = ParquetRecorder(tmp_path / "empty.parquet")
+    recorder.open(backend="asyncio", clock=0.0)
+    recorder.close()  # a run in which no timer ended: a valid file with no rows
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(recorder.path), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, str(recorder.path), "empty trace")
+    _assert_nothing_written(out)
+
+
+def test_one_bad_file_among_good_ones_is_named(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    make_trace(good_rows, "a.parquet")
+    bad = make_trace(good_rows, "b.parquet")
+    bad.write_bytes(bad.read_bytes()[:-20])  # truncated: the footer is gone
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(bad.parent), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, "b.parquet", "not a Parquet file")
+    _assert_nothing_written(out)
+
+
+def test_out_is_a_file(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows)
+    out = tmp_path / "report"
+    out.write_text("mine")
+    status, err = _run(capsys, str(trace), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, str(out), "not a directory")
+    assert out.read_text() == "mine"
+
+
+def test_an_existing_report_dir_is_left_alone_on_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "summary.csv").write_text("old")
+    status, _ = _run(capsys, str(tmp_path / "missing"), "--out", str(out))
+    assert status == 2
+    assert [p.name for p in out.iterdir()] == ["summary.csv"]
+    assert (out / "summary.csv").read_text() == "old"
+
+
+def test_no_java_is_one_sentence_and_exit_2(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(trace), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, "Java 17+ runtime", "JAVA_HOME")
+    assert "Exception" not in err
+    assert "Traceback" not in err
+    _assert_nothing_written(out)
+
+
+def test_a_java_home_without_java(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    problem = report.java_problem()
+    assert problem is not None
+    assert str(tmp_path) in problem
+    assert "no bin/java" in problem
+
+
+def test_an_old_java(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.2\" 2019-01-15' >&2\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.3.0")
+    problem = report.java_problem()
+    assert problem is not None
+    assert "needs Java 17+" in problem
+    assert "is Java 11" in problem
+
+
+def test_java_8_version_strings_are_understood(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text("#!/bin/sh\necho 'java version \"1.8.0_402\"' >&2\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.5.1")
+    assert report.java_problem() is None  # Spark 3.5 runs on Java 8
+
+
+def test_missing_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    problem = report.java_problem()
+    assert problem is not None
+    assert "pip install 'aiowheel[analytics]'" in problem
+
+
+def test_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(["trace.parquet"])  # --out is required
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(["trace.parquet", "--out", "x", "--accuracy", "0"])
+    assert exit_info.value.code == 2
+    capsys.readouterr()
+
+
+def test_find_traces_expands_directories_and_skips_hidden_ones(
+    make_trace: Callable[..., Path], good_rows: list[dict[str, object]]
+) -> None:
+    a = make_trace(good_rows, "a.parquet")
+    nested = a.parent / "day2"
+    nested.mkdir()
+    b = make_trace(good_rows, "day2/b.parquet")
+    hidden = a.parent / "_tmp"
+    hidden.mkdir()
+    (hidden / "c.parquet").write_bytes(b"junk")  # skipped, like Spark skips _ and . paths
+    files = find_traces([str(a.parent), str(a)])  # a is named twice, read once
+    assert files.local == (str(a.resolve()), str(b.resolve()))
+    assert files.rows == 2
+    assert files.remote == ()
+
+
+def test_remote_paths_are_left_to_spark() -> None:
+    files = find_traces(["hdfs://namenode/traces", "s3a://bucket/traces/"])
+    assert files.remote == ("hdfs://namenode/traces", "s3a://bucket/traces/")
+    assert files.local == ()
+
+
+def test_string_types_parquet_stores_alike_are_accepted() -> None:
+    types = {name: kind for name, kind in ((f.name, str(f.type)) for f in trace_schema())}
+    types["label"] = "large_string"
+    assert schema_problem(types) is None
+    types["level"] = "int64"
+    assert schema_problem(types) == "column level is int64, expected int8"
+
+
+def test_out_parent_is_created_only_for_a_good_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "deep" / "er" / "report"
+    status, _ = _run(capsys, str(tmp_path / "missing"), "--out", str(out))
+    assert status == 2
+    assert not (tmp_path / "deep").exists()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_java_that_cannot_start_spark_is_one_line_and_exit_1(
+    make_trace: Callable[..., Path], tmp_path: Path, good_rows: list[dict[str, object]]
+) -> None:
+    pytest.importorskip("pyspark")
+    # Passes the version check, then fails as a broken runtime would.
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -version ]; then echo \'openjdk version "17.0.9"\' >&2; exit 0; fi\n'
+        "echo 'Error: could not create the Java Virtual Machine.' >&2\nexit 1\n"
+    )
+    java.chmod(0o755)
+    trace = make_trace(good_rows)
+    out = tmp_path / "report"
+    env = dict(os.environ, JAVA_HOME=str(tmp_path / "jdk"), TMPDIR=str(tmp_path))
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "aiowheel.analytics.report", str(trace), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(lines) == 1, done.stderr
+    assert "Spark did not start" in lines[0]
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
+    (log,) = tmp_path.glob("aiowheel-report-*.spark.log")  # kept, and named, on failure
+    assert str(log) in lines[0]

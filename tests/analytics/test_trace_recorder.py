@@ -1,0 +1,296 @@
+"""ParquetRecorder: schema, batching, dropping when the writer falls behind, errors,
+and real Timer runs recorded on asyncio, uvloop and trio."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aiowheel import Timer
+from aiowheel.trace import (
+    NULLABLE_COLUMNS,
+    TRACE_COLUMNS,
+    ParquetRecorder,
+    recording,
+    trace_schema,
+)
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+    return rows
+
+
+def _opened(tmp_path: Path, **kwargs: Any) -> ParquetRecorder:
+    recorder = ParquetRecorder(tmp_path / "t.parquet", run_id="r1", **kwargs)
+    recorder.open(backend="asyncio", clock=50.0)
+    return recorder
+
+
+def test_schema_matches_the_documented_columns() -> None:
+    schema = trace_schema()
+    assert schema.names == list(TRACE_COLUMNS)
+    for field in schema:
+        assert str(field.type) == TRACE_COLUMNS[field.name]
+        assert field.nullable == (field.name in NULLABLE_COLUMNS)
+
+
+def test_rows_hold_what_record_was_given(tmp_path: Path) -> None:
+    recorder = ParquetRecorder(tmp_path / "t.parquet", run_id="r1", implementation="call_later")
+    recorder.open(backend="trio", clock=50.0)
+    recorder.record(1, "req", 50.5, 51.0, 2, 51.25, None)
+    recorder.record(2, None, 50.6, 60.0, 0, None, 55.0)
+    recorder.close()
+    assert pq.read_schema(recorder.path).equals(trace_schema())
+    fired, cancelled = _read(recorder.path)
+    assert fired["timer_id"] == 1
+    assert cancelled["timer_id"] == 2
+    assert fired["label"] == "req"
+    assert cancelled["label"] is None
+    assert fired["lateness"] == 0.25
+    assert cancelled["lateness"] is None
+    assert (fired["fired_at"], fired["cancelled_at"]) == (51.25, None)
+    assert (cancelled["fired_at"], cancelled["cancelled_at"]) == (None, 55.0)
+    assert (fired["scheduled_at"], fired["deadline"], fired["level"]) == (50.5, 51.0, 2)
+    for row in (fired, cancelled):
+        assert row["run_id"] == "r1"
+        assert row["implementation"] == "call_later"
+        assert row["backend"] == "trio"
+        assert row["host"] == recorder.host
+        assert row["pid"] == recorder.pid
+        assert row["clock_anchor"] == 50.0
+        assert row["wall_anchor"] == recorder.wall_anchor > 1e9
+    assert (recorder.written, recorder.dropped) == (2, 0)
+
+
+def test_batches_become_row_groups(tmp_path: Path) -> None:
+    recorder = _opened(tmp_path, batch_rows=3)
+    for i in range(7):
+        recorder.record(i, None, 1.0, 2.0, 0, 2.5, None)
+    recorder.close()
+    metadata = pq.read_metadata(recorder.path)
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert sizes == [3, 3, 1]  # two full batches, then what close() found buffered
+    assert [row["timer_id"] for row in _read(recorder.path)] == list(range(7))
+
+
+def test_a_full_queue_drops_whole_batches_and_counts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writing = threading.Event()
+    release = threading.Event()
+    real_write = ParquetRecorder._write_batch
+
+    def slow_write(self: ParquetRecorder, writer: Any, flat: list[Any]) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_write(self, writer, flat)
+
+    monkeypatch.setattr(ParquetRecorder, "_write_batch", slow_write)
+    recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
+    row = (None, 1.0, 2.0, 0, 2.5, None)
+    recorder.record(1, *row)
+    recorder.record(2, *row)  # batch 1: the writer takes it and blocks
+    assert writing.wait(10)
+    recorder.record(3, *row)
+    recorder.record(4, *row)  # batch 2: waits in the queue (1 slot)
+    recorder.record(5, *row)
+    recorder.record(6, *row)  # batch 3: no room, dropped without blocking
+    assert recorder.dropped == 2
+    recorder.record(7, *row)  # buffered: close() writes it
+    release.set()
+    recorder.close()
+    assert [r["timer_id"] for r in _read(recorder.path)] == [1, 2, 3, 4, 7]
+    assert (recorder.written, recorder.dropped) == (5, 2)
+
+
+def test_the_file_appears_only_when_closed(tmp_path: Path) -> None:
+    recorder = _opened(tmp_path, batch_rows=1)
+    recorder.record(1, None, 1.0, 2.0, 0, 2.5, None)
+    assert not recorder.path.exists()
+    recorder.close()
+    assert recorder.path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]  # no partial left
+
+
+def test_a_directory_gets_one_file_per_run(tmp_path: Path) -> None:
+    recorder = recording(tmp_path, run_id="run-7")
+    assert recorder.path == tmp_path / "run-7.parquet"
+    recorder.open(backend="asyncio", clock=0.0)
+    recorder.close()
+    assert pq.read_metadata(recorder.path).num_rows == 0
+
+
+def test_default_run_ids_are_unique(tmp_path: Path) -> None:
+    ids = {ParquetRecorder(tmp_path).run_id for _ in range(20)}
+    assert len(ids) == 20
+
+
+def test_lifecycle_errors(tmp_path: Path) -> None:
+    recorder = ParquetRecorder(tmp_path / "t.parquet")
+    with pytest.raises(RuntimeError, match="before open"):
+        recorder.record(1, None, 1.0, 2.0, 0, 2.5, None)
+    recorder.open(backend="asyncio", clock=0.0)
+    with pytest.raises(RuntimeError, match="already"):
+        recorder.open(backend="asyncio", clock=0.0)
+    recorder.close()
+    recorder.close()  # idempotent
+    with pytest.raises(RuntimeError, match="after close"):
+        recorder.record(1, None, 1.0, 2.0, 0, 2.5, None)
+
+
+def test_close_without_open_writes_nothing(tmp_path: Path) -> None:
+    recorder = ParquetRecorder(tmp_path / "t.parquet")
+    recorder.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch_rows": 0}, ValueError, "batch_rows"),
+        ({"batch_rows": 1.5}, TypeError, "batch_rows"),
+        ({"max_queued_batches": 0}, ValueError, "max_queued_batches"),
+        ({"run_id": ""}, ValueError, "run_id"),
+        ({"run_id": 3}, TypeError, "run_id"),
+        ({"implementation": ""}, ValueError, "implementation"),
+        ({"compression": "zip"}, ValueError, "compression"),
+    ],
+)
+def test_bad_arguments(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        ParquetRecorder(tmp_path / "t.parquet", **kwargs)
+
+
+def test_bad_paths(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="path"):
+        ParquetRecorder(42)  # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ParquetRecorder(tmp_path / "missing" / "t.parquet")
+
+
+def test_a_label_that_is_not_a_string_is_kept_as_its_str(tmp_path: Path) -> None:
+    recorder = _opened(tmp_path)
+    recorder.record(1, 404, 1.0, 2.0, 0, 2.5, None)
+    recorder.close()
+    assert _read(recorder.path)[0]["label"] == "404"
+
+
+def test_a_failing_writer_drops_rows_logs_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: ParquetRecorder, writer: Any, flat: list[Any]) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ParquetRecorder, "_write_batch", broken)
+    recorder = _opened(tmp_path, batch_rows=2)
+    for i in range(5):
+        recorder.record(i, None, 1.0, 2.0, 0, 2.5, None)
+    with caplog.at_level(logging.ERROR, logger="aiowheel.trace"):
+        recorder.close()  # does not raise: tracing never breaks a timer's shutdown
+    assert isinstance(recorder.error, OSError)
+    assert recorder.dropped == 5
+    assert recorder.written == 0
+    assert "incomplete" in caplog.text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_pyarrow_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ImportError, match=r"pip install 'aiowheel\[analytics\]'"):
+        ParquetRecorder(tmp_path / "t.parquet")
+
+
+def test_importing_aiowheel_and_its_trace_module_does_not_import_pyarrow() -> None:
+    code = (
+        "import sys, aiowheel, aiowheel.trace, aiowheel.analytics.report; "
+        "print(sorted(m for m in ('pyarrow', 'pyspark', 'pandas', 'matplotlib') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
+
+
+# -- real timer runs -------------------------------------------------------------------
+
+
+def _noop() -> None:
+    pass
+
+
+@pytest.mark.anyio
+async def test_a_timer_run_is_recorded(tmp_path: Path, backend: str) -> None:
+    recorder = ParquetRecorder(tmp_path, run_id="live", batch_rows=16)
+    async with Timer(recorder=recorder) as timer:
+        start = timer.time()
+        fired = [timer.schedule_nowait(0.001 * (1 + i % 5), _noop, label="fire") for i in range(40)]
+        doomed = [timer.schedule_nowait(5.0, _noop, label="cancel") for _ in range(10)]
+        for handle in doomed:
+            assert handle.cancel()
+        far = timer.schedule_nowait(3600.0, _noop)  # cancelled by aclose(), recorded too
+        for handle in fired:
+            await handle.wait()
+        rearmed = fired[0]
+        rearmed.reset(0.002)  # a second period of the same handle: a second row
+        await rearmed.wait()
+        assert far.pending()
+    assert recorder.written == 52
+    assert recorder.dropped == 0
+    rows = _read(recorder.path)
+    assert len(rows) == 52
+    assert {row["backend"] for row in rows} == {backend}
+    assert {row["run_id"] for row in rows} == {"live"}
+    assert all(row["clock_anchor"] <= row["scheduled_at"] for row in rows)
+    assert rows[0]["clock_anchor"] == pytest.approx(start, abs=1.0)
+    by_label: dict[str | None, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_label.setdefault(row["label"], []).append(row)
+    assert len(by_label["fire"]) == 41
+    assert len(by_label["cancel"]) == 10
+    for row in by_label["fire"]:
+        assert row["cancelled_at"] is None
+        assert row["fired_at"] >= row["deadline"]  # never early
+        assert row["lateness"] == pytest.approx(row["fired_at"] - row["deadline"])
+        assert row["level"] >= 0
+    for row in by_label["cancel"]:
+        assert row["fired_at"] is None
+        assert row["lateness"] is None
+        assert row["scheduled_at"] <= row["cancelled_at"] < row["deadline"]
+    (at_close,) = by_label[None]
+    assert at_close["cancelled_at"] is not None
+    assert at_close["deadline"] > at_close["cancelled_at"]
+    # The re-armed handle kept its id: one id has two rows (two periods).
+    periods = Counter(row["timer_id"] for row in by_label["fire"])
+    assert sorted(periods.values()) == [1] * 39 + [2]
+
+
+@pytest.mark.anyio
+async def test_async_callbacks_are_recorded_when_they_start(tmp_path: Path) -> None:
+    recorder = ParquetRecorder(tmp_path, run_id="async")
+    ran = anyio.Event()
+
+    async def callback() -> None:
+        ran.set()
+
+    async with Timer(recorder=recorder) as timer:
+        handle = timer.schedule_nowait(0.001, callback, label="async")
+        await handle.wait()
+        assert ran.is_set()
+    (row,) = _read(recorder.path)
+    assert row["label"] == "async"
+    assert row["fired_at"] >= row["deadline"]
