@@ -95,7 +95,7 @@ class AsyncioDriver:
     anyio cannot tell which backend runs and its task groups cannot be used there.
     """
 
-    __slots__ = ("_grid", "_handle", "_loop", "_on_wakeup", "_tasks")
+    __slots__ = ("_grid", "_handle", "_loop", "_on_wakeup", "_recheck", "_tasks")
 
     needs_task = False
 
@@ -107,6 +107,19 @@ class AsyncioDriver:
         # Wake-ups are rounded up to the loop clock's grid (see arm): uvloop keeps
         # whole milliseconds; for the others a microsecond covers the virtual clocks.
         self._grid = 1e3 if backend_name() == "uvloop" else 1e6
+        self._recheck: Callable[[], None] | None = None
+
+    def recheck(self, check: Callable[[], None]) -> None:
+        """Run ``check`` once, early in the next loop iteration (coalesced)."""
+        if self._recheck is None:
+            self._recheck = check
+            self._loop.call_soon(self._run_recheck)
+
+    def _run_recheck(self) -> None:
+        check = self._recheck
+        self._recheck = None
+        if check is not None:
+            check()
 
     def spawn(self, worker: Callable[[], Coroutine[Any, Any, None]], tg: TaskGroup) -> None:
         task = self._loop.create_task(worker())
@@ -176,6 +189,9 @@ class AnyioDriver:
 
     def disarm(self) -> None:
         self.arm(_INF)
+
+    def recheck(self, check: Callable[[], None]) -> None:
+        check()  # moving a CancelScope deadline is cheap: no need to defer
 
     def spawn(self, worker: Callable[[], Coroutine[Any, Any, None]], tg: TaskGroup) -> None:
         # The pass runs in this driver's own task, so the task group can be used.
