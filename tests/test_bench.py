@@ -6,6 +6,7 @@ contender on every workload and reports what it measured in the documented shape
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -380,3 +381,16 @@ def test_ratio_direction() -> None:
     assert ratio(result(ours, "lower", 1.0), result(peer, "lower", -0.5)) is None
     empty = Result("w", "v", 1, "m", "m", "", "lower", peer, [])
     assert ratio(result(ours, "lower", 1.0), empty) is None
+
+
+def test_report_runs_quick_sizes_unless_full() -> None:
+    # The README's main job (`aiowheel bench --report`) must finish in a few minutes.
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.settings_from(parser.parse_args(["--report"])).quick
+    assert not cli.settings_from(parser.parse_args(["--report", "--full"])).quick
+    assert not cli.settings_from(parser.parse_args([])).quick
+    with pytest.raises(SystemExit, match="--full goes with --report"):
+        cli.settings_from(parser.parse_args(["--full"]))
+    with pytest.raises(SystemExit, match="contradict"):
+        cli.settings_from(parser.parse_args(["--report", "--full", "--quick"]))
