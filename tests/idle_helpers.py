@@ -18,7 +18,10 @@ import anyio
 
 T = 0.25  # the idle timeout under test
 TICK = 0.01  # the tick of the timers these tests use
-SLACK = 0.5  # upper-side allowance for a loaded machine
+# Upper-side allowance. The strict bound is the lower one (never early); this one only
+# says "not held for ever". In the full suite a garbage-collection pass after the
+# million-operation tests can stall the process for half a second (seen in CI).
+SLACK = 1.5
 
 
 async def eventually(predicate: Callable[[], bool], within: float) -> None:
