@@ -86,7 +86,16 @@ class DelayedOperation:
     """
 
     # The base keeps its state in slots; subclasses are free to have a ``__dict__``.
-    __slots__ = ("__weakref__", "_entries", "_event", "_handle", "_purgatory", "_state", "_timeout")
+    __slots__ = (
+        "__weakref__",
+        "_entries",
+        "_event",
+        "_handle",
+        "_keys",
+        "_purgatory",
+        "_state",
+        "_timeout",
+    )
 
     def __init__(self, timeout: float) -> None:
         if type(timeout) is not float and (
@@ -102,8 +111,10 @@ class DelayedOperation:
         # The purgatory this operation was handed to (never reset: an operation is
         # watched at most once).
         self._purgatory: Purgatory | None = None
-        # How many watch-list entries refer to this operation (see Purgatory).
+        # How many watch-list entries refer to this operation (see Purgatory), and
+        # the keys it was watched on (so a purge visits only the lists it is in).
         self._entries = 0
+        self._keys: tuple[Hashable, ...] = ()
         # Created by the first wait(): an operation nobody waits for costs no event.
         self._event: anyio.Event | None = None
 
@@ -250,6 +261,10 @@ class Purgatory:
         self._delayed = 0  # watched operations not finished
         self._watched = 0  # entries in all watch lists
         self._stale = 0  # finished operations with _entries > 0
+        # Operations that finished while watched, since the last purge (a superset of
+        # those still in a list: a check may have dropped them since). Bounded by the
+        # purge trigger: at most purge_interval + 1 of them have entries left.
+        self._stale_ops: list[DelayedOperation] = []
         self._walking = 0  # check_and_complete walks in progress (re-entrancy depth)
         self._closed = False
 
@@ -349,6 +364,7 @@ class Purgatory:
                 watch_list[ident] = op
             added += 1
         op._entries = added
+        op._keys = keys
         self._watched += added
         return False
 
@@ -433,6 +449,14 @@ class Purgatory:
         self._delayed -= 1
         if op._entries:
             self._stale += 1
+            stale_ops = self._stale_ops
+            stale_ops.append(op)
+            if len(stale_ops) > 2 * self._purge_interval + 2:
+                # Most of them left their lists through checks since (the usual case:
+                # completed by check_and_complete): forget those. At most
+                # purge_interval + 1 have entries left (else a purge would have run),
+                # so this at least halves the list: amortised O(1) per operation.
+                self._stale_ops = [stale for stale in stale_ops if stale._entries]
             # Kafka's purge trigger, evaluated where the count grows. Not during a walk:
             # the walk is about to drop entries itself, and a purge would mutate the
             # list under it (the walk runs the check again when it ends).
@@ -447,27 +471,28 @@ class Purgatory:
             self._stale -= 1
 
     def _purge(self) -> None:
-        """Drop every finished operation from every watch list: O(watched)."""
+        """Drop every finished operation from every watch list.
+
+        Kafka walks all watch lists (O(watched)), because it does not know which keys
+        a finished operation was watched on. We do (``op._keys``), and we remember the
+        operations that finished while still watched (``_stale_ops``), so a purge
+        visits only their entries: O(finished operations x their keys). What gets
+        purged, and when, is Kafka's exactly.
+        """
         watchers = self._watchers
-        emptied: list[Hashable] = []
-        finished: list[int] = []
-        stale = self._stale
         dropped = 0
-        for key, watch_list in watchers.items():
-            for ident, op in watch_list.items():
-                if op._state >= _COMPLETED:
-                    finished.append(ident)
-            if finished:
-                for ident in finished:
-                    op = watch_list.pop(ident)
-                    op._entries -= 1
-                    if not op._entries:
-                        stale -= 1
-                dropped += len(finished)
-                finished.clear()
-                if not watch_list:
-                    emptied.append(key)
-        for key in emptied:
-            del watchers[key]
+        for op in self._stale_ops:
+            if not op._entries:
+                continue  # its keys were all checked since it finished
+            ident = id(op)
+            for key in op._keys:
+                watch_list = watchers.get(key)
+                if watch_list is not None and watch_list.get(ident) is op:
+                    del watch_list[ident]
+                    dropped += 1
+                    if not watch_list:
+                        del watchers[key]
+            op._entries = 0
+        self._stale_ops.clear()
         self._watched -= dropped
-        self._stale = stale
+        self._stale = 0

@@ -1046,3 +1046,27 @@ async def test_random_operations_keep_the_accounting_exact() -> None:
         assert all(not op.ready for op, _ in still)
         assert purgatory.watched() == sum(len(w) for _, w in still)
         assert purgatory.delayed() == len(still)
+
+
+async def test_operations_completed_by_checks_are_released() -> None:
+    """The purge only visits operations that finished while watched; the list of them
+    must not keep operations that checks already took out of every watch list (the
+    long-poll case: completed by check_and_complete, never purged)."""
+    async with Timer(tick=TICK) as timer:
+        purgatory = Purgatory(timer, purge_interval=10)
+        refs = []
+        gc.disable()
+        try:
+            for i in range(2_000):
+                op = Op(60.0)
+                refs.append(weakref.ref(op))
+                assert not purgatory.try_complete_else_watch(op, [i % 7])
+                op.ready = True
+                assert purgatory.check_and_complete(i % 7) == 1
+                del op
+            assert purgatory.delayed() == 0
+            assert purgatory.watched() == 0
+            alive = sum(ref() is not None for ref in refs)
+            assert alive <= 2 * 10 + 2  # at most the bound on the not-yet-compacted list
+        finally:
+            gc.enable()
