@@ -639,11 +639,15 @@ class Timer:
     ) -> None:
         recorder = self._recorder
         assert recorder is not None
-        recorder.record(*self._trace_row(handle), fired_at, cancelled_at)
-
-    @staticmethod
-    def _trace_row(handle: TracedHandle[Any]) -> tuple[int, str | None, float, float, int]:
-        return (handle._id, handle._label, handle._scheduled_at, handle._deadline, handle._level)
+        recorder.record(
+            handle._id,
+            handle._label,
+            handle._scheduled_at,
+            handle._deadline,
+            handle._level,
+            fired_at,
+            cancelled_at,
+        )
 
     def _recheck_wake(self) -> None:
         if self._open and self._wake_at != -_INF:
@@ -716,9 +720,14 @@ class Timer:
                     lateness = now - handle._deadline
                     if lateness > lateness_max:
                         lateness_max = lateness
-                    # The trace row describes this firing: take it before the callback
-                    # runs, since a callback may re-arm its own handle.
-                    row = None if recorder is None else self._trace_row(handle)
+                    if recorder is not None:
+                        # The trace row describes this firing: read it before the
+                        # callback runs, since a callback may re-arm its own handle.
+                        t_id = handle._id
+                        t_label = handle._label
+                        t_scheduled = handle._scheduled_at
+                        t_deadline = handle._deadline
+                        t_level = handle._level
                     try:
                         result = handle._callback(*handle._args)
                     except Exception as exc:
@@ -738,8 +747,8 @@ class Timer:
                             handle._result = result
                     if waiters:
                         self._settle(handle, outcome)
-                    if row is not None:
-                        recorder.record(*row, now, None)  # type: ignore[union-attr]
+                    if recorder is not None:
+                        recorder.record(t_id, t_label, t_scheduled, t_deadline, t_level, now, None)
                 bucket.clear()
         except BaseException:
             # KeyboardInterrupt/SystemExit from a callback: put back what this pass
