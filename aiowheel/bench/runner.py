@@ -25,7 +25,7 @@ from .contenders import Contender, TraceFactory, open_env, parquet_recorder, run
 from .output import Output
 from .results import Result, fill_ratios
 from .settings import Settings
-from .workloads import WORKLOADS, Workload
+from .workloads import WORKLOADS, Metric, Workload
 
 __all__ = ["Runner"]
 
@@ -138,42 +138,34 @@ class Runner:
         params = {**workload.params(s), "reps": s.reps}
         variant_results: list[Result] = []
         for metric in workload.metrics:
+
+            def result(
+                contender: Contender,
+                samples: list[float],
+                skipped: str | None = None,
+                metric: Metric = metric,
+            ) -> Result:
+                return Result(
+                    workload=workload.name,
+                    variant=variant,
+                    n=n,
+                    metric=metric.key,
+                    label=metric.label,
+                    unit=metric.unit,
+                    better=metric.better,
+                    contender=contender,
+                    samples=samples,
+                    has_ratio=metric.ratio,
+                    params=params,
+                    skipped=skipped,
+                )
+
             for contender in runnable:
                 measured = samples.get((contender.name, metric.key))
-                if measured is None:
-                    continue
-                variant_results.append(
-                    Result(
-                        workload=workload.name,
-                        variant=variant,
-                        n=n,
-                        metric=metric.key,
-                        label=metric.label,
-                        unit=metric.unit,
-                        better=metric.better,
-                        contender=contender,
-                        samples=measured,
-                        has_ratio=metric.ratio,
-                        params=params,
-                    )
-                )
+                if measured is not None:
+                    variant_results.append(result(contender, measured))
             for contender, reason in skipped:
-                variant_results.append(
-                    Result(
-                        workload=workload.name,
-                        variant=variant,
-                        n=n,
-                        metric=metric.key,
-                        label=metric.label,
-                        unit=metric.unit,
-                        better=metric.better,
-                        contender=contender,
-                        samples=[],
-                        has_ratio=metric.ratio,
-                        params=params,
-                        skipped=reason,
-                    )
-                )
+                variant_results.append(result(contender, [], reason))
         fill_ratios(variant_results)
         self.results.extend(variant_results)
         self.output.results(variant_results)
