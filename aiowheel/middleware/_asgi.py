@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from .. import Timer, TimerClosed, TimerHandle
+from .. import Timer, TimerHandle
 from ._shared import (
     SCOPE_KEY,
     IdleControl,
@@ -83,10 +83,7 @@ class _RequestWatch(IdleControl):
 
     __slots__ = (
         "_cancel_scope",
-        "_handle",
         "_parent",
-        "_timeout",
-        "_timer",
         "body_complete",
         "complete",
         "disconnected",
@@ -124,32 +121,13 @@ class _RequestWatch(IdleControl):
         if self._timeout is not None:
             self._handle = schedule_idle(self._timer, self._timeout, self._expire)
 
-    def touch(self) -> None:
-        handle = self._handle
-        if handle is not None:
-            try:
-                handle.reset(self._timeout)  # type: ignore[arg-type]  # set while timing
-            except TimerClosed:  # the server is shutting down
-                self._handle = None
-
-    def stop(self) -> None:
-        handle = self._handle
-        if handle is not None:
-            self._handle = None
-            handle.cancel()
-
     def set_timeout(self, timeout: float | None) -> None:
         if self._parent is not None:  # an outer idle middleware times this request too
             self._parent.set_timeout(timeout)
-        if self.complete or self.expired:
-            return
-        self._timeout = timeout
-        if timeout is None:
-            self.stop()
-        elif self._handle is None:
-            self._handle = schedule_idle(self._timer, timeout, self._expire)
-        else:
-            self.touch()
+        super().set_timeout(timeout)
+
+    def _timing(self) -> bool:
+        return not (self.complete or self.expired)
 
     def _expire(self) -> None:
         # Runs on the timer's driver. The handle has fired: forget it so that messages

@@ -91,11 +91,50 @@ def schedule_idle(
 
 
 class IdleControl:
-    """What ``set_idle_timeout`` talks to: one request's or one connection's timeout."""
+    """One request's or one connection's idle timer, and what ``set_idle_timeout``
+    talks to.
 
-    __slots__ = ()
+    Activity re-arms it (``touch``: an O(1) ``reset``), the end of timing stops it, and
+    the endpoint may change it (``set_timeout``). Subclasses keep the three slots below
+    and say what expiry does (``_expire``) and when timing is over (``_timing``).
+    """
 
-    def set_timeout(self, timeout: float | None) -> None:  # pragma: no cover - abstract
+    __slots__ = ("_handle", "_timeout", "_timer")
+
+    _timer: Timer
+    _timeout: float | None
+    _handle: TimerHandle[Any] | None
+
+    def touch(self) -> None:
+        handle = self._handle
+        if handle is not None:
+            try:
+                handle.reset(self._timeout)  # type: ignore[arg-type]  # set while timing
+            except TimerClosed:  # the timer closed under us (a server shutting down)
+                self._handle = None
+
+    def stop(self) -> None:
+        handle = self._handle
+        if handle is not None:
+            self._handle = None
+            handle.cancel()
+
+    def set_timeout(self, timeout: float | None) -> None:
+        if not self._timing():
+            return
+        self._timeout = timeout
+        if timeout is None:
+            self.stop()
+        elif self._handle is None:
+            self._handle = schedule_idle(self._timer, timeout, self._expire)
+        else:
+            self.touch()
+
+    def _timing(self) -> bool:
+        """False once timing is over for good (expired, or finished)."""
+        return True
+
+    def _expire(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
 

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
-from .. import Timer, TimerClosed, TimerHandle
+from .. import Timer, TimerHandle
 from ._shared import (
     IdleControl,
     IdleTimeoutError,
@@ -38,7 +38,7 @@ ClientConnected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitab
 class _StreamWatch(IdleControl):
     """The idle timer of one stream connection (shared by its reader and writer)."""
 
-    __slots__ = ("_handle", "_reader", "_timeout", "_timer", "_transport", "error")
+    __slots__ = ("_reader", "_transport", "error")
 
     def __init__(
         self,
@@ -59,34 +59,12 @@ class _StreamWatch(IdleControl):
         handle = self._handle
         return handle.deadline if handle is not None else None
 
-    def touch(self) -> None:
-        handle = self._handle
-        if handle is not None:
-            try:
-                handle.reset(self._timeout)  # type: ignore[arg-type]  # set while timing
-            except TimerClosed:
-                self._handle = None
-
     def check(self) -> None:
         if self.error is not None:
             raise self.error
 
-    def stop(self) -> None:
-        handle = self._handle
-        if handle is not None:
-            self._handle = None
-            handle.cancel()
-
-    def set_timeout(self, timeout: float | None) -> None:
-        if self.error is not None:
-            return
-        self._timeout = timeout
-        if timeout is None:
-            self.stop()
-        elif self._handle is None:
-            self._handle = schedule_idle(self._timer, timeout, self._expire)
-        else:
-            self.touch()
+    def _timing(self) -> bool:
+        return self.error is None
 
     def _expire(self) -> None:
         self._handle = None
