@@ -162,20 +162,11 @@ class DelayedOperation:
         if self._state >= _COMPLETED:
             return False
         self._state = _COMPLETED
-        # _release() and _wake(), inlined: this is the hot path of every completion.
         try:
-            handle = self._handle
-            if handle is not None:
-                self._handle = None
-                handle.cancel()
-            purgatory = self._purgatory
-            if purgatory is not None:
-                purgatory._finished(self)
+            self._release()
             self.on_complete()
         finally:
-            event = self._event
-            if event is not None:
-                event.set()
+            self._wake()
         return True
 
     def _expire(self) -> None:
