@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -36,44 +35,22 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from wheel_helpers import Entry as CountingEntry
 
-from aiowheel._wheel import Bucket, Wheel, WheelEntry
-
-# The slot descriptor of WheelEntry._bucket, to read and write the real slot.
-_BUCKET_SLOT: Any = WheelEntry.__dict__["_bucket"]
+from aiowheel._wheel import Wheel
 
 
-class Entry(WheelEntry):
-    """A wheel entry that counts how often the wheel files it (see test_wheel.py)."""
+class Entry(CountingEntry):
+    """A counting entry (tests/wheel_helpers.py) that also remembers a re-arm."""
 
-    __slots__ = ("filings", "name", "rearmed")
+    __slots__ = ("rearmed",)
 
     def __init__(self, name: int) -> None:
-        super().__init__()
-        self.name = name
-        self.filings = 0
+        super().__init__(name)
         self.rearmed = False
-
-    def _get_bucket(self) -> Bucket | None:
-        bucket: Bucket | None = _BUCKET_SLOT.__get__(self, WheelEntry)
-        return bucket
-
-    def _set_bucket(self, bucket: Bucket | None) -> None:
-        if bucket is not None and not _resorted(self._get_bucket(), bucket):
-            self.filings += 1
-        _BUCKET_SLOT.__set__(self, bucket)
-
-    # Shadows WheelEntry's `_bucket` slot: every assignment the wheel makes is seen.
-    _bucket = property(_get_bucket, _set_bucket)
 
     def __repr__(self) -> str:
         return f"Entry({self.name})"
-
-
-def _resorted(old: Bucket | None, new: Bucket) -> bool:
-    """The wheel re-links already-due entries into a sorted copy of the due bucket
-    (level -1) to hand them back in deadline order: that is not a move between levels."""
-    return old is not None and old.level == -1 and new.level == -1
 
 
 # Offsets from "now", in ticks: around the level boundaries of wheels of size 2-4
