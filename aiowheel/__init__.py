@@ -8,8 +8,9 @@ callbacks on a bounded worker pool, and a purgatory of delayed operations.
 from ._exceptions import TimerCancelled, TimerClosed, TimerError, TimerFull
 from ._handle import PeriodicHandle, TimerHandle
 from ._timeout import Timeout
-from ._timer import Timer, TimerStats, TraceRecorder
+from ._timer import Timer, TimerStats
 from .purgatory import DelayedOperation, Purgatory
+from .trace import TraceRecorder
 
 __version__ = "0.1.0"
 

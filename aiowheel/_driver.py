@@ -2,7 +2,9 @@
 
 This replaces Kafka's reaper thread blocked in ``DelayQueue.poll``. A driver knows
 one thing, the instant of its next wake-up, and calls ``on_wakeup`` then. It never
-wakes periodically: with no timers it is not armed at all.
+wakes periodically: with no timers it is not armed at all. What it wakes is the
+timer's pass (``Timer._fire_due``), which never raises but for ``SystemExit`` and
+``KeyboardInterrupt`` and re-arms the driver itself (docs/design.md, guarantee 5).
 
 * ``AsyncioDriver`` uses one ``loop.call_at`` handle. Re-arming it (only when a timer
   lands in a bucket earlier than the armed one) costs a handle cancel and a heap push
@@ -21,13 +23,21 @@ import asyncio
 import math
 import sys
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-__all__ = ["AnyioDriver", "AsyncioDriver", "backend_name", "loop_clock", "round_up"]
+__all__ = [
+    "AnyioDriver",
+    "AsyncioDriver",
+    "Driver",
+    "backend_name",
+    "loop_clock",
+    "make_driver",
+    "round_up",
+]
 
 _INF = math.inf
 _ceil = math.ceil
@@ -87,23 +97,35 @@ def current_clock() -> Callable[[], float]:
     return loop_clock(asyncio.get_running_loop())
 
 
+class Driver(Protocol):
+    """What the timer asks of a driver."""
+
+    async def start(self, tg: TaskGroup) -> None:
+        """Start waking (a task driver starts its task in ``tg``)."""
+
+    def arm(self, when: float) -> None:
+        """Wake at ``when`` (loop clock), instead of any earlier arming; ``-inf``: at
+        once (the next loop iteration)."""
+
+    def disarm(self) -> None:
+        """Do not wake."""
+
+    def recheck(self, check: Callable[[], None]) -> None:
+        """Run ``check`` soon, before any timer of the next loop iteration."""
+
+    def stop(self) -> None:
+        """Stop for good (the timer is closing)."""
+
+
 class AsyncioDriver:
-    """Wakes the timer with a single ``call_at`` handle on the running loop.
+    """Wakes the timer with a single ``call_at`` handle on the running loop."""
 
-    It also spawns the timer's worker tasks, with ``loop.create_task``: the pass that
-    needs a worker runs inside a ``call_at`` callback, where no task is current, so
-    anyio cannot tell which backend runs and its task groups cannot be used there.
-    """
-
-    __slots__ = ("_grid", "_handle", "_loop", "_on_wakeup", "_recheck", "_tasks")
-
-    needs_task = False
+    __slots__ = ("_grid", "_handle", "_loop", "_on_wakeup", "_recheck")
 
     def __init__(self, on_wakeup: Callable[[], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_wakeup = on_wakeup
         self._handle: asyncio.Handle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         # Wake-ups are rounded up to the loop clock's grid (see arm): uvloop keeps
         # whole milliseconds; for the others a microsecond covers the virtual clocks.
         self._grid = 1e3 if backend_name() == "uvloop" else 1e6
@@ -121,19 +143,11 @@ class AsyncioDriver:
         if check is not None:
             check()
 
-    def spawn(self, worker: Callable[[], Coroutine[Any, Any, None]], tg: TaskGroup) -> None:
-        task = self._loop.create_task(worker())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def start(self, tg: TaskGroup) -> None:
+        pass  # call_at needs no task
 
     def stop(self) -> None:
         self.disarm()
-
-    async def join_workers(self) -> None:
-        current = asyncio.current_task()
-        tasks = [task for task in self._tasks if task is not current]
-        if tasks:
-            await asyncio.wait(tasks)
 
     def arm(self, when: float) -> None:
         handle = self._handle
@@ -164,16 +178,11 @@ class AsyncioDriver:
         self._handle = None
         self._on_wakeup()
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        raise NotImplementedError  # pragma: no cover - needs_task is False
-
 
 class AnyioDriver:
     """One task that sleeps until the next wake-up in a movable ``CancelScope``."""
 
     __slots__ = ("_deadline", "_on_wakeup", "_scope", "_stopped")
-
-    needs_task = True
 
     def __init__(self, on_wakeup: Callable[[], None]) -> None:
         self._on_wakeup = on_wakeup
@@ -193,16 +202,12 @@ class AnyioDriver:
     def recheck(self, check: Callable[[], None]) -> None:
         check()  # moving a CancelScope deadline is cheap: no need to defer
 
-    def spawn(self, worker: Callable[[], Coroutine[Any, Any, None]], tg: TaskGroup) -> None:
-        # The pass runs in this driver's own task, so the task group can be used.
-        tg.start_soon(worker)
+    async def start(self, tg: TaskGroup) -> None:
+        await tg.start(self.run)
 
     def stop(self) -> None:
         self._stopped = True
         self.arm(-_INF)  # wake the task: it sees _stopped and returns
-
-    async def join_workers(self) -> None:
-        pass  # they live in the timer's inner task group, which the timer waits for
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -218,10 +223,8 @@ class AnyioDriver:
                 self._on_wakeup()
 
 
-Driver = AsyncioDriver | AnyioDriver
-
-
-def make_driver(name: str, on_wakeup: Callable[[], None]) -> Any:
-    if name in ("asyncio", "uvloop"):
+def make_driver(backend: str, on_wakeup: Callable[[], None]) -> Driver:
+    """``call_at`` on asyncio and uvloop, a task in a movable cancel scope on trio."""
+    if backend in ("asyncio", "uvloop"):
         return AsyncioDriver(on_wakeup)
     return AnyioDriver(on_wakeup)

@@ -5,6 +5,12 @@ a bucket, so cancelling it is one ``del`` from a dict. A handle has six slots an
 ``__dict__``; with its float deadline and its dict slot in a bucket a pending timer
 costs about 150 bytes.
 
+A handle talks to its timer through four methods, and only through them:
+``Timer._cancel``, ``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a
+periodic handle adds ``_periodic_next`` and ``_periodic_stop``). The timer owns every
+counter and every state change; the handle owns its two state slots below, which the
+timer, its wheel and its worker pool write.
+
 State lives in two slots:
 
 * ``_bucket`` is the container holding the handle while it is *pending* (a wheel
@@ -61,20 +67,25 @@ class _Failure:
         self.tb = exc.__traceback__
 
 
-def check_delay(delay: float, what: str = "delay") -> None:
-    """Raise the documented exception for a delay/deadline that is not a finite number."""
-    try:
-        finite = delay - delay == 0  # False for NaN and +-inf, TypeError for non-numbers
-    except TypeError:
-        raise TypeError(f"{what} must be a number of seconds, got {delay!r}") from None
-    if not finite:
-        raise ValueError(f"{what} must be finite, got {delay!r}")
+def without_frame(exc: BaseException) -> BaseException:
+    """Drop the first traceback entry, the frame that called the callback.
+
+    That frame refers to the handle: a stored exception would make a cycle handle ->
+    result -> traceback -> frame -> handle, which only the garbage collector breaks.
+    The callback's own frames are kept."""
+    tb = exc.__traceback__
+    if tb is not None:
+        exc.__traceback__ = tb.tb_next
+    return exc
 
 
 class TimerHandle(WheelEntry, Generic[T]):
     """A scheduled callback. Returned by ``Timer.schedule`` and friends."""
 
     __slots__ = ("_args", "_callback", "_result", "_timer")
+
+    #: Periodic handles re-arm on their own grid: no lazy fast path for their reset.
+    _periodic = False
 
     def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._timer = timer
@@ -135,56 +146,28 @@ class TimerHandle(WheelEntry, Generic[T]):
         """Stop the timer. True exactly when it was pending: its callback will never
         run. The timer drops its reference to the handle at once (eager O(1) removal:
         no tombstone is left behind)."""
-        bucket = self._bucket
-        if bucket is None:
+        if self._bucket is None:
             return False
-        del bucket[self]
-        self._bucket = None
-        result = self._result
-        self._result = _CANCELLED
-        timer = self._timer
-        timer._pending -= 1
-        timer._cancelled += 1
-        # The common case ends here. The rest is rare: the bucket the driver waits for
-        # emptied, an async callback queued for a worker (its coroutine must be
-        # closed), or someone waiting on this timer.
-        if not bucket or result is not _PENDING or timer._listening:
-            timer._after_cancel(self, bucket, result)
-        return True
+        return self._timer._cancel(self)
 
     def reset(self, delay: float) -> None:
         """Re-arm to ``timer.time() + delay``: pending, fired or cancelled alike.
 
         Moving a pending timer later only records the new deadline (O(1), no bucket
-        work); the wheel re-files it when its old bucket comes due.
+        work); the wheel re-files it when its old bucket comes due. A bad ``delay``
+        raises as ``schedule`` does and leaves the handle as it was.
         """
-        try:
-            finite = delay - delay == 0
-        except TypeError:
-            raise TypeError(f"delay must be a number of seconds, got {delay!r}") from None
-        if not finite:
-            raise ValueError(f"delay must be finite, got {delay!r}")
-        timer = self._timer
-        deadline = timer._clock() + delay
-        bucket = self._bucket
-        if bucket is not None and bucket.tick is not None and deadline >= bucket.time:
-            # The idle-timeout touch: a pending timer moved later than its bucket
-            # comes due. Only the deadline changes; the bucket re-files it when it comes
-            # due (Wheel.extend, inlined: this runs on every read of every connection).
-            self._deadline = deadline
-            return
-        timer._rearm(self, deadline)
+        self._timer._reset(self, delay)
 
     def reset_at(self, deadline: float) -> None:
         """Re-arm to the absolute ``deadline`` (same rules as ``reset``)."""
-        check_delay(deadline, "deadline")
-        self._timer._rearm(self, deadline + 0.0)
+        self._timer._reset_at(self, deadline)
 
     async def wait(self) -> T:
         """The callback's return value once it (awaited, for async callbacks) has
         finished; re-raises its exception; ``TimerCancelled`` if cancelled first."""
         if self._bucket is not None or self._result is _RUNNING or self._result is _PENDING:
-            outcome = await self._timer._wait_for(self)
+            outcome = await self._timer._wait(self)
         else:
             outcome = self._result
         if outcome is _CANCELLED:
@@ -215,21 +198,6 @@ class TracedHandle(TimerHandle[T]):
     _level: int
     _scheduled_at: float
 
-    def cancel(self) -> bool:
-        if not TimerHandle.cancel(self):
-            return False
-        timer = self._timer
-        timer._recorder.record(  # type: ignore[union-attr]
-            self._id,
-            self._label,
-            self._scheduled_at,
-            self._deadline,
-            self._level,
-            None,
-            timer._clock(),
-        )
-        return True
-
     @property
     def label(self) -> str | None:
         """The label given at schedule time, written to the trace."""
@@ -244,6 +212,8 @@ class PeriodicHandle(TimerHandle[Any]):
     """
 
     __slots__ = ("_active", "_fixed_rate", "_interval", "_k", "_start", "_user_args", "_user_cb")
+
+    _periodic = True
 
     def __init__(
         self,
@@ -285,71 +255,59 @@ class PeriodicHandle(TimerHandle[Any]):
         """Stop the periodic timer: True while it was active; no run starts after."""
         if not self._active:
             return False
-        self._stop()
-        self._timer._periodic.discard(self)
-        if not TimerHandle.cancel(self):
-            # A run is in progress; it finishes, and it is not re-armed.
-            self._timer._cancelled += 1
-        return True
+        return self._timer._periodic_stop(self)
 
     def reset(self, delay: float) -> None:
         """Move the next run to ``time() + delay`` (re-activating a stopped timer);
         later runs follow from there."""
-        check_delay(delay)
-        timer = self._timer
-        deadline = timer._clock() + delay
+        self._timer._reset(self, delay)
+
+    def reset_at(self, deadline: float) -> None:
+        """Move the next run to the absolute ``deadline`` (see ``reset``)."""
+        self._timer._reset_at(self, deadline)
+
+    def _stop(self) -> None:
+        # While active, the callback slot holds the bound method self._run: a cycle
+        # (self -> method -> self). Break it when stopped, so a dropped handle is freed
+        # at once rather than by the garbage collector; _restart restores it.
+        self._active = False
+        self._callback = _stopped
+
+    def _restart(self, deadline: float) -> None:
+        # Called by the timer when reset() re-arms it: the grid restarts at deadline.
         self._start = deadline - self._interval
         self._k = 1
         if not self._active:
             self._active = True
             self._callback = self._run
-            timer._periodic.add(self)
-        timer._rearm(self, deadline)
-
-    def reset_at(self, deadline: float) -> None:
-        check_delay(deadline, "deadline")
-        self.reset(deadline - self._timer._clock())
-
-    def _stop(self) -> None:
-        # While active, the callback slot holds the bound method self._run: a cycle
-        # (self -> method -> self). Break it when stopped, so a dropped handle is freed
-        # at once rather than by the garbage collector; reset() restores it.
-        self._active = False
-        self._callback = _stopped
 
     def _run(self) -> Any:
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            self._next()
+            self._timer._periodic_next(self)
             raise
         if result is not None and _is_awaitable(result):
             return self._run_async(result)
-        self._next()
+        self._timer._periodic_next(self)
         return result
 
     async def _run_async(self, awaitable: Awaitable[Any]) -> Any:
         try:
             return await awaitable
         finally:
-            self._next()
+            self._timer._periodic_next(self)
 
-    def _next(self) -> None:
-        # Runs never overlap: the next run is armed only once this one has finished.
-        timer = self._timer
-        if not self._active or not timer._accepting_periodic():
-            return
-        now = timer._clock()
-        if self._fixed_rate:
-            interval = self._interval
-            # Skip missed periods instead of bunching them: the first grid point at
-            # or after now, and never the same one twice.
-            k = max(self._k + 1, math.ceil((now - self._start) / interval))
-            self._k = k
-            deadline = self._start + k * interval
-        else:
-            deadline = now + self._interval
-        timer._rearm(self, deadline)
+    def _next_deadline(self, now: float) -> float:
+        """The deadline of the next run, the current one having finished at ``now``."""
+        if not self._fixed_rate:
+            return now + self._interval
+        # Skip missed periods instead of bunching them: the first grid point at or
+        # after now, and never the same one twice.
+        interval = self._interval
+        k = max(self._k + 1, math.ceil((now - self._start) / interval))
+        self._k = k
+        return self._start + k * interval
 
 
 def _stopped() -> None:

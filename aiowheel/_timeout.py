@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._handle import check_delay
+from ._checks import seconds
 
 if TYPE_CHECKING:
     from ._handle import TimerHandle
@@ -77,7 +77,7 @@ class Timeout:
 
     def reset(self, delay: float) -> None:
         """Move the deadline to ``timer.time() + delay`` (no effect once expired)."""
-        check_delay(delay)
+        delay = seconds(delay)
         if self._handle is None:
             self._delay = delay
         elif not self._expired:

@@ -1,42 +1,64 @@
-"""The Timer: the wheel, a driver and a worker pool, behind the API of API.md.
+"""The Timer: the public API, and the accounting that ties the rooms together.
 
-Rooms:
+Rooms (docs/design.md, "Module map"):
 
 * ``Wheel`` (``_wheel.py``) files handles and hands back expired buckets;
-* the driver (``_driver.py``) calls ``Timer._pass`` when the earliest occupied bucket
-  comes due;
-* ``_pass`` advances the wheel and dispatches: plain callbacks run right there, like
-  ``call_later`` callbacks; a callback that returns an awaitable (an async function)
-  is queued for the worker pool, a bounded set of long-lived tasks that await them
-  FIFO, at most ``max_concurrency`` at once.
+* a driver (``_driver.py``) calls ``Timer._fire_due`` when the earliest occupied
+  bucket comes due;
+* ``_fire_due`` advances the wheel and dispatches: plain callbacks run right there,
+  like ``call_later`` callbacks; a callback that returns an awaitable (an async
+  function) is handed to the worker pool (``_dispatch.py``);
+* handles (``_handle.py``) call back into the timer through four methods only:
+  ``_cancel``, ``_reset``, ``_reset_at``, ``_wait``.
+
+The running parts (wheel, driver, pool, clock, the loop the timer belongs to) exist
+only between ``__aenter__`` and ``aclose()``; they are one object, ``_Running``, and
+``self._live`` is that object exactly while the timer accepts timers. So every entry
+point starts with one test, ``live is None``, and the rest of its code needs no
+``Optional`` checks.
 
 The lock. Kafka holds a write lock while its reaper advances the wheel so that ``add``
 never sees a half-advanced hierarchy. Here the event loop is that lock: ``advance`` is
 synchronous and returns only once the hierarchy is consistent and every due bucket is
-detached, and ``_pass`` never awaits. A callback that schedules or cancels while the
+detached, and the pass never awaits. A callback that schedules or cancels while the
 pass dispatches sees a finished wheel; the pass never has to suspend mid-flush to wait
-for worker capacity, because expired async callbacks wait in the run queue (where they
-still count as pending, so ``max_pending`` bounds them). The uncontended ``schedule``
-therefore never suspends and never allocates a waiter.
+for worker capacity, because expired async callbacks wait in the pool's run queue
+(where they still count as pending, so ``max_pending`` bounds them).
+
+Failure containment (docs/design.md, guarantee 5). Every public call validates all
+of its arguments before it changes anything. The pass catches every exception of a
+callback and of ``on_error``; only ``SystemExit`` and ``KeyboardInterrupt`` escape it,
+after the callbacks it had not reached are filed again, and whatever escapes, the
+pass re-arms the driver on its way out (``finally``). An exception from the wheel
+itself (a bug) closes the timer and makes every later call say why: never stuck.
+
+Loop affinity. A timer belongs to the event loop that started it. Every call that
+changes it compares the running loop (asyncio) or thread (trio) with its owner, one
+C call and a comparison, and raises ``RuntimeError`` for a foreign caller; threads go
+through ``call_threadsafe``/``schedule_threadsafe``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import enum
 import logging
 import math
 import sys
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import ContextVar
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ._driver import backend_name, current_clock, loop_clock, make_driver
-from ._exceptions import TimerCancelled, TimerClosed, TimerFull
+from ._checks import check_callable, check_int, full, seconds, too_far
+from ._dispatch import WorkerPool, close_awaitable, inside
+from ._driver import Driver, backend_name, current_clock, loop_clock, make_driver
+from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import (
     _CANCELLED,
     _PENDING,
@@ -45,30 +67,38 @@ from ._handle import (
     TimerHandle,
     TracedHandle,
     _Failure,
-    check_delay,
+    without_frame,
 )
 from ._timeout import Timeout
-from ._wheel import Bucket, Wheel
+from ._wheel import Bucket, Wheel, deadline_of
 
-__all__ = ["Timer", "TimerStats", "TraceRecorder"]
+if TYPE_CHECKING:
+    from .trace import TraceRecorder
+
+__all__ = ["Timer", "TimerStats"]
 
 logger = logging.getLogger("aiowheel")
 
 T = TypeVar("T")
 _INF = math.inf
+_EXIT = (SystemExit, KeyboardInterrupt)
 
-# Lifecycle states.
-_NEW, _RUNNING_STATE, _DRAINING, _CLOSED = range(4)
+# Bounds of the constructor's arguments: a tick below a microsecond is finer than any
+# loop clock; a wheel of more than 65,536 buckets costs seconds to build and gains
+# nothing (levels are added on demand).
+MIN_TICK = 1e-6
+MAX_TICK = 86_400.0
+MAX_WHEEL_SIZE = 1 << 16
 
-# Set in the timer's own tasks, so that aclose() called from one of them does not
-# wait for itself.
-_inside: ContextVar[object] = ContextVar("aiowheel_inside", default=None)
-# The handle whose async callback the current worker task is running, and that
-# worker's cancel scope.
-_current: ContextVar[object] = ContextVar("aiowheel_current", default=None)
-_worker_scope: ContextVar[anyio.CancelScope | None] = ContextVar(
-    "aiowheel_worker_scope", default=None
-)
+
+class _State(enum.Enum):
+    NEW = "new"
+    OPEN = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+_NEW, _OPEN, _DRAINING, _CLOSED = _State.NEW, _State.OPEN, _State.DRAINING, _State.CLOSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,26 +117,43 @@ class TimerStats:
     wakeups: int = 0  #: driver passes
 
 
-class TraceRecorder(Protocol):
-    """What a timer calls when it has a recorder (see ``aiowheel.trace``)."""
+class _Running:
+    """The parts of a started timer: built by ``_supervise``, dropped by ``aclose``."""
 
-    def open(self, *, backend: str, clock: float) -> None:
-        """The timer started; ``clock`` is its loop time now."""
+    __slots__ = (
+        "backend",
+        "call_soon_threadsafe",
+        "clock",
+        "closing",
+        "driver",
+        "owner",
+        "owner_of",
+        "pool",
+        "stopped",
+        "wheel",
+    )
 
-    def record(
-        self,
-        timer_id: int,
-        label: str | None,
-        scheduled_at: float,
-        deadline: float,
-        level: int,
-        fired_at: float | None,
-        cancelled_at: float | None,
-    ) -> None:
-        """One timer ended (fired or cancelled). Must not block."""
+    def __init__(self, timer: Timer, backend: str, tg: TaskGroup) -> None:
+        self.backend = backend
+        self.call_soon_threadsafe: Callable[[Callable[[], object]], object]
+        if backend == "trio":
+            import trio
 
-    def close(self) -> None:
-        """Flush and close; called once, from a worker thread, when the timer closes."""
+            self.clock: Callable[[], float] = trio.current_time
+            self.owner_of: Callable[[], object] = threading.get_ident
+            self.owner: object = threading.get_ident()
+            self.call_soon_threadsafe = trio.lowlevel.current_trio_token().run_sync_soon
+        else:
+            loop = asyncio.get_running_loop()
+            self.clock = loop_clock(loop)
+            self.owner_of = asyncio._get_running_loop
+            self.owner = loop
+            self.call_soon_threadsafe = loop.call_soon_threadsafe
+        self.wheel = Wheel(timer._tick, timer._wheel_size, self.clock())
+        self.driver: Driver = make_driver(backend, timer._fire_due)
+        self.pool = WorkerPool(timer, timer._max_concurrency, backend, tg)
+        self.closing = anyio.Event()
+        self.stopped = anyio.Event()
 
 
 class _Waiter:
@@ -123,30 +170,23 @@ def _log_error(handle: TimerHandle[Any], exc: BaseException) -> None:
     logger.error("timer callback %r raised", handle, exc_info=exc)
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
-    return value
-
-
 class Timer:
     """A hierarchical timing-wheel timer on the running event loop.
 
     ``async with Timer() as timer:`` starts it (on asyncio, uvloop or trio); leaving
     the block closes it (``aclose()``).
 
-    :param tick: resolution of the lowest wheel, in seconds (> 0). Callbacks never
-        start before their deadline and at most one tick (plus the loop's own delay)
-        after it.
-    :param wheel_size: buckets per wheel (>= 2); coarser wheels are added on demand,
-        so any finite delay is accepted.
+    :param tick: resolution of the lowest wheel, in seconds, from 1e-6 to 86,400.
+        Callbacks never start before their deadline and at most one tick (plus the
+        loop's own delay) after it.
+    :param wheel_size: buckets per wheel, from 2 to 65,536; coarser wheels are added
+        on demand, so any finite delay is accepted.
     :param max_pending: bound on ``len(timer)`` (pending timers, expired async
         callbacks still waiting for a worker included), or None for no bound.
     :param max_concurrency: most async callbacks running at once.
     :param on_error: ``on_error(handle, exc)`` when a callback raises; by default the
-        error is logged at ERROR on the ``"aiowheel"`` logger.
+        error is logged at ERROR on the ``"aiowheel"`` logger. What ``on_error``
+        itself raises is logged there too, and the timer goes on.
     :param recorder: a trace recorder (``aiowheel.trace.ParquetRecorder``) that gets one
         row per timer when it ends; a timer without one pays nothing for tracing.
     """
@@ -161,30 +201,28 @@ class Timer:
         on_error: Callable[[TimerHandle[Any], BaseException], object] | None = None,
         recorder: TraceRecorder | None = None,
     ) -> None:
-        if isinstance(tick, bool) or not isinstance(tick, int | float):
-            raise TypeError(f"tick must be a number of seconds, got {tick!r}")
-        if not (tick > 0 and math.isfinite(tick)):
-            raise ValueError(f"tick must be a positive finite number of seconds, got {tick!r}")
-        _check_int("wheel_size", wheel_size, 2)
+        tick = seconds(tick, "tick")
+        if not MIN_TICK <= tick <= MAX_TICK:
+            raise ValueError(f"tick must be from {MIN_TICK} to {MAX_TICK:g} seconds, got {tick!r}")
+        check_int("wheel_size", wheel_size, 2, MAX_WHEEL_SIZE)
         if max_pending is not None:
-            _check_int("max_pending", max_pending, 1)
-        _check_int("max_concurrency", max_concurrency, 1)
+            check_int("max_pending", max_pending, 1)
+        check_int("max_concurrency", max_concurrency, 1)
         if on_error is not None and not callable(on_error):
             raise TypeError(f"on_error must be callable, got {on_error!r}")
-        self._tick = float(tick)
+        self._tick = tick
         self._wheel_size = wheel_size
-        self._max_pending = max_pending
         self._limit = sys.maxsize if max_pending is None else max_pending
         self._max_concurrency = max_concurrency
         self._on_error = on_error if on_error is not None else _log_error
         self._recorder = recorder
 
         self._state = _NEW
-        self._open = False  # accepting new timers (running or draining)
-        self._backend = ""
-        self._clock: Callable[[], float] = _not_started_clock
-        self._wheel: Wheel | None = None
-        self._driver: Any = None
+        # The running parts, exactly while the timer accepts timers (open or draining).
+        self._live: _Running | None = None
+        self._outer_tg: TaskGroup | None = None
+        self._levels = 0  # the wheel's levels when it closed
+        self._broken: BaseException | None = None  # what stopped the timer, if not aclose
         # When the driver is armed for; -inf during a pass (no re-arming from
         # callbacks: the pass re-arms once at its end), inf when idle.
         self._wake_at = _INF
@@ -198,58 +236,34 @@ class Timer:
         self._lateness_max = 0.0
         self._wakeups = 0
 
-        # Async callbacks: expired and waiting for a worker (still pending), running.
-        self._runq = _RunQueue()
-        self._running: dict[TimerHandle[Any], None] = {}
-        self._parked: list[anyio.Event] = []
-        self._nworkers = 0
-
         self._waiters: dict[TimerHandle[Any], _Waiter] = {}
-        # True whenever any of the three waiter collections below may be non-empty
-        # (set on every registration, recomputed lazily), so that handle.cancel()
-        # checks one attribute instead of three.
-        self._listening = False
         self._room_waiters: list[anyio.Event] = []
         self._idle_waiters: list[anyio.Event] = []
+        # True whenever a cancel must do more than count: someone may be waiting (on
+        # the handle, for room, for the drain), or there is a recorder. Set on every
+        # registration, recomputed lazily, so that cancel() checks one attribute.
+        self._notify_cancel = recorder is not None
         self._periodic: set[PeriodicHandle] = set()
         self._last_id = 0  # trace rows number the timers from 1
-
-        self._outer_tg: TaskGroup | None = None
-        self._inner_tg: TaskGroup | None = None
-        self._stopped: anyio.Event | None = None
-        self._closing: anyio.Event | None = None
-        self._worker_scopes: set[anyio.CancelScope] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def __aenter__(self) -> Timer:
-        if self._state != _NEW:
+        if self._state is not _NEW:
             raise RuntimeError("a Timer can be started only once")
-        self._backend = backend_name()
-        if self._backend == "trio":
-            import trio
-
-            self._clock = trio.current_time
-        else:
-            import asyncio
-
-            self._clock = loop_clock(asyncio.get_running_loop())
-        self._wheel = Wheel(self._tick, self._wheel_size, self._clock())
-        self._driver = make_driver(self._backend, self._pass)
-        self._stopped = anyio.Event()
-        self._closing = anyio.Event()
+        backend = backend_name()
         outer = anyio.create_task_group()
         await outer.__aenter__()
         self._outer_tg = outer
         try:
-            await outer.start(self._supervise)
+            live: _Running = await outer.start(self._supervise, backend)
         except BaseException:
             await outer.__aexit__(*sys.exc_info())
             raise
         if self._recorder is not None:
-            self._recorder.open(backend=self._backend, clock=self._clock())
-        self._state = _RUNNING_STATE
-        self._open = True
+            self._recorder.open(backend=backend, clock=live.clock())
+        self._state = _OPEN
+        self._live = live
         return self
 
     async def __aexit__(
@@ -261,92 +275,91 @@ class Timer:
         with anyio.CancelScope(shield=True):
             await self.aclose()
         outer = self._outer_tg
-        assert outer is not None
-        # Our tasks are finished, so the task group has nothing to wrap: the body's
-        # exception, if any, propagates as itself rather than in an ExceptionGroup.
-        await outer.__aexit__(None, None, None)
+        if outer is not None:
+            # Our tasks are finished, so the task group has nothing to wrap: the
+            # body's exception, if any, propagates as itself, not in an ExceptionGroup.
+            await outer.__aexit__(None, None, None)
         return False
 
-    async def _supervise(self, *, task_status: TaskStatus[None]) -> None:
+    async def _supervise(self, backend: str, *, task_status: TaskStatus[_Running]) -> None:
         # The driver (on trio) and the workers (on trio) live in this inner task
         # group; the host task of ``async with`` is never cancelled by us. aclose()
         # stops the driver and cancels each worker's own scope (not the group's, so
         # that an async callback that calls aclose() is not cancelled by its own call),
-        # then sets _closing, and the group ends once every child has returned.
-        _inside.set(self)
-        assert self._closing is not None
+        # then sets `closing`, and the group ends once every child has returned.
+        inside.set(self)
+        stopped: anyio.Event | None = None
         try:
             async with anyio.create_task_group() as tg:
-                self._inner_tg = tg
-                if self._driver.needs_task:
-                    await tg.start(self._driver.run)
-                task_status.started()
-                await self._closing.wait()
+                live = _Running(self, backend, tg)
+                stopped = live.stopped
+                await live.driver.start(tg)
+                task_status.started(live)
+                await live.closing.wait()
         finally:
-            assert self._stopped is not None
-            self._stopped.set()
+            if stopped is not None:
+                stopped.set()
 
     async def aclose(self, drain: bool = False) -> list[TimerHandle[Any]]:
         """Close the timer. ``drain=False``: cancel every pending timer and running async
         callback, return the cancelled handles in deadline order. ``drain=True``: stop
         periodic timers, wait until everything pending has fired and every callback has
         finished (timers scheduled meanwhile included), return ``[]``. Idempotent."""
-        if self._state == _NEW:
+        if self._state is _NEW:
             self._state = _CLOSED
             return []
-        if self._state == _CLOSED:
+        live = self._live
+        if live is None:
             return []
-        if drain and self._state == _RUNNING_STATE:
+        self._check_owner(live)
+        if drain and self._state is _OPEN:
             self._state = _DRAINING
             for periodic in list(self._periodic):
                 periodic.cancel()
             # Called from an async callback, that callback is one of the running
             # ones: do not wait for it (it is waiting for us).
-            me = 1 if _current.get() in self._running else 0
-            while (self._pending or len(self._running) > me) and self._state == _DRAINING:
+            running = live.pool.running
+            me = 1 if live.pool.current() in running else 0
+            while (self._pending or len(running) > me) and self._state is _DRAINING:
                 event = anyio.Event()
                 self._idle_waiters.append(event)
-                self._listening = True
+                self._notify_cancel = True
                 await event.wait()
-        if self._state == _CLOSED:
+        if self._state is _CLOSED:
             return []
-        self._state = _CLOSED
-        self._open = False
-        self._driver.disarm()
-        self._wake_at = _INF
-        cancelled = self._cancel_everything()
-        assert self._stopped is not None
-        assert self._closing is not None
-        self._driver.stop()
-        own = _worker_scope.get()
-        for scope in self._worker_scopes:
-            if scope is not own:
-                scope.cancel()
-        self._closing.set()
-        for parked in self._parked:
-            parked.set()  # a parked worker sees the timer closed and returns
-        for event in self._room_waiters + self._idle_waiters:
-            event.set()
-        self._room_waiters.clear()
-        self._idle_waiters.clear()
-        if _inside.get() is not self:
-            await self._stopped.wait()
-            await self._driver.join_workers()
+        cancelled = self._shut(live)
+        if inside.get() is not self:
+            await live.stopped.wait()
+            await live.pool.join()
         if self._recorder is not None:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._recorder.close)
         return cancelled
 
-    def _cancel_everything(self) -> list[TimerHandle[Any]]:
-        assert self._wheel is not None
-        handles: list[TimerHandle[Any]] = self._wheel.clear()
-        for handle, _ in self._runq.items():
-            handle._bucket = None
-            _close_awaitable(handle._result)
-            handles.append(handle)
-        self._runq.clear()
-        handles.sort(key=_deadline_of)
-        now = self._clock()
+    def _shut(self, live: _Running) -> list[TimerHandle[Any]]:
+        # The synchronous part of closing: after it, nothing is pending, nobody waits,
+        # and the supervisor task is on its way out.
+        self._state = _CLOSED
+        self._live = None
+        self._levels = live.wheel.levels
+        self._wake_at = _INF
+        live.driver.stop()
+        try:
+            cancelled = self._cancel_everything(live)
+        finally:
+            live.pool.close()
+            live.closing.set()
+            for event in self._room_waiters + self._idle_waiters:
+                event.set()
+            self._room_waiters.clear()
+            self._idle_waiters.clear()
+        return cancelled
+
+    def _cancel_everything(self, live: _Running) -> list[TimerHandle[Any]]:
+        handles: list[TimerHandle[Any]] = live.wheel.clear()
+        handles.extend(live.pool.take_queue())
+        handles.sort(key=deadline_of)
+        now = live.clock()
         for handle in handles:
             handle._result = _CANCELLED
             if isinstance(handle, PeriodicHandle):
@@ -357,8 +370,8 @@ class Timer:
         self._periodic.clear()
         self._cancelled += len(handles)
         self._pending = 0
-        current = _current.get()
-        for handle in self._running:
+        current = live.pool.current()
+        for handle in live.pool.running:
             if handle is current:
                 continue  # the callback that called aclose() runs to its end
             # It started, so it stays fired(); its wait() raises TimerCancelled.
@@ -369,13 +382,32 @@ class Timer:
             self._settle(handle, outcome)
         return handles
 
+    def _break(self, exc: BaseException) -> None:
+        # The wheel raised: a bug, and its state cannot be trusted. Close the timer
+        # rather than leave it stuck, and say why on every later call.
+        logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
+        live = self._live
+        if live is None:
+            return
+        self._broken = exc
+        try:
+            self._shut(live)
+        except Exception:
+            logger.exception("while closing the broken timer")
+        # Whoever waits on a handle must not wait for ever.
+        for waiter in self._waiters.values():
+            waiter.outcome = _Failure(TimerClosed(self._closed_reason()))
+            waiter.event.set()
+        self._waiters.clear()
+
     # -- clock and introspection ----------------------------------------------------
 
     def time(self) -> float:
         """Now, on the running event loop's clock; every deadline is on this clock."""
-        if self._state == _NEW or self._state == _CLOSED:
+        live = self._live
+        if live is None:
             return current_clock()()
-        return self._clock()
+        return live.clock()
 
     @property
     def tick(self) -> float:
@@ -389,13 +421,14 @@ class Timer:
 
     @property
     def backend(self) -> str:
-        """``"asyncio"``, ``"uvloop"`` or ``"trio"`` once started, ``""`` before."""
-        return self._backend
+        """``"asyncio"``, ``"uvloop"`` or ``"trio"`` while started, ``""`` before."""
+        live = self._live
+        return live.backend if live is not None else ""
 
     @property
     def closed(self) -> bool:
         """True once ``aclose()`` has run (or started)."""
-        return self._state == _CLOSED
+        return self._state is _CLOSED
 
     def __len__(self) -> int:
         """Pending timers, exact at every moment (expired async callbacks still
@@ -404,34 +437,71 @@ class Timer:
 
     def stats(self) -> TimerStats:
         """A snapshot of the counters; zeros on a timer that is not started."""
+        live = self._live
         return TimerStats(
             pending=self._pending,
             scheduled=self._scheduled,
             fired=self._fired,
             cancelled=self._cancelled,
             failed=self._failed,
-            levels=self._wheel.levels if self._wheel is not None else 0,
+            levels=live.wheel.levels if live is not None else self._levels,
             lateness_max=self._lateness_max,
-            running=len(self._running),
-            workers=self._nworkers,
+            running=len(live.pool.running) if live is not None else 0,
+            workers=live.pool.workers if live is not None else 0,
             wakeups=self._wakeups,
         )
 
     def next_deadline(self) -> float | None:
         """When the driver next wakes (the earliest occupied bucket), or None."""
-        if self._wheel is None or not self._open:
+        live = self._live
+        if live is None:
             return None
-        when = self._wheel.next_expiry()
+        when = live.wheel.next_expiry()
         if when == -_INF:
-            return self._clock()
+            return live.clock()
         return when
 
     def __repr__(self) -> str:
-        state = ("new", "running", "draining", "closed")[self._state]
         return (
-            f"<Timer {state} tick={self._tick} wheel_size={self._wheel_size} "
+            f"<Timer {self._state.value} tick={self._tick} wheel_size={self._wheel_size} "
             f"pending={self._pending}>"
         )
+
+    # -- admission checks -----------------------------------------------------------
+
+    def _closed_reason(self) -> str:
+        if self._state is _NEW:
+            return "the timer is not started: use `async with Timer() as timer:`"
+        if self._state is _DRAINING:
+            return "the timer is draining (aclose(drain=True)): no new periodic timers"
+        if self._broken is not None:
+            return f"the timer stopped after an internal error: {self._broken!r}"
+        return "the timer is closed"
+
+    def _closed(self) -> TimerClosed:
+        error = TimerClosed(self._closed_reason())
+        error.__cause__ = self._broken
+        return error
+
+    def _check_owner(self, live: _Running) -> None:
+        if live.owner_of() != live.owner:
+            raise self._foreign(live)
+
+    def _foreign(self, live: _Running) -> RuntimeError:
+        return RuntimeError(
+            f"this Timer belongs to the {live.backend} event loop that started it; call it "
+            "from that loop, or from another thread use timer.call_threadsafe() or "
+            "timer.schedule_threadsafe()"
+        )
+
+    def _open(self) -> _Running:
+        """The running parts, for a call from the timer's own loop; else raise."""
+        live = self._live
+        if live is None:
+            raise self._closed()
+        if live.owner_of() != live.owner:
+            raise self._foreign(live)
+        return live
 
     # -- scheduling -----------------------------------------------------------------
 
@@ -440,57 +510,48 @@ class Timer:
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` ``delay`` seconds from now; ``TimerFull`` at
         ``max_pending``. ``delay <= 0`` fires on the driver's next pass."""
-        # The hot path: kept flat (no helper calls) on purpose; schedule_at_nowait
-        # is the same with an absolute deadline.
-        if not self._open:
-            raise TimerClosed(self._closed_reason())
-        try:
-            finite = delay - delay == 0  # False for NaN and +-inf
-        except TypeError:
-            raise TypeError(f"delay must be a number of seconds, got {delay!r}") from None
-        if not finite:
-            raise ValueError(f"delay must be finite, got {delay!r}")
+        # The hot path: kept flat (no helper calls but on errors) on purpose.
+        live = self._live
+        if live is None:
+            raise self._closed()
+        if live.owner_of() != live.owner:
+            raise self._foreign(live)
+        if type(delay) is not float or delay - delay != 0.0:
+            delay = seconds(delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         if self._pending >= self._limit:
-            raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
+            raise full(self._pending, self._limit)
+        now = live.clock()
         if self._recorder is not None:
-            now = self._clock()
-            return self._add_traced(now + delay, now, callback, args, label)
+            return self._add_traced(live, now + delay, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         if delay > 0:
-            when = self._wheel.insert(handle, self._clock() + delay)  # type: ignore[union-attr]
+            when = live.wheel.insert(handle, now + delay)  # raises only before filing
         else:
             # Due now: the next pass, not the next tick.
-            when = self._wheel.insert_due(handle, self._clock() + delay)  # type: ignore[union-attr]
+            when = live.wheel.insert_due(handle, now + delay)
         self._pending += 1
         self._scheduled += 1
         if when < self._wake_at:
-            self._arm(when)
+            self._wake_at = when
+            live.driver.arm(when)
         return handle
 
     def schedule_at_nowait(
         self, deadline: float, callback: Callable[..., Any], *args: Any, label: str | None = None
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` at the absolute ``deadline`` (loop clock)."""
-        if not self._open:
-            raise TimerClosed(self._closed_reason())
-        check_delay(deadline, "deadline")
-        _check_callable(callback)
+        live = self._open()
+        deadline = seconds(deadline, "deadline")
+        check_callable(callback)
         if self._pending >= self._limit:
-            raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
+            raise full(self._pending, self._limit)
+        now = live.clock()
         if self._recorder is not None:
-            return self._add_traced(float(deadline), self._clock(), callback, args, label)
+            return self._add_traced(live, deadline, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
-        deadline = float(deadline)
-        if deadline > self._clock():
-            when = self._wheel.insert(handle, deadline)  # type: ignore[union-attr]
-        else:
-            when = self._wheel.insert_due(handle, deadline)  # type: ignore[union-attr]
-        self._pending += 1
-        self._scheduled += 1
-        if when < self._wake_at:
-            self._arm(when)
+        self._file(live, handle, deadline, deadline <= now, new=True)
         return handle
 
     async def schedule(
@@ -498,9 +559,10 @@ class Timer:
     ) -> TimerHandle[Any]:
         """Like ``schedule_nowait``, but waits for room while ``max_pending`` is reached;
         the deadline is computed when the timer is admitted."""
-        if self._pending >= self._limit and self._open:
-            check_delay(delay)
-            _check_callable(callback)
+        if self._pending >= self._limit and self._live is not None:
+            self._open()
+            seconds(delay)
+            check_callable(callback)
             await self._wait_for_room()
         return self.schedule_nowait(delay, callback, *args, label=label)
 
@@ -508,14 +570,16 @@ class Timer:
         self, deadline: float, callback: Callable[..., Any], *args: Any, label: str | None = None
     ) -> TimerHandle[Any]:
         """Like ``schedule_at_nowait``, waiting for room while ``max_pending`` is reached."""
-        if self._pending >= self._limit and self._open:
-            check_delay(deadline, "deadline")
-            _check_callable(callback)
+        if self._pending >= self._limit and self._live is not None:
+            self._open()
+            seconds(deadline, "deadline")
+            check_callable(callback)
             await self._wait_for_room()
         return self.schedule_at_nowait(deadline, callback, *args, label=label)
 
     def _add_traced(
         self,
+        live: _Running,
         deadline: float,
         now: float,
         callback: Callable[..., Any],
@@ -524,21 +588,27 @@ class Timer:
     ) -> TimerHandle[Any]:
         # Timers with a recorder get handles that carry what a trace row needs.
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
-        self._last_id = handle._id = self._last_id + 1
         handle._label = label
         handle._scheduled_at = now
-        wheel = self._wheel
-        assert wheel is not None
-        if deadline > now:
-            when = wheel.insert(handle, deadline)
-        else:
-            when = wheel.insert_due(handle, deadline)
-        handle._level = wheel_level(handle)
-        self._pending += 1
-        self._scheduled += 1
-        if when < self._wake_at:
-            self._arm(when)
+        self._file(live, handle, deadline, deadline <= now, new=True)
+        self._last_id = handle._id = self._last_id + 1
         return handle
+
+    def _file(
+        self, live: _Running, handle: TimerHandle[Any], deadline: float, due: bool, *, new: bool
+    ) -> None:
+        # File a handle that is in no bucket, count it if it is a new pending timer,
+        # and move the driver's wake-up earlier if its bucket comes due first.
+        wheel = live.wheel
+        when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
+        if new:
+            self._pending += 1
+            self._scheduled += 1
+        if isinstance(handle, TracedHandle):
+            handle._level = _level_of(handle)
+        if when < self._wake_at:
+            self._wake_at = when
+            live.driver.arm(when)
 
     def every(
         self,
@@ -554,151 +624,222 @@ class Timer:
         periods are skipped, not bunched); ``fixed_rate=False`` waits ``interval``
         after each run finishes. Runs never overlap. ``cancel()`` stops it.
         """
-        if self._state != _RUNNING_STATE:
-            # While draining too: aclose(drain=True) has cancelled the periodic timers.
-            raise TimerClosed(self._closed_reason())
-        try:
-            valid = interval > 0 and interval - interval == 0
-        except TypeError:
-            raise TypeError(f"interval must be a number of seconds, got {interval!r}") from None
-        if not valid:
+        live = self._open()
+        if self._state is not _OPEN:
+            # Draining: aclose(drain=True) has cancelled the periodic timers.
+            raise self._closed()
+        interval = seconds(interval, "interval")
+        if not interval > 0:
             raise ValueError(f"interval must be a positive finite number, got {interval!r}")
-        _check_callable(callback)
+        check_callable(callback)
         if self._pending >= self._limit:
-            raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
-        now = self._clock()
-        handle = PeriodicHandle(self, callback, args, interval + 0.0, bool(fixed_rate), now)
-        assert self._wheel is not None
-        when = self._wheel.insert(handle, now + interval)
-        self._pending += 1
-        self._scheduled += 1
+            raise full(self._pending, self._limit)
+        now = live.clock()
+        if now + interval == _INF:
+            too_far("interval", interval)
+        handle = PeriodicHandle(self, callback, args, interval, bool(fixed_rate), now)
+        self._file(live, handle, now + interval, False, new=True)
         self._periodic.add(handle)
-        if when < self._wake_at:
-            self._arm(when)
         return handle
 
-    # -- re-arming and cancelling (called by handles) -------------------------------
+    # -- what handles call ------------------------------------------------------------
 
-    def _rearm(self, handle: TimerHandle[Any], deadline: float) -> None:
-        if not self._open:
-            raise TimerClosed(self._closed_reason())
-        wheel = self._wheel
-        assert wheel is not None
-        bucket: object = handle._bucket
-        due = deadline <= self._clock()
+    def _cancel(self, handle: TimerHandle[Any]) -> bool:
+        # handle.cancel() of a pending handle: the common case is a few assignments.
+        live = self._live
+        if live is None:
+            return False
+        if live.owner_of() != live.owner:
+            raise self._foreign(live)
+        bucket = handle._bucket
         if bucket is None:
-            # Fired or cancelled: a new pending period starts.
-            if self._pending >= self._limit:
-                raise TimerFull(f"{self._pending} timers pending (max_pending={self._limit})")
-            self._pending += 1
-            self._scheduled += 1
-            handle._result = _PENDING
-            if isinstance(handle, TracedHandle):
-                handle._scheduled_at = self._clock()
-        elif bucket is self._runq:
-            del self._runq[handle]
-            _close_awaitable(handle._result)
-            handle._result = _PENDING
-        elif not due:
-            when = wheel.extend(handle, deadline)
-            if isinstance(handle, TracedHandle):
-                handle._level = wheel_level(handle)
-            if when < self._wake_at:
-                self._arm(when)
-            return
-        else:
-            wheel.remove(handle)
-        when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
-        if isinstance(handle, TracedHandle):
-            handle._level = wheel_level(handle)
-        if when < self._wake_at:
-            self._arm(when)
+            return False
+        del bucket[handle]
+        handle._bucket = None
+        previous = handle._result
+        handle._result = _CANCELLED
+        self._pending -= 1
+        self._cancelled += 1
+        # The rest is rare: the bucket the driver waits for emptied, an async callback
+        # queued for a worker (its coroutine must be closed), someone waiting, or a
+        # trace row to write.
+        if not bucket or previous is not _PENDING or self._notify_cancel:
+            self._after_cancel(live, handle, bucket, previous)
+        return True
 
-    def _after_cancel(self, handle: TimerHandle[Any], bucket: Bucket, previous: Any) -> None:
-        # The rare part of handle.cancel(); the counters are already updated.
-        runq: object = self._runq
-        if bucket is runq:
-            _close_awaitable(previous)
+    def _after_cancel(
+        self, live: _Running, handle: TimerHandle[Any], bucket: Bucket, previous: Any
+    ) -> None:
+        queue: object = live.pool.queue  # also a handle's container (a RunQueue)
+        if bucket is queue:
+            close_awaitable(previous)
         elif not bucket and bucket.time == self._wake_at:
             # The driver was armed for the bucket this cancel emptied: re-arm it for
             # the next occupied bucket instead of waking for nothing. On asyncio that
             # costs a handle cancel and a call_at, so the driver defers it to one check
             # per loop iteration (still before any timer of that iteration): a loop of
             # schedule + cancel on an otherwise idle timer re-arms once, not each time.
-            self._driver.recheck(self._recheck_wake)
+            live.driver.recheck(self._sync_wakeup_unless_passing)
+        if self._recorder is not None and isinstance(handle, TracedHandle):
+            self._trace(handle, None, live.clock())
         if self._waiters:
             self._settle(handle, _CANCELLED)
         if self._room_waiters:
             self._wake_room()
-        if self._idle_waiters and not self._pending and len(self._running) <= 1:
+        if self._idle_waiters and not self._pending and len(live.pool.running) <= 1:
             self._wake_idle()  # the drainer re-checks (it may be running itself)
-        self._listening = bool(self._waiters or self._room_waiters or self._idle_waiters)
-
-    def _trace(
-        self, handle: TracedHandle[Any], fired_at: float | None, cancelled_at: float | None
-    ) -> None:
-        recorder = self._recorder
-        assert recorder is not None
-        recorder.record(
-            handle._id,
-            handle._label,
-            handle._scheduled_at,
-            handle._deadline,
-            handle._level,
-            fired_at,
-            cancelled_at,
+        self._notify_cancel = bool(
+            self._recorder is not None or self._waiters or self._room_waiters or self._idle_waiters
         )
 
-    def _recheck_wake(self) -> None:
-        if self._open and self._wake_at != -_INF:
-            self._rearm_driver()
+    def _reset(self, handle: TimerHandle[Any], delay: float) -> None:
+        live = self._live
+        if live is None:
+            raise self._closed()
+        if live.owner_of() != live.owner:
+            raise self._foreign(live)
+        if type(delay) is not float or delay - delay != 0.0:
+            delay = seconds(delay)
+        deadline = live.clock() + delay
+        bucket = handle._bucket
+        if (
+            bucket is not None
+            and bucket.tick is not None
+            and _INF > deadline >= bucket.time
+            and not handle._periodic
+        ):
+            # The idle-timeout touch: a pending timer moved later than its bucket
+            # comes due. Only the deadline changes; the bucket re-files it when it comes
+            # due (Wheel.extend, inlined: this runs on every read of every connection).
+            handle._deadline = deadline
+            return
+        if deadline == _INF:
+            too_far("delay", delay)
+        self._rearm(live, handle, deadline)
 
-    def _rearm_driver(self) -> None:
-        assert self._wheel is not None
-        when = self._wheel.next_expiry()
+    def _reset_at(self, handle: TimerHandle[Any], deadline: float) -> None:
+        self._rearm(self._open(), handle, seconds(deadline, "deadline"))
+
+    def _rearm(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
+        # reset()/reset_at() past the fast path. Admission first: nothing changes
+        # unless the whole re-arm can be done.
+        if handle._bucket is None and self._pending >= self._limit:
+            raise full(self._pending, self._limit)
+        if isinstance(handle, PeriodicHandle):
+            handle._restart(deadline)
+            self._periodic.add(handle)
+        self._move(live, handle, deadline)
+
+    def _move(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
+        # Re-file a handle at a valid deadline, wherever it is now. Cannot fail.
+        bucket: object = handle._bucket
+        now = live.clock()
+        due = deadline <= now
+        if bucket is None:
+            # Fired or cancelled: a new pending period starts.
+            handle._result = _PENDING
+            if isinstance(handle, TracedHandle):
+                handle._scheduled_at = now
+            self._file(live, handle, deadline, due, new=True)
+            return
+        if bucket is live.pool.queue:
+            live.pool.discard(handle, handle._result)
+            handle._result = _PENDING
+        elif not due:
+            when = live.wheel.extend(handle, deadline)
+            if isinstance(handle, TracedHandle):
+                handle._level = _level_of(handle)
+            if when < self._wake_at:
+                self._wake_at = when
+                live.driver.arm(when)
+            return
+        else:
+            live.wheel.remove(handle)
+        self._file(live, handle, deadline, due, new=False)
+
+    def _periodic_next(self, handle: PeriodicHandle) -> None:
+        # A run of a periodic timer finished: arm the next one. It keeps the slot it
+        # held under max_pending, so there is no admission check.
+        live = self._live
+        if not handle._active or live is None or self._state is not _OPEN:
+            return
+        self._move(live, handle, handle._next_deadline(live.clock()))
+
+    def _periodic_stop(self, handle: PeriodicHandle) -> bool:
+        live = self._live
+        if live is not None:
+            self._check_owner(live)
+        handle._stop()
+        self._periodic.discard(handle)
+        if not self._cancel(handle):
+            # A run is in progress; it finishes, and it is not re-armed.
+            self._cancelled += 1
+        return True
+
+    async def _wait(self, handle: TimerHandle[Any]) -> Any:
+        live = self._live
+        if live is not None:
+            self._check_owner(live)
+        waiter = self._waiters.get(handle)
+        if waiter is None:
+            waiter = self._waiters[handle] = _Waiter()
+            self._notify_cancel = True
+        await waiter.event.wait()
+        return waiter.outcome
+
+    # -- waking the driver ----------------------------------------------------------
+
+    def _sync_wakeup(self, live: _Running) -> None:
+        """Point the driver at the wheel's earliest occupied bucket (or nowhere)."""
+        when = live.wheel.next_expiry()
         if when is None:
             self._wake_at = _INF
-            self._driver.disarm()
+            live.driver.disarm()
         else:
-            self._arm(when)
+            self._wake_at = when
+            live.driver.arm(when)
 
-    def _arm(self, when: float) -> None:
-        self._wake_at = when
-        self._driver.arm(when)
-
-    def _accepting_periodic(self) -> bool:
-        return self._state == _RUNNING_STATE
-
-    def _closed_reason(self) -> str:
-        if self._state == _NEW:
-            return "the timer is not started: use `async with Timer() as timer:`"
-        if self._state == _DRAINING:
-            return "the timer is draining (aclose(drain=True)): no new periodic timers"
-        return "the timer is closed"
+    def _sync_wakeup_unless_passing(self) -> None:
+        # The deferred re-check after a cancel emptied the armed bucket; a pass in
+        # progress re-arms at its end anyway.
+        live = self._live
+        if live is not None and self._wake_at != -_INF:
+            self._sync_wakeup(live)
 
     # -- the driver's pass ----------------------------------------------------------
 
-    def _pass(self) -> None:
-        """Advance the wheel to now and run what expired. Called by the driver."""
-        wheel = self._wheel
-        assert wheel is not None
+    def _fire_due(self) -> None:
+        """Advance the wheel to now and run what expired. Called by the driver.
+
+        Raises nothing but ``SystemExit``/``KeyboardInterrupt``, and whatever it raises
+        the driver is re-armed on the way out."""
+        live = self._live
+        if live is None:
+            return
         self._wake_at = -_INF
         self._wakeups += 1
-        now = self._clock()
-        buckets = wheel.advance(now)
-        if buckets:
-            self._dispatch(buckets, now)
-        self._wake_at = _INF
-        if self._open:
-            when = wheel.next_expiry()
-            if when is not None:
-                self._arm(when)
-        if self._room_waiters:
-            self._wake_room()
-        if self._idle_waiters and not self._pending and len(self._running) <= 1:
-            self._wake_idle()  # the drainer re-checks (it may be running itself)
+        try:
+            now = live.clock()
+            buckets = live.wheel.advance(now)
+        except BaseException as exc:
+            self._wake_at = _INF
+            self._break(exc)
+            if isinstance(exc, _EXIT):
+                raise
+            return
+        try:
+            if buckets:
+                self._dispatch(live, buckets, now)
+        finally:
+            self._wake_at = _INF
+            if self._live is not None:
+                self._sync_wakeup(live)
+            if self._room_waiters:
+                self._wake_room()
+            if self._idle_waiters and not self._pending and len(live.pool.running) <= 1:
+                self._wake_idle()  # the drainer re-checks (it may be running itself)
 
-    def _dispatch(self, buckets: list[Bucket], now: float) -> None:
+    def _dispatch(self, live: _Running, buckets: list[Bucket], now: float) -> None:
         waiters = self._waiters
         recorder = self._recorder
         lateness_max = self._lateness_max
@@ -712,7 +853,7 @@ class Timer:
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
                 # A snapshot: callbacks may cancel (del) later handles of this bucket.
-                for handle in cast("list[TimerHandle[Any]]", list(bucket)):
+                for handle in list(bucket):
                     if handle._bucket is not bucket:
                         continue  # cancelled or re-armed by an earlier callback
                     handle._bucket = None
@@ -723,47 +864,64 @@ class Timer:
                     if recorder is not None:
                         # The trace row describes this firing: read it before the
                         # callback runs, since a callback may re-arm its own handle.
-                        t_id = handle._id
-                        t_label = handle._label
-                        t_scheduled = handle._scheduled_at
-                        t_deadline = handle._deadline
-                        t_level = handle._level
+                        row = (
+                            handle._id,
+                            handle._label,
+                            handle._scheduled_at,
+                            handle._deadline,
+                            handle._level,
+                        )
+                    fired += 1
                     try:
                         result = handle._callback(*handle._args)
-                    except Exception as exc:
-                        fired += 1
+                    except _EXIT as exc:
+                        # Settle this one, then let it stop the loop; `except` below
+                        # files again what this pass had not reached.
+                        failed += 1
+                        outcome = _Failure(without_frame(exc))
+                        if handle._bucket is None:
+                            handle._result = outcome
+                        self._settle(handle, outcome)
+                        raise
+                    except BaseException as exc:
+                        # Anything else a callback raises, CancelledError and
+                        # GeneratorExit included, is its failure alone (asyncio's
+                        # Handle._run does the same).
                         failed += 1
                         self._report(handle, exc)
-                        outcome = _Failure(_without_frame(exc))
+                        outcome = _Failure(without_frame(exc))
                         if handle._bucket is None:
                             handle._result = outcome
                     else:
                         if result is not None and hasattr(type(result), "__await__"):
-                            self._enqueue(handle, result)
+                            fired -= 1  # it fires when a worker starts it
+                            self._pending += 1
+                            live.pool.submit(handle, result)
                             continue
-                        fired += 1
                         outcome = result
                         if handle._bucket is None:
                             handle._result = result
                     if waiters:
                         self._settle(handle, outcome)
                     if recorder is not None:
-                        recorder.record(t_id, t_label, t_scheduled, t_deadline, t_level, now, None)
+                        recorder.record(*row, now, None)
                 bucket.clear()
-        except BaseException:
-            # KeyboardInterrupt/SystemExit from a callback: put back what this pass
-            # did not get to, so nothing pending is lost, then let it propagate.
-            self._refile(buckets[index:])
-            raise
+        except BaseException as exc:
+            # SystemExit/KeyboardInterrupt (from a callback or on_error), or a
+            # recorder's failure: put back what this pass did not get to, so nothing
+            # pending is lost.
+            self._refile(live, buckets[index:])
+            if isinstance(exc, _EXIT):
+                raise
+            logger.exception("aiowheel: the pass stopped early; the rest fires next pass")
         finally:
             self._fired += fired
             self._failed += failed
             self._lateness_max = lateness_max
             handle = outcome = None
 
-    def _refile(self, buckets: list[Bucket]) -> None:
-        wheel = self._wheel
-        assert wheel is not None
+    def _refile(self, live: _Running, buckets: list[Bucket]) -> None:
+        wheel = live.wheel
         for bucket in buckets:
             for handle in list(bucket):
                 if handle._bucket is bucket:
@@ -773,8 +931,25 @@ class Timer:
     def _report(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         try:
             self._on_error(handle, exc)
-        except Exception:
+        except _EXIT:
+            raise
+        except BaseException:
             logger.exception("on_error raised while reporting an error of %r", handle)
+
+    def _trace(
+        self, handle: TracedHandle[Any], fired_at: float | None, cancelled_at: float | None
+    ) -> None:
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.record(
+                handle._id,
+                handle._label,
+                handle._scheduled_at,
+                handle._deadline,
+                handle._level,
+                fired_at,
+                cancelled_at,
+            )
 
     def _settle(self, handle: TimerHandle[Any], outcome: Any) -> None:
         waiter = self._waiters.pop(handle, None)
@@ -782,23 +957,55 @@ class Timer:
             waiter.outcome = outcome
             waiter.event.set()
 
-    async def _wait_for(self, handle: TimerHandle[Any]) -> Any:
-        waiter = self._waiters.get(handle)
-        if waiter is None:
-            waiter = self._waiters[handle] = _Waiter()
-            self._listening = True
-        await waiter.event.wait()
-        return waiter.outcome
+    # -- the worker pool's host (see _dispatch.JobHost) ----------------------------------
+
+    def _job_started(self, handle: TimerHandle[Any]) -> None:
+        self._pending -= 1
+        self._fired += 1
+        live = self._live
+        now = live.clock() if live is not None else handle._deadline
+        lateness = now - handle._deadline
+        if lateness > self._lateness_max:
+            self._lateness_max = lateness
+        if isinstance(handle, TracedHandle):
+            self._trace(handle, now, None)
+        if self._room_waiters:
+            self._wake_room()
+
+    def _job_failed(self, handle: TimerHandle[Any], exc: BaseException) -> None:
+        self._failed += 1
+        self._report(handle, exc)
+
+    def _job_ended(self, handle: TimerHandle[Any], outcome: Any) -> None:
+        if isinstance(outcome, _Failure) and isinstance(outcome.exc, _EXIT):
+            self._failed += 1
+        if handle._bucket is None and handle._result is _RUNNING:
+            handle._result = outcome
+        if self._waiters:
+            self._settle(handle, outcome)
+        live = self._live
+        running = len(live.pool.running) if live is not None else 0
+        if self._idle_waiters and not self._pending and running <= 1:
+            self._wake_idle()  # the drainer re-checks (it may be running itself)
+
+    def _job_stopped(self, handle: TimerHandle[Any]) -> None:
+        # aclose() cancelled the worker and already settled the handle as
+        # cancelled-while-running; anything else cancelling a worker is treated the
+        # same way.
+        if handle._result is _RUNNING:
+            stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
+            handle._result = stopped
+            self._settle(handle, stopped)
 
     # -- backpressure -----------------------------------------------------------------
 
     async def _wait_for_room(self) -> None:
         while self._pending >= self._limit:
-            if not self._open:
-                raise TimerClosed(self._closed_reason())
+            if self._live is None:
+                raise self._closed()
             event = anyio.Event()
             self._room_waiters.append(event)
-            self._listening = True
+            self._notify_cancel = True
             try:
                 await event.wait()
             except BaseException:
@@ -821,104 +1028,61 @@ class Timer:
         for event in waiters:
             event.set()
 
-    # -- the worker pool ----------------------------------------------------------------
+    # -- threads ----------------------------------------------------------------------
 
-    def _enqueue(self, handle: TimerHandle[Any], awaitable: Awaitable[Any]) -> None:
-        # An expired async callback: pending again until a worker starts it.
-        self._pending += 1
-        handle._result = awaitable
-        runq = self._runq
-        runq[handle] = None
-        handle._bucket = runq  # type: ignore[assignment]
-        if self._parked:
-            self._parked.pop().set()
-        elif self._nworkers < self._max_concurrency:
-            self._nworkers += 1
-            assert self._inner_tg is not None
-            self._driver.spawn(self._worker, self._inner_tg)
+    def call_threadsafe(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args)`` on the timer's event loop, from any thread.
 
-    async def _worker(self) -> None:
-        _inside.set(self)
-        scope = anyio.CancelScope()
-        _worker_scope.set(scope)
-        self._worker_scopes.add(scope)
-        try:
-            with scope:
-                await self._work()
-        finally:
-            self._worker_scopes.discard(scope)
-            self._nworkers -= 1
+        Returns a ``concurrent.futures.Future`` of its result (or exception):
+        ``timer.call_threadsafe(handle.cancel).result()`` cancels from a worker
+        thread. Never call ``.result()`` on the loop's own thread: it would wait for
+        the loop it blocks. On a closed timer the future raises ``TimerClosed``.
+        """
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        live = self._live
+        if live is None:
+            future.set_exception(self._closed())
+            return future
 
-    async def _work(self) -> None:
-        # One worker's loop: take the oldest expired async callback and run it. Each
-        # job runs in its own frame (_run_job), so a parked worker keeps no reference
-        # to its last handle, awaitable or result: memory is released at once.
-        runq = self._runq
-        while self._state != _CLOSED:
-            if runq:
-                await self._run_job(runq.popitem(last=False)[0])
-                continue
-            parked = anyio.Event()
-            self._parked.append(parked)
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
             try:
-                await parked.wait()
-            finally:
-                if parked in self._parked:
-                    self._parked.remove(parked)
+                result = fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+                if isinstance(exc, _EXIT):
+                    raise
+            else:
+                future.set_result(result)
 
-    async def _run_job(self, handle: TimerHandle[Any]) -> None:
-        running = self._running
-        awaitable = handle._result
-        handle._bucket = None
-        handle._result = _RUNNING
-        self._pending -= 1
-        self._fired += 1
-        now = self._clock()
-        lateness = now - handle._deadline
-        if lateness > self._lateness_max:
-            self._lateness_max = lateness
-        if self._recorder is not None:
-            self._trace(handle, now, None)  # type: ignore[arg-type]
-        running[handle] = None
-        _current.set(handle)
-        if self._room_waiters:
-            self._wake_room()
         try:
-            value = await awaitable
-        except anyio.get_cancelled_exc_class():
-            # aclose() cancelled us and already settled the handle as
-            # cancelled-while-running; anything else cancelling a worker is treated
-            # the same way.
-            running.pop(handle, None)
-            if handle._result is _RUNNING:
-                stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
-                handle._result = stopped
-                self._settle(handle, stopped)
-            raise
-        except Exception as exc:
-            self._failed += 1
-            self._report(handle, exc)
-            outcome: Any = _Failure(_without_frame(exc))
-        else:
-            outcome = value
-            del value
-        finally:
-            _current.set(None)
-        running.pop(handle, None)
-        if handle._bucket is None and handle._result is _RUNNING:
-            handle._result = outcome
-        if self._waiters:
-            self._settle(handle, outcome)
-        if self._idle_waiters and not self._pending and len(running) <= 1:
-            self._wake_idle()  # the drainer re-checks (it may be running itself)
-        # A failed job's traceback keeps this frame alive: it must not keep the handle.
-        del handle, awaitable, outcome
+            live.call_soon_threadsafe(run)
+        except Exception as exc:  # the loop is closed, or trio's run has finished
+            error = self._closed()
+            error.__cause__ = exc
+            future.set_exception(error)
+        return future
+
+    def schedule_threadsafe(
+        self, delay: float, callback: Callable[..., Any], *args: Any, label: str | None = None
+    ) -> concurrent.futures.Future[TimerHandle[Any]]:
+        """``schedule_nowait`` from any thread: a ``concurrent.futures.Future`` of the
+        handle. The delay counts from when the loop runs the request."""
+        seconds(delay)
+        check_callable(callback)
+        return self.call_threadsafe(self._schedule_labelled, delay, callback, label, args)
+
+    def _schedule_labelled(
+        self, delay: float, callback: Callable[..., Any], label: str | None, args: tuple[Any, ...]
+    ) -> TimerHandle[Any]:
+        return self.schedule_nowait(delay, callback, *args, label=label)
 
     # -- conveniences -------------------------------------------------------------------
 
     async def sleep(self, delay: float) -> None:
         """Sleep ``delay`` seconds on this timer's wheel."""
-        check_delay(delay)
+        delay = seconds(delay)
         await self.sleep_until(self.time() + delay)
 
     async def sleep_until(self, deadline: float) -> None:
@@ -934,57 +1098,12 @@ class Timer:
         """``with timer.timeout(delay) as t:`` cancels the block and raises
         ``TimeoutError`` when ``delay`` passes first; ``t.reset(delay)`` pushes the
         deadline out (an idle timeout)."""
-        check_delay(delay)
-        if not self._open:
-            raise TimerClosed(self._closed_reason())
+        delay = seconds(delay)
+        self._open()
         return Timeout(self, delay)
 
 
-class _RunQueue(OrderedDict["TimerHandle[Any]", None]):
-    """Expired async callbacks waiting for a worker, oldest first.
-
-    It is the container (``handle._bucket``) of the handles it holds, like a wheel
-    bucket, and answers ``tick is None`` as a detached bucket does, so the handle's
-    lazy re-arm check treats it as "not in the wheel"."""
-
-    tick = None
-    time = _INF
-    level = -2
-
-
-def wheel_level(handle: TimerHandle[Any]) -> int:
+def _level_of(handle: TimerHandle[Any]) -> int:
     """The wheel the handle is filed in (-1: due at once)."""
     bucket = handle._bucket
-    assert bucket is not None
-    return bucket.level
-
-
-def _not_started_clock() -> float:
-    raise TimerClosed("the timer is not started: use `async with Timer() as timer:`")
-
-
-def _check_callable(callback: object) -> None:
-    if not callable(callback):
-        raise TypeError(f"callback must be callable, got {callback!r}")
-
-
-def _deadline_of(handle: TimerHandle[Any]) -> float:
-    return handle._deadline
-
-
-def _without_frame(exc: BaseException) -> BaseException:
-    # The stored exception's traceback starts in the frame that called the callback,
-    # and that frame refers to the handle: a cycle handle -> result -> traceback ->
-    # frame -> handle, which only the garbage collector would break. Keep the
-    # callback's own frames only.
-    tb = exc.__traceback__
-    if tb is not None:
-        exc.__traceback__ = tb.tb_next
-    return exc
-
-
-def _close_awaitable(awaitable: Any) -> None:
-    # A queued async callback that will never run: close it so Python does not warn
-    # that a coroutine was never awaited.
-    if isinstance(awaitable, Coroutine):
-        awaitable.close()
+    return bucket.level if bucket is not None else -1

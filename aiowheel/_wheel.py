@@ -11,7 +11,12 @@ Shape (Kafka's ``TimingWheel``, with two changes noted below)::
 
 Levels are created on demand (Kafka's overflow wheels), so any finite deadline is
 accepted. Time is counted in integer ticks since ``origin``; Python integers do not
-overflow, so a timer years out is just a big tick number on a high level.
+overflow, so a timer years out is just a big tick number on a high level. Levels stop
+at the *horizon*, ``HORIZON`` ticks ahead of the wheel's clock (2**48: 8,900 years at
+1 ms): a farther entry is filed at the horizon and re-filed from there when that
+bucket comes due, as a lazily extended entry is, so ``schedule(1e306, ...)`` costs
+a few levels, not a thousand-bit tick and a hundred and sixty of them, and it still
+never fires early.
 
 A deadline ``d`` is due at tick ``e = ceil((d - origin) / tick)``: we round *up*.
 Kafka rounds down (a bucket fires at the start of its range) and can fire up to one
@@ -42,14 +47,15 @@ insert, membership and removal are O(1) in C, iteration is in insertion order, a
 an entry costs one dict slot instead of the two pointers and a node object of a
 hand-made doubly-linked list.
 
-Invariants kept here (checked by the tests in ``tests/test_wheel.py``):
+Invariants kept here (``Wheel._check`` asserts them; the model test in
+``tests/test_wheel_model.py`` calls it after every step):
 
 * an entry is pending exactly while ``entry._bucket`` is not ``None``, and then
   ``entry in entry._bucket`` holds;
 * a bucket with ``tick is not None`` is in the heap under that tick, and that tick is
   later than the wheel's current tick (``_now``);
 * a bucket's entries have due ticks inside its range, or later (a lazily extended
-  entry: see ``Wheel.extend``), never earlier.
+  entry: see ``Wheel.extend``, or one past the horizon), never earlier.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Bucket", "Wheel", "WheelEntry"]
+__all__ = ["HORIZON", "Bucket", "Wheel", "WheelEntry", "deadline_of"]
 
 _INF = math.inf
 _ceil = math.ceil
@@ -67,8 +73,12 @@ _floor = math.floor
 _heappush = heapq.heappush
 _heappop = heapq.heappop
 
+#: Ticks ahead of the wheel's clock past which entries are filed at the horizon.
+HORIZON = 1 << 48
 
-def _deadline_of(entry: WheelEntry) -> float:
+
+def deadline_of(entry: WheelEntry) -> float:
+    """Sort key: an entry's deadline."""
     return entry._deadline
 
 
@@ -210,8 +220,26 @@ class Wheel:
         opened that bucket (so the caller can move its wake-up earlier), ``-inf`` when
         the entry is already due, and ``inf`` when the bucket was already scheduled.
         """
+        try:
+            e = _ceil((deadline - self.origin) / self.tick)
+        except (OverflowError, ValueError):
+            e = self._far_tick(deadline)  # before any change: it may raise
         entry._deadline = deadline
-        return self._file(entry, _ceil((deadline - self.origin) / self.tick))
+        return self._file(entry, e)
+
+    def due_tick_of(self, deadline: float) -> int:
+        """``due_tick``, safe for any finite deadline (not on the hot paths)."""
+        try:
+            return _ceil((deadline - self.origin) / self.tick)
+        except (OverflowError, ValueError):
+            return self._far_tick(deadline)
+
+    def _far_tick(self, deadline: float) -> int:
+        # (deadline - origin) / tick overflowed a float: the deadline is out of any
+        # reach (or not a number, which the timer's checks never let through).
+        if deadline - deadline != 0.0:
+            raise ValueError(f"deadline must be finite, got {deadline!r}")
+        return self._now if deadline < self.origin else self._now + HORIZON
 
     def _file(self, entry: WheelEntry, e: int) -> float:
         # The hot path of every schedule: kept flat on purpose (each Python-level call
@@ -234,6 +262,10 @@ class Wheel:
                     start = number * width
                     break
             else:
+                if e > self._now + HORIZON:
+                    # Past the horizon: file it there; it is re-filed, never early,
+                    # when that bucket comes due. Levels stay bounded.
+                    return self._file(entry, self._now + HORIZON)
                 self._add_level()
                 return self._file(entry, e)
         if bucket.tick != start:
@@ -281,13 +313,14 @@ class Wheel:
         ``insert`` returns.
         """
         bucket = entry._bucket
+        if bucket is not None and bucket.tick is not None and deadline >= bucket.time:
+            entry._deadline = deadline
+            return _INF
+        e = self.due_tick_of(deadline)  # may raise: before any change
         if bucket is not None:
-            if bucket.tick is not None and deadline >= bucket.time:
-                entry._deadline = deadline
-                return _INF
             del bucket[entry]
         entry._deadline = deadline
-        return self._file(entry, _ceil((deadline - self.origin) / self.tick))
+        return self._file(entry, e)
 
     # -- expiry -------------------------------------------------------------------
 
@@ -324,8 +357,6 @@ class Wheel:
         # overdue bucket that comes due after their deadline.
         early: list[WheelEntry] = self._take_due(now) if self._due else []
         size = self._size
-        origin = self.origin
-        tick = self.tick
         while heap and heap[0][2] <= now:
             start, level, when, bucket = _heappop(heap)
             if bucket.tick != start:
@@ -347,7 +378,7 @@ class Wheel:
                 late = [entry for entry in bucket if entry._deadline > when]
                 for entry in late:
                     del bucket[entry]
-                    e = _ceil((entry._deadline - origin) / tick)
+                    e = self.due_tick_of(entry._deadline)
                     self._file(entry, e if e > start else start + 1)
                 if bucket:
                     fired.append(bucket)
@@ -355,13 +386,13 @@ class Wheel:
                 # Cascade: re-file against the bucket's start; each entry moves down at
                 # least one level, or expires into the due bucket.
                 for entry in bucket:
-                    self._file(entry, _ceil((entry._deadline - origin) / tick))
+                    self._file(entry, self.due_tick_of(entry._deadline))
                 bucket.clear()
                 if self._due:
                     fired.append(self._chunk(self._take_due(now)))
         if early:
             fired.append(self._chunk(early))
-        target = _floor((now - origin) / tick)
+        target = _floor((now - self.origin) / self.tick)
         if target > self._now:
             self._set_now(target)
         return fired
@@ -381,7 +412,7 @@ class Wheel:
         previous = -_INF
         for entry in entries:
             if entry._deadline < previous:
-                entries.sort(key=_deadline_of)
+                entries.sort(key=deadline_of)
                 break
             previous = entry._deadline
         return entries
@@ -428,3 +459,27 @@ class Wheel:
         self._due.clear()
         self._heap.clear()
         return entries
+
+    def _check(self) -> None:
+        """Assert the invariants listed in the module docstring (for tests: O(n))."""
+        scheduled = {id(b): start for start, _level, _when, b in self._heap if b.tick == start}
+        for entry in self._due:
+            assert entry._bucket is self._due, entry
+        assert self._limit0 == self._limits[0]
+        for level, wheel in enumerate(self._levels):
+            width = self._widths[level]
+            assert self._limits[level] == self._now - self._now % width + width * self._size
+            for bucket in wheel:
+                assert bucket.level == level
+                if not bucket:
+                    continue
+                assert bucket.tick is not None, f"occupied {bucket!r} is not scheduled"
+                assert scheduled.get(id(bucket)) == bucket.tick, f"{bucket!r} not in the heap"
+                assert bucket.tick > self._now, f"{bucket!r} is due but still filed"
+                assert bucket.time == self.tick_time(bucket.tick)
+                assert wheel[(bucket.tick // width) % self._size] is bucket
+                for entry in bucket:
+                    assert entry._bucket is bucket, entry
+                    # Never early: an entry's due tick is in its bucket's range or later.
+                    assert self.due_tick_of(entry._deadline) >= bucket.tick, entry
+        assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)

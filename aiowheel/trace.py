@@ -43,7 +43,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -53,11 +53,39 @@ __all__ = [
     "NULLABLE_COLUMNS",
     "TRACE_COLUMNS",
     "ParquetRecorder",
+    "TraceRecorder",
     "recording",
     "trace_schema",
 ]
 
 logger = logging.getLogger("aiowheel.trace")
+
+
+class TraceRecorder(Protocol):
+    """What a timer calls when it has a recorder (``Timer(recorder=...)``).
+
+    The timer calls ``record`` on the event loop, so it must not block; an exception
+    from it is logged and the timer goes on.
+    """
+
+    def open(self, *, backend: str, clock: float) -> None:
+        """The timer started; ``clock`` is its loop time now."""
+
+    def record(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        fired_at: float | None,
+        cancelled_at: float | None,
+    ) -> None:
+        """One timer ended (fired or cancelled). Must not block."""
+
+    def close(self) -> None:
+        """Flush and close; called once, from a worker thread, when the timer closes."""
+
 
 #: The trace schema: column name -> Arrow type name (``str(pyarrow type)``).
 #: Timestamps are float64 seconds on the recording loop's clock (asyncio

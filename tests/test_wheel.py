@@ -465,12 +465,32 @@ def test_astronomic_deadline_does_not_overflow() -> None:
     wheel = Wheel(0.001, 64, 1000.0)
     a, b = add(wheel, [1e300, 2e300])  # consecutive long timers
     assert wheel.next_expiry() is not None
-    assert wheel.levels > 100
+    # Filed at the horizon (2**48 ticks), not on a 1000-bit tick: levels stay few.
+    assert wheel.levels <= 9
+    wheel._check()
     assert len(wheel) == 2
     assert wheel.remove(a)
     assert wheel.remove(b)
     assert wheel.next_expiry() is None
     assert flush(wheel, 1001.0) == []
+
+
+def test_past_the_horizon_is_refiled_never_early() -> None:
+    """A deadline past the horizon sits at the horizon bucket; when that comes due it
+    is re-filed (not fired), and a float deadline no tick count can hold is fine."""
+    wheel = Wheel(1.0, 64, 0.0)
+    (far,) = add(wheel, [2.0**50])
+    (astronomic,) = add(wheel, [1.7e308])
+    horizon = wheel.next_expiry()
+    assert horizon is not None and horizon <= 2.0**48
+    assert flush(wheel, horizon) == []  # cascaded, re-filed: nothing fires early
+    wheel._check()
+    assert far._bucket is not None and astronomic._bucket is not None
+    walked = drive(wheel, until=2.0**50 + 1)
+    assert [e for _, e in walked] == [far]
+    assert walked[0][0] == far._deadline
+    with pytest.raises(ValueError, match="finite"):
+        wheel.insert(Entry(), math.inf)
 
 
 def test_new_timers_after_the_wheel_ran_for_a_long_time() -> None:

@@ -109,6 +109,13 @@ class WheelModel(RuleBasedStateMachine):
         self.model[entry] = deadline
         return entry
 
+    @rule(target=entries, far=st.sampled_from([2.0**43, 2.0**60, 1e300]))
+    def insert_far(self, far: float) -> Entry:
+        """Past the horizon: filed at it and re-filed from there (never early)."""
+        entry = self.new_entry(far)
+        entry.rearmed = True  # re-filed at the horizon: more filings than levels
+        return entry
+
     @rule(entry=entries)
     def remove(self, entry: Entry) -> None:
         assert self.wheel.remove(entry) is (entry in self.model)
@@ -180,6 +187,11 @@ class WheelModel(RuleBasedStateMachine):
             entry.rearmed = False
 
     # -- invariants ------------------------------------------------------------------
+
+    @invariant()
+    def wheel_invariants_hold(self) -> None:
+        if hasattr(self, "wheel"):
+            self.wheel._check()
 
     @invariant()
     def counts_are_exact(self) -> None:

@@ -1,0 +1,73 @@
+"""Argument checks shared by every entry point.
+
+One rule for times (docs/usage.md, "Times and bad input"), applied by ``seconds`` at
+every call that takes a delay, a deadline or an interval, so that ``schedule``,
+``reset``, ``sleep``, ``timeout`` and ``every`` cannot disagree about what a time is:
+
+* a real number: ``int``, ``float``, any ``numbers.Real`` (``fractions.Fraction``,
+  NumPy scalars) or a ``decimal.Decimal``, converted with ``float()``;
+* ``bool`` is refused (``True`` is not "one second"), and so is ``timedelta`` (the
+  message says to pass ``td.total_seconds()``): ``TypeError``, like any other type;
+* NaN and infinities, after conversion, are a ``ValueError``.
+
+The hot paths (``schedule_nowait``, ``reset``) test ``type(x) is float`` and
+finiteness inline and call ``seconds`` only for anything else, so the rule costs a
+float nothing.
+"""
+
+from __future__ import annotations
+
+import numbers
+from datetime import timedelta
+from decimal import Decimal
+from typing import NoReturn
+
+from ._exceptions import TimerFull
+
+__all__ = ["check_callable", "check_int", "full", "seconds", "too_far"]
+
+
+def seconds(value: object, what: str = "delay") -> float:
+    """``value`` as a finite float number of seconds, or the documented exception."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a number of seconds, not a bool ({value!r})")
+    if isinstance(value, numbers.Real | Decimal):
+        try:
+            result = float(value)
+        except (ValueError, OverflowError, ArithmeticError):
+            # Decimal('sNaN') refuses float(); an int past 1e308 overflows it.
+            raise ValueError(f"{what} must be a finite number of seconds, got {value!r}") from None
+        if result - result != 0.0:  # NaN or an infinity
+            raise ValueError(f"{what} must be finite, got {value!r}")
+        return result
+    if isinstance(value, timedelta):
+        raise TypeError(
+            f"{what} must be a number of seconds, got a timedelta ({value!r}): "
+            "pass td.total_seconds()"
+        )
+    raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+
+
+def too_far(what: str, value: float) -> NoReturn:
+    """A finite delay whose deadline does not fit in a float."""
+    raise ValueError(f"{what} {value!r} puts the deadline past the largest float")
+
+
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
+    return value
+
+
+def check_callable(callback: object) -> None:
+    if not callable(callback):
+        raise TypeError(f"callback must be callable, got {callback!r}")
+
+
+def full(pending: int, limit: int) -> TimerFull:
+    """The ``TimerFull`` every admission check raises."""
+    return TimerFull(f"{pending} timers pending (max_pending={limit})")

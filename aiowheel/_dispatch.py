@@ -1,0 +1,252 @@
+"""The worker pool: where expired async callbacks run (Kafka's ``taskExecutor``).
+
+Kafka hands expired tasks to a fixed thread pool. Here a callback that returns an
+awaitable is queued in a FIFO run queue and awaited by one of at most
+``max_concurrency`` long-lived worker tasks. Workers are spawned on demand, park on an
+event when the queue is empty, and are cancelled when the timer closes.
+
+The pool owns the queue, the workers and what it takes to run one job whatever it
+raises; the timer (the ``JobHost``) owns the accounting: counters, waiters, traces.
+
+Invariants:
+
+* a queued handle is pending: ``handle._bucket is pool.queue`` and ``handle._result``
+  holds its awaitable (so ``cancel()`` works on it like on a wheel bucket);
+* a running handle is in ``pool.running`` and ``handle._result is _RUNNING``;
+* ``workers`` counts the worker tasks alive, parked or not; while the queue is not
+  empty and the pool is open, at least one worker is alive or about to be: a worker
+  that dies (``SystemExit``/``KeyboardInterrupt`` from its job) is replaced.
+
+Every job ends: a job's exception, whatever it is, is caught and reported, so a
+worker survives anything but a real cancellation (the timer closing) and the two
+exceptions that must stop a program, ``SystemExit`` and ``KeyboardInterrupt``, which
+settle the handle first and then propagate (docs/design.md, guarantee 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Coroutine
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._handle import _RUNNING, _Failure, without_frame
+
+if TYPE_CHECKING:
+    from ._handle import TimerHandle
+
+__all__ = ["JobHost", "RunQueue", "WorkerPool", "inside"]
+
+#: Set in the timer's own tasks (its supervisor and its workers) to the timer, so that
+#: ``aclose()`` called from one of them does not wait for itself.
+inside: ContextVar[object] = ContextVar("aiowheel_inside", default=None)
+# The handle whose callback this worker task runs, and the worker's cancel scope.
+_current: ContextVar[object] = ContextVar("aiowheel_current", default=None)
+_scope: ContextVar[anyio.CancelScope | None] = ContextVar("aiowheel_worker_scope", default=None)
+
+_EXIT = (SystemExit, KeyboardInterrupt)
+
+
+class JobHost(Protocol):
+    """What the pool asks of the timer around each job."""
+
+    def _job_started(self, handle: TimerHandle[Any]) -> None:
+        """A worker took ``handle`` from the queue (it is no longer pending)."""
+
+    def _job_failed(self, handle: TimerHandle[Any], exc: BaseException) -> None:
+        """The job raised ``exc`` (reported to ``on_error``)."""
+
+    def _job_ended(self, handle: TimerHandle[Any], outcome: Any) -> None:
+        """The job finished with ``outcome`` (a value or a ``_Failure``)."""
+
+    def _job_stopped(self, handle: TimerHandle[Any]) -> None:
+        """The job was cancelled while running (the timer is closing)."""
+
+
+class RunQueue(OrderedDict["TimerHandle[Any]", None]):
+    """Expired async callbacks waiting for a worker, oldest first.
+
+    It is the container (``handle._bucket``) of the handles it holds, like a wheel
+    bucket, and answers ``tick is None`` as a detached bucket does, so the handle's
+    lazy re-arm check treats it as "not in the wheel"."""
+
+    tick = None
+    time = float("inf")
+    level = -2
+
+
+class WorkerPool:
+    """At most ``max_concurrency`` worker tasks awaiting queued jobs, FIFO."""
+
+    __slots__ = (
+        "_closed",
+        "_host",
+        "_limit",
+        "_loop",
+        "_parked",
+        "_scopes",
+        "_tasks",
+        "_tg",
+        "queue",
+        "running",
+        "workers",
+    )
+
+    def __init__(self, host: JobHost, max_concurrency: int, backend: str, tg: TaskGroup) -> None:
+        self._host = host
+        self._limit = max_concurrency
+        self.queue = RunQueue()
+        self.running: dict[TimerHandle[Any], None] = {}
+        self.workers = 0
+        self._parked: list[anyio.Event] = []
+        self._scopes: set[anyio.CancelScope] = set()
+        self._closed = False
+        # Spawning: on asyncio the pass that needs a worker runs inside a call_at
+        # callback, where no task is current, so anyio cannot tell the backend and its
+        # task groups cannot be used: spawn with loop.create_task and join by hand. On
+        # trio the pass runs in the driver's task, inside the timer's task group.
+        self._tg = tg
+        self._loop = asyncio.get_running_loop() if backend != "trio" else None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- the timer's side ---------------------------------------------------------------
+
+    def submit(self, handle: TimerHandle[Any], awaitable: Awaitable[Any]) -> None:
+        """Queue an expired async callback (the host counts it pending again)."""
+        handle._result = awaitable
+        self.queue[handle] = None
+        handle._bucket = self.queue  # type: ignore[assignment]
+        if self._parked:
+            self._parked.pop().set()
+        elif self.workers < self._limit:
+            self._spawn()
+
+    def discard(self, handle: TimerHandle[Any], awaitable: object) -> None:
+        """``handle`` left the queue (cancelled or re-armed): its job never runs."""
+        self.queue.pop(handle, None)
+        close_awaitable(awaitable)
+
+    def take_queue(self) -> list[TimerHandle[Any]]:
+        """Empty the queue (the timer is closing): the handles, their jobs closed."""
+        handles = list(self.queue)
+        for handle in handles:
+            handle._bucket = None
+            close_awaitable(handle._result)
+        self.queue.clear()
+        return handles
+
+    def current(self) -> object:
+        """The handle whose job runs in the calling task, if it is one of ours."""
+        return _current.get()
+
+    def close(self) -> None:
+        """Cancel every worker but the calling one; parked workers return."""
+        self._closed = True
+        own = _scope.get()
+        for scope in self._scopes:
+            if scope is not own:
+                scope.cancel()
+        for parked in self._parked:
+            parked.set()
+
+    async def join(self) -> None:
+        """Wait for the asyncio workers (trio's live in the timer's task group)."""
+        current = asyncio.current_task() if self._loop is not None else None
+        tasks = [task for task in self._tasks if task is not current]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    # -- workers ------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        self.workers += 1
+        if self._loop is not None:
+            task = self._loop.create_task(self._worker())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            self._tg.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        inside.set(self._host)
+        scope = anyio.CancelScope()
+        _scope.set(scope)
+        self._scopes.add(scope)
+        try:
+            with scope:
+                await self._work(scope)
+        finally:
+            self._scopes.discard(scope)
+            self.workers -= 1
+            if self.queue and not self._closed and not self._parked:
+                # Died of SystemExit/KeyboardInterrupt with jobs still queued: if the
+                # loop goes on, they must not wait for the next submit.
+                self._spawn()
+
+    async def _work(self, scope: anyio.CancelScope) -> None:
+        # One worker's loop: take the oldest job and run it. Each job runs in its own
+        # frame (_run), so a parked worker keeps no reference to its last handle,
+        # awaitable or result: memory is released at once.
+        queue = self.queue
+        while not self._closed:
+            if queue:
+                await self._run(queue.popitem(last=False)[0], scope)
+                continue
+            parked = anyio.Event()
+            self._parked.append(parked)
+            try:
+                await parked.wait()
+            finally:
+                if parked in self._parked:
+                    self._parked.remove(parked)
+
+    async def _run(self, handle: TimerHandle[Any], scope: anyio.CancelScope) -> None:
+        host = self._host
+        awaitable = handle._result
+        handle._bucket = None
+        handle._result = _RUNNING
+        self.running[handle] = None
+        _current.set(handle)
+        host._job_started(handle)
+        outcome: Any
+        try:
+            outcome = await awaitable
+        except anyio.get_cancelled_exc_class() as exc:
+            if self._really_cancelled(scope):
+                self.running.pop(handle, None)
+                host._job_stopped(handle)
+                raise
+            # asyncio.CancelledError raised by the callback itself, its worker not
+            # being cancelled: a failure like any other (asyncio's Handle does so).
+            host._job_failed(handle, exc)
+            outcome = _Failure(without_frame(exc))
+        except _EXIT as exc:
+            self.running.pop(handle, None)
+            host._job_ended(handle, _Failure(without_frame(exc)))
+            raise
+        except BaseException as exc:
+            host._job_failed(handle, exc)
+            outcome = _Failure(without_frame(exc))
+        finally:
+            _current.set(None)
+        self.running.pop(handle, None)
+        host._job_ended(handle, outcome)
+        # A failed job's traceback keeps this frame alive: it must not keep the handle.
+        del handle, awaitable, outcome
+
+    def _really_cancelled(self, scope: anyio.CancelScope) -> bool:
+        if scope.cancel_called or self._loop is None:
+            return True  # ours, or trio's (user code cannot raise trio.Cancelled)
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+
+def close_awaitable(awaitable: object) -> None:
+    """A queued async callback that will never run: close it, so Python does not warn
+    that a coroutine was never awaited."""
+    if isinstance(awaitable, Coroutine):
+        awaitable.close()
