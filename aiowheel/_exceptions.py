@@ -1,4 +1,4 @@
-"""The exceptions aiowheel raises (API.md, "Exceptions")."""
+"""The exceptions aiowheel raises (docs/usage.md, "Failure semantics")."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_workload_figures_are_plausible(capsys: pytest.CaptureFixture[str]) -> N
 
     for row in figures("fire", "late_p50_ms").values():
         assert row["min"] <= figures("fire", "late_p99_ms")[row["contender"]]["max"]
-    # aiowheel never fires early (API.md guarantee 1), whatever the backend.
+    # aiowheel never fires early (docs/design.md, guarantee 1), whatever the backend.
     for name, row in figures("fire", "early_pct").items():
         if name.startswith("aiowheel-"):
             assert row["max"] == 0.0

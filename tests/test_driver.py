@@ -1,9 +1,9 @@
 """The driver: when it wakes, and what it does after the loop was blocked.
 
-Wake-ups are counted with ``timer.stats().wakeups`` (driver passes). Guarantee 6 says
-the driver sleeps until the earliest occupied bucket and wakes for nothing else: no
-wake-up at all while the timer is empty, a handful (one per level at most: the
-cascades) for one far timer, one for a whole bucket of timers, none for a bucket that
+Wake-ups are counted with ``timer.stats().wakeups`` (driver passes). docs/design.md,
+guarantee 6, says the driver sleeps until the earliest occupied bucket and wakes for
+nothing else: no wake-up at all while the timer is empty, a handful (one per level at
+most: the cascades) for one far timer, one for a whole bucket of timers, none for a bucket that
 cancellation emptied. These need a virtual clock to say "over an hour" in a test, so
 they are skipped on uvloop.
 
@@ -22,6 +22,7 @@ not touch it), so ``block_loop`` moves it the way each clock allows:
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Callable
@@ -29,8 +30,11 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aiowheel import Timer, TimerHandle
+from aiowheel._driver import AsyncioDriver, round_up
 
 pytestmark = pytest.mark.anyio
 
@@ -278,3 +282,53 @@ async def test_due_now_timers_scheduled_after_a_block_keep_deadline_order(
         await late.wait()
         await early.wait()
         assert order == ["early", "late"]
+
+
+# -- the asyncio driver's wake-up rounding --------------------------------------------
+#
+# The asyncio driver's wake-up rounding (aiowheel/_driver.py).
+#
+# A bucket's time is ``origin + start * tick``: on no clock's grid, and often an ulp
+# or two off the millisecond or microsecond it stands for. uvloop rounds call_at delays
+# to whole milliseconds and looptime advances in whole microseconds; a wake-up armed a
+# hair past one of their ticks made the driver wake, find nothing due, and re-arm, in a
+# loop (up to 100k empty passes in 3 s on uvloop). The driver rounds wake-ups up to the
+# clock's grid (``round_up``), and never below the bucket's time.
+
+GRIDS = st.sampled_from([1e3, 1e6])
+
+
+@given(
+    grid=GRIDS,
+    units=st.integers(min_value=0, max_value=10**13),
+    ulps=st.integers(min_value=-3, max_value=3),
+)
+def test_round_up_is_on_the_grid_never_early_and_at_most_one_unit_late(
+    grid: float, units: int, ulps: int
+) -> None:
+    when = units / grid
+    step = math.inf if ulps > 0 else -math.inf
+    for _ in range(abs(ulps)):
+        when = math.nextafter(when, step)  # a grid point, or a few ulps either side
+    rounded = round_up(when, grid)
+    assert rounded >= when
+    assert rounded == round(rounded * grid) / grid  # on the grid: n / grid, as clocks make it
+    assert rounded - when <= 1 / grid * (1 + 1e-9) + math.ulp(when)
+
+
+def test_asyncio_driver_arms_the_rounded_time() -> None:
+    loop = asyncio.new_event_loop()
+
+    async def main() -> None:
+        driver = AsyncioDriver(lambda: None)
+        when = math.nextafter(loop.time() + 0.25, math.inf)  # an ulp past a microsecond
+        driver.arm(when)
+        handle = driver._handle
+        assert isinstance(handle, asyncio.TimerHandle)
+        assert handle.when() == round_up(when, 1e6) >= when
+        driver.disarm()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()

@@ -1,4 +1,4 @@
-"""Guarantee 7: a cancelled or fired timer is released at once; the timer keeps no
+"""docs/design.md, guarantee 7: a cancelled or fired timer is released at once; the timer keeps no
 reference to it.
 
 Handles have ``__slots__`` and no ``__weakref__`` slot (one pointer less per pending

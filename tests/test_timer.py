@@ -1,4 +1,4 @@
-"""The Timer API of API.md on asyncio (looptime), uvloop (real time) and trio (MockClock).
+"""The Timer API (docs/usage.md) on asyncio (looptime), uvloop (real time) and trio (MockClock).
 
 Every async test runs on the three backends of ``conftest.py``. Timing assertions
 ("fires within [deadline, deadline + tick]") hold exactly on the virtual clocks; on
@@ -56,7 +56,7 @@ def unit(virtual: bool) -> float:
 
 
 def assert_on_time(fired_at: float, deadline: float, virtual: bool, tick: float = TICK) -> None:
-    """Guarantees 1 and 2: never early; on a virtual clock at most one tick late."""
+    """docs/design.md, guarantees 1 and 2: never early; on a virtual clock at most one tick late."""
     assert fired_at >= deadline, f"fired {deadline - fired_at:.9f} s early"
     if virtual:
         assert fired_at - deadline <= tick + EPS, f"fired {fired_at - deadline:.9f} s late"
@@ -99,7 +99,7 @@ class Probe:
 
 
 def assert_deadline_order(deadlines_in_fire_order: list[float], tick: float = TICK) -> None:
-    """Guarantee 4: deadlines more than one tick apart fire in deadline order."""
+    """docs/design.md, guarantee 4: deadlines more than one tick apart fire in deadline order."""
     latest = -math.inf
     for deadline in deadlines_in_fire_order:
         assert deadline >= latest - tick - EPS, "a later deadline fired first"
@@ -337,8 +337,8 @@ async def test_a_thousand_zero_sleeps_complete(virtual: bool) -> None:
 
 
 async def test_order_exactly_once_and_never_early(virtual: bool) -> None:
-    """Guarantees 1, 3 and 4 on a random batch: 400 timers within 60 ticks, scheduled in
-    random order, some cancelled."""
+    """docs/design.md, guarantees 1, 3 and 4 on a random batch: 400 timers within 60
+    ticks, scheduled in random order, some cancelled."""
     rng = random.Random(42)
     async with Timer(tick=TICK, wheel_size=8) as timer:
         probe = Probe(timer)
@@ -988,7 +988,7 @@ async def test_await_schedule_waits_for_room_deadline_at_admission(variant: str)
 
 
 async def test_max_pending_counts_async_callbacks_waiting_for_a_worker(unit: float) -> None:
-    """Guarantee 8: pending timers plus expired callbacks waiting for a worker."""
+    """docs/design.md, guarantee 8: pending timers plus expired callbacks waiting for a worker."""
     async with Timer(max_pending=3, max_concurrency=1) as timer:
         gate, started = anyio.Event(), anyio.Event()
 
@@ -1101,7 +1101,7 @@ async def test_await_schedule_raises_timer_closed_when_closed_while_waiting(
 
 
 async def test_on_error_isolation(unit: float) -> None:
-    """Guarantee 5: a raising callback goes to on_error and stops neither the timer
+    """docs/design.md, guarantee 5: a raising callback goes to on_error and stops neither the timer
     nor other callbacks (of the same bucket included)."""
     reported: list[tuple[TimerHandle[Any], BaseException]] = []
     async with Timer(on_error=lambda h, e: reported.append((h, e))) as timer:
@@ -1562,7 +1562,7 @@ async def test_aclose_cancels_pending_and_running(virtual: bool, unit: float) ->
 
 async def test_aclose_marks_a_running_async_callback_as_started() -> None:
     """A callback that had started when ``aclose()`` cancelled it stays ``fired()``:
-    API.md says fired() is True once the callback starts, and its side effects may
+    docs/usage.md says fired() is True once the callback starts, and its side effects may
     have happened; only ``wait()`` reports ``TimerCancelled``."""
     async with Timer() as timer:
         started = anyio.Event()

@@ -18,7 +18,7 @@ import random
 from collections.abc import Iterable
 
 import pytest
-from wheel_helpers import Entry
+from support import Entry
 
 from aiowheel._wheel import Wheel
 
@@ -482,10 +482,12 @@ def test_past_the_horizon_is_refiled_never_early() -> None:
     (far,) = add(wheel, [2.0**50])
     (astronomic,) = add(wheel, [1.7e308])
     horizon = wheel.next_expiry()
-    assert horizon is not None and horizon <= 2.0**48
+    assert horizon is not None
+    assert horizon <= 2.0**48
     assert flush(wheel, horizon) == []  # cascaded, re-filed: nothing fires early
     wheel._check()
-    assert far._bucket is not None and astronomic._bucket is not None
+    assert far._bucket is not None
+    assert astronomic._bucket is not None
     walked = drive(wheel, until=2.0**50 + 1)
     assert [e for _, e in walked] == [far]
     assert walked[0][0] == far._deadline

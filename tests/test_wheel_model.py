@@ -35,13 +35,13 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from wheel_helpers import Entry as CountingEntry
+from support import Entry as CountingEntry
 
 from aiowheel._wheel import Wheel
 
 
 class Entry(CountingEntry):
-    """A counting entry (tests/wheel_helpers.py) that also remembers a re-arm."""
+    """A counting entry (tests/support.py) that also remembers a re-arm."""
 
     __slots__ = ("rearmed",)
 

@@ -18,13 +18,13 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from idle_helpers import TICK, T, assert_idle_window, eventually, serve_uvicorn
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from support import TICK, T, assert_idle_window, eventually, serve_uvicorn
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,

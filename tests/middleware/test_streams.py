@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
-from idle_helpers import TICK, T, assert_idle_window, eventually, read_until_closed
+from support import TICK, T, assert_idle_window, eventually, read_until_closed
 
 from aiowheel import Timer
 from aiowheel.middleware import (
@@ -416,7 +416,7 @@ async def test_ten_thousand_idle_connections(backend: str) -> None:
     assert min(deadlines.values()) >= start_loop + IDLE_T
     assert min(lateness) >= 0, f"a connection was dropped {-min(lateness):.4f} s early"
     # Every one closed by the timer, each within a tick plus slack of its deadline.
-    # The slack is the loop's own scheduling delay (API.md, guarantee 2): the timer's
+    # The slack is the loop's own scheduling delay (docs/design.md, guarantee 2): the timer's
     # passes in the burst wait while the loop runs the thousands of aborts and handler
     # wake-ups that the earlier passes queued, hundreds of milliseconds on this 2-core
     # machine (up to 1.3 s measured on uvloop with a busy-looping process beside it).

@@ -1,9 +1,12 @@
-"""What the idle-timeout end-to-end tests share (real servers, real sockets, real time).
+"""What the test modules share, one section per room.
 
-These tests cannot use the virtual clocks of conftest.py: a real server and a real
-client exchange bytes, so time is the wall clock and the timing assertions are
-windows, strict on the lower side (never dropped before the timeout) and generous on
-the upper side (loaded CI machines).
+* The wheel (tests/test_wheel.py, tests/test_wheel_model.py): ``Entry``, a wheel entry
+  that counts how often the wheel files it.
+* The idle-timeout end-to-end tests (tests/middleware/): real servers, real sockets,
+  real time. They cannot use the virtual clocks of conftest.py: a real server and a
+  real client exchange bytes, so time is the wall clock and the timing assertions are
+  windows, strict on the lower side (never dropped before the timeout) and generous on
+  the upper side (loaded CI machines).
 """
 
 from __future__ import annotations
@@ -15,6 +18,57 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+
+from aiowheel._wheel import Bucket, WheelEntry
+
+# -- the wheel's counting entry ----------------------------------------------------------
+
+# The slot descriptor of WheelEntry._bucket, to read and write the real slot.
+_BUCKET_SLOT: Any = WheelEntry.__dict__["_bucket"]
+
+
+class Entry(WheelEntry):
+    """A wheel entry that counts how often the wheel files it.
+
+    ``_bucket`` shadows the slot of ``WheelEntry`` with a property so that every
+    assignment the wheel makes is seen: the first non-``None`` one is the insert,
+    each later one is a move (a cascade, or a re-file of an early entry).
+    """
+
+    __slots__ = ("filings", "name")
+
+    def __init__(self, name: object = None) -> None:
+        super().__init__()
+        self.name = name
+        self.filings = 0
+
+    def _get_bucket(self) -> Bucket | None:
+        bucket: Bucket | None = _BUCKET_SLOT.__get__(self, WheelEntry)
+        return bucket
+
+    def _set_bucket(self, bucket: Bucket | None) -> None:
+        if bucket is not None and not _resorted(self._get_bucket(), bucket):
+            self.filings += 1
+        _BUCKET_SLOT.__set__(self, bucket)
+
+    # Shadows WheelEntry's `_bucket` slot: every assignment the wheel makes is seen.
+    _bucket = property(_get_bucket, _set_bucket)
+
+    @property
+    def moves(self) -> int:
+        return self.filings - 1
+
+    def __repr__(self) -> str:
+        return f"Entry({self.name!r}, deadline={self._deadline})"
+
+
+def _resorted(old: Bucket | None, new: Bucket) -> bool:
+    """The wheel re-links already-due entries into a sorted copy of the due bucket
+    (level -1) to hand them back in deadline order: that is not a move between levels."""
+    return old is not None and old.level == -1 and new.level == -1
+
+
+# -- idle-timeout end-to-end helpers -------------------------------------------------------
 
 T = 0.25  # the idle timeout under test
 TICK = 0.01  # the tick of the timers these tests use

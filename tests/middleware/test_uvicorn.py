@@ -17,7 +17,12 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from idle_helpers import (
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+from support import (
     SLACK,
     TICK,
     T,
@@ -26,11 +31,6 @@ from idle_helpers import (
     read_until_closed,
     serve_uvicorn,
 )
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from aiowheel import Timer
