@@ -394,15 +394,15 @@ class Timer:
         if live is None:
             return
         self._broken = exc
+        # Whoever waits on a handle learns why, and does not wait for ever.
+        for waiter in self._waiters.values():
+            waiter.outcome = _Failure(self._closed())
+            waiter.event.set()
+        self._waiters.clear()
         try:
             self._shut(live)
         except Exception:
             logger.exception("while closing the broken timer")
-        # Whoever waits on a handle must not wait for ever.
-        for waiter in self._waiters.values():
-            waiter.outcome = _Failure(TimerClosed(self._closed_reason()))
-            waiter.event.set()
-        self._waiters.clear()
 
     # -- clock and introspection ----------------------------------------------------
 
