@@ -5,11 +5,14 @@ a bucket, so cancelling it is one ``del`` from a dict. A handle has six slots an
 ``__dict__``; with its float deadline and its dict slot in a bucket a pending timer
 costs about 150 bytes.
 
-A handle talks to its timer through four methods, and only through them:
-``Timer._cancel``, ``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a
-periodic handle adds ``_periodic_next`` and ``_periodic_stop``). The timer owns every
-counter and every state change; the handle owns its two state slots below, which the
-timer, its wheel and its worker pool write.
+A handle talks to its timer through four methods, ``Timer._cancel``,
+``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a periodic handle adds
+``_periodic_next`` and ``_periodic_stop``), and reads two attributes, ``Timer._now``
+(the loop clock) and ``Timer._thread`` (the loop's thread), for the one path it keeps
+inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every read of
+every connection and would pay a third of its cost for a method call. The timer owns
+every counter and every state change; the handle owns its two state slots below,
+which the timer, its wheel and its worker pool write.
 
 State lives in two slots:
 
@@ -24,6 +27,7 @@ State lives in two slots:
 from __future__ import annotations
 
 import math
+from _thread import get_ident
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["PeriodicHandle", "TimerHandle"]
 
 T = TypeVar("T")
+_INF = float("inf")
 
 
 class _Sentinel:
@@ -83,9 +88,6 @@ class TimerHandle(WheelEntry, Generic[T]):
     """A scheduled callback. Returned by ``Timer.schedule`` and friends."""
 
     __slots__ = ("_args", "_callback", "_result", "_timer")
-
-    #: Periodic handles re-arm on their own grid: no lazy fast path for their reset.
-    _periodic = False
 
     def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._timer = timer
@@ -157,6 +159,17 @@ class TimerHandle(WheelEntry, Generic[T]):
         work); the wheel re-files it when its old bucket comes due. A bad ``delay``
         raises as ``schedule`` does and leaves the handle as it was.
         """
+        bucket = self._bucket
+        if bucket is not None and bucket.tick is not None and type(delay) is float:
+            # The idle-timeout touch, inline (Wheel.extend's lazy case): a pending
+            # timer moved later than its bucket comes due only records the deadline;
+            # the bucket re-files it when it comes due. Everything else, a bad delay
+            # and a call from a foreign thread included, goes to the timer.
+            timer = self._timer
+            deadline = timer._now() + delay
+            if _INF > deadline >= bucket.time and get_ident() == timer._thread:
+                self._deadline = deadline
+                return
         self._timer._reset(self, delay)
 
     def reset_at(self, deadline: float) -> None:
@@ -213,8 +226,6 @@ class PeriodicHandle(TimerHandle[Any]):
 
     __slots__ = ("_active", "_fixed_rate", "_interval", "_k", "_start", "_user_args", "_user_cb")
 
-    _periodic = True
-
     def __init__(
         self,
         timer: Timer,
@@ -260,7 +271,7 @@ class PeriodicHandle(TimerHandle[Any]):
     def reset(self, delay: float) -> None:
         """Move the next run to ``time() + delay`` (re-activating a stopped timer);
         later runs follow from there."""
-        self._timer._reset(self, delay)
+        self._timer._reset(self, delay)  # no lazy path: the grid restarts
 
     def reset_at(self, deadline: float) -> None:
         """Move the next run to the absolute ``deadline`` (see ``reset``)."""

@@ -223,7 +223,9 @@ class Timer:
         # The running parts, exactly while the timer accepts timers (open or draining).
         self._live: _Running | None = None
         self._outer_tg: TaskGroup | None = None
-        self._thread = 0  # the loop's thread (get_ident()), once started
+        # What handles read (see _handle.py): the loop's thread and clock, once started.
+        self._thread = 0
+        self._now: Callable[[], float] = _not_started_clock
         self._levels = 0  # the wheel's levels when it closed
         self._broken: BaseException | None = None  # what stopped the timer, if not aclose
         # When the driver is armed for; -inf during a pass (no re-arming from
@@ -267,6 +269,7 @@ class Timer:
             self._recorder.open(backend=backend, clock=live.clock())
         self._state = _OPEN
         self._thread = get_ident()
+        self._now = live.clock
         self._live = live
         return self
 
@@ -711,16 +714,14 @@ class Timer:
             bucket is not None
             and bucket.tick is not None
             and _INF > deadline >= bucket.time
-            and not handle._periodic
+            and not isinstance(handle, PeriodicHandle)
         ):
-            # The idle-timeout touch: a pending timer moved later than its bucket
-            # comes due. Only the deadline changes; the bucket re-files it when it comes
-            # due (Wheel.extend, inlined: this runs on every read of every connection).
+            # The lazy case, for a delay that was not a float (handle.reset keeps
+            # the float case inline).
             handle._deadline = deadline
             return
         if deadline == _INF:
             too_far("delay", delay)
-        self._check_owner(live)
         self._rearm(live, handle, deadline)
 
     def _reset_at(self, handle: TimerHandle[Any], deadline: float) -> None:
@@ -1107,6 +1108,10 @@ class Timer:
         delay = seconds(delay)
         self._open()
         return Timeout(self, delay)
+
+
+def _not_started_clock() -> float:
+    raise TimerClosed("the timer is not started: use `async with Timer() as timer:`")
 
 
 def _level_of(handle: TimerHandle[Any]) -> int:
