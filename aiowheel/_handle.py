@@ -140,7 +140,9 @@ class TimerHandle(WheelEntry, Generic[T]):
         )
         callback = self.callback
         name = getattr(callback, "__qualname__", None) or type(callback).__name__
-        return f"<{type(self).__name__} {state} deadline={self._deadline:.6f} callback={name}>"
+        deadline = self._deadline
+        when = f"{deadline:.6f}" if abs(deadline) < 1e15 else f"{deadline:.6g}"
+        return f"<{type(self).__name__} {state} deadline={when} callback={name}>"
 
     # -- control ----------------------------------------------------------------------
 
