@@ -35,12 +35,11 @@ itself (a bug) closes the timer and makes every later call say why: never stuck.
 Loop affinity. A timer belongs to the event loop that started it. Every call that
 changes it compares the calling thread with the loop's (``_thread.get_ident()``, about
 45 ns here) and raises ``RuntimeError`` for a foreign caller; threads go through
-``call_threadsafe``/``schedule_threadsafe``. The calls off the hot paths (``wait``,
-``aclose``, ``schedule_at*``, ``every``, ``reset_at``, ``timeout``, re-arms that
-re-file) also compare the running asyncio loop, which catches a second loop in the
-same thread; ``asyncio._get_running_loop()`` costs about 230 ns on CPython 3.11, five
-times the thread check, so ``schedule_nowait``, ``cancel`` and the lazy ``reset``
-do without it.
+``call_threadsafe``/``schedule_threadsafe``. The calls that wait or set things up
+(``wait``, ``aclose``, ``every``, ``timeout``, ``schedule``/``schedule_at`` waiting for
+room) also compare the running asyncio loop, which catches a second loop in the same
+thread; ``asyncio._get_running_loop()`` costs about 230 ns on CPython 3.11, five times
+the thread check, so the calls that run per timer do without it.
 """
 
 from __future__ import annotations
@@ -503,12 +502,20 @@ class Timer:
             "timer.schedule_threadsafe()"
         )
 
-    def _open(self) -> _Running:
-        """The running parts, for a call from the timer's own loop; else raise."""
+    def _here(self) -> _Running:
+        """The running parts, for a call from the timer's thread; else raise."""
         live = self._live
         if live is None:
             raise self._closed()
-        self._check_owner(live)
+        if get_ident() != self._thread:
+            raise self._foreign(live)
+        return live
+
+    def _open(self) -> _Running:
+        """The running parts, for a call from the timer's own loop; else raise."""
+        live = self._here()
+        if live.loop is not None and asyncio._get_running_loop() is not live.loop:
+            raise self._foreign(live)
         return live
 
     # -- scheduling -----------------------------------------------------------------
@@ -550,7 +557,7 @@ class Timer:
         self, deadline: float, callback: Callable[..., Any], *args: Any, label: str | None = None
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` at the absolute ``deadline`` (loop clock)."""
-        live = self._open()
+        live = self._here()
         deadline = seconds(deadline, "deadline")
         check_callable(callback)
         if self._pending >= self._limit:
@@ -701,13 +708,10 @@ class Timer:
         )
 
     def _reset(self, handle: TimerHandle[Any], delay: float) -> None:
-        live = self._live
-        if live is None:
-            raise self._closed()
-        if get_ident() != self._thread:
-            raise self._foreign(live)
-        if type(delay) is not float or delay - delay != 0.0:
-            delay = seconds(delay)
+        # handle.reset() past its inline lazy path (which checks nothing but the
+        # thread, and takes only floats).
+        live = self._here()
+        delay = seconds(delay)
         deadline = live.clock() + delay
         bucket = handle._bucket
         if (
@@ -725,7 +729,7 @@ class Timer:
         self._rearm(live, handle, deadline)
 
     def _reset_at(self, handle: TimerHandle[Any], deadline: float) -> None:
-        self._rearm(self._open(), handle, seconds(deadline, "deadline"))
+        self._rearm(self._here(), handle, seconds(deadline, "deadline"))
 
     def _rearm(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
         # reset()/reset_at() past the fast path. Admission first: nothing changes
