@@ -167,9 +167,17 @@ class WorkerPool:
         if self._loop is not None:
             task = self._loop.create_task(self._worker())
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._forget)
         else:
             self._tg.start_soon(self._worker)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            # A worker killed by SystemExit/KeyboardInterrupt: that went up through
+            # the loop already; retrieving it here keeps asyncio from logging it again
+            # when the task is collected.
+            task.exception()
 
     async def _worker(self) -> None:
         inside.set(self._host)
@@ -212,7 +220,8 @@ class WorkerPool:
         self.running[handle] = None
         _current.set(handle)
         host._job_started(handle)
-        outcome: Any
+        outcome: Any = None
+        failure: BaseException | None = None
         try:
             outcome = await awaitable
         except anyio.get_cancelled_exc_class() as exc:
@@ -222,21 +231,26 @@ class WorkerPool:
                 raise
             # asyncio.CancelledError raised by the callback itself, its worker not
             # being cancelled: a failure like any other (asyncio's Handle does so).
-            host._job_failed(handle, exc)
-            outcome = _Failure(without_frame(exc))
+            failure = exc
         except _EXIT as exc:
             self.running.pop(handle, None)
             host._job_ended(handle, _Failure(without_frame(exc)))
             raise
         except BaseException as exc:
-            host._job_failed(handle, exc)
-            outcome = _Failure(without_frame(exc))
+            failure = exc
         finally:
             _current.set(None)
-        self.running.pop(handle, None)
-        host._job_ended(handle, outcome)
-        # A failed job's traceback keeps this frame alive: it must not keep the handle.
-        del handle, awaitable, outcome
+        try:
+            if failure is not None:
+                outcome = _Failure(without_frame(failure))
+                host._job_failed(handle, failure)  # on_error may raise SystemExit...
+        finally:
+            # ...and the job is settled all the same.
+            self.running.pop(handle, None)
+            host._job_ended(handle, outcome)
+            # A failed job's traceback keeps this frame alive: it must not keep the
+            # handle, its awaitable or its result.
+            del handle, awaitable, outcome, failure
 
     def _really_cancelled(self, scope: anyio.CancelScope) -> bool:
         if scope.cancel_called or self._loop is None:

@@ -222,6 +222,7 @@ class Timer:
         # The running parts, exactly while the timer accepts timers (open or draining).
         self._live: _Running | None = None
         self._outer_tg: TaskGroup | None = None
+        self._parts: _Running | None = None  # the running parts, kept for __aexit__
         # What handles read (see _handle.py): the loop's thread and clock, once started.
         self._thread = 0
         self._now: Callable[[], float] = _not_started_clock
@@ -269,7 +270,7 @@ class Timer:
         self._state = _OPEN
         self._thread = get_ident()
         self._now = live.clock
-        self._live = live
+        self._live = self._parts = live
         return self
 
     async def __aexit__(
@@ -280,6 +281,12 @@ class Timer:
     ) -> bool:
         with anyio.CancelScope(shield=True):
             await self.aclose()
+            parts = self._parts
+            if parts is not None and inside.get() is not self:
+                # aclose() called by one of the timer's own jobs did not wait for the
+                # workers (it runs on one); the block does not end before they have.
+                await parts.stopped.wait()
+                await parts.pool.join()
         outer = self._outer_tg
         if outer is not None:
             # Our tasks are finished, so the task group has nothing to wrap: the
@@ -899,10 +906,14 @@ class Timer:
                         # GeneratorExit included, is its failure alone (asyncio's
                         # Handle._run does the same).
                         failed += 1
-                        self._report(handle, exc)
                         outcome = _Failure(without_frame(exc))
-                        if handle._bucket is None:
+                        if handle._bucket is None:  # unless it re-armed itself
                             handle._result = outcome
+                        try:
+                            self._report(handle, exc)  # on_error may re-arm the handle
+                        except _EXIT:
+                            self._settle(handle, outcome)  # on_error's SystemExit...
+                            raise
                     else:
                         if result is not None and hasattr(type(result), "__await__"):
                             fired -= 1  # it fires when a worker starts it
