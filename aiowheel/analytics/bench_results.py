@@ -107,7 +107,7 @@ def load_bench_results(path: str | os.PathLike[str]) -> BenchResults:
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         raise BenchResultsError(f'{path}: not a bench\'s results (no "results" list)')
     version = data.get("version")
-    if version != BENCH_RESULTS_VERSION:
+    if not _is_number(version) or version != BENCH_RESULTS_VERSION:
         raise BenchResultsError(
             f"{path}: version {version!r}, but this report reads version "
             f"{BENCH_RESULTS_VERSION}: use the aiowheel that wrote it"

@@ -165,6 +165,11 @@ def _footnote(figure: Figure, left_out: dict[str, str]) -> None:
     figure.supxlabel(text, **_NOTE)
 
 
+def _nothing_to_show(left_out: dict[str, str]) -> str:
+    reasons = sorted(set(left_out.values())) or ["no timer fired"]
+    return f"no lateness to show: {'; '.join(reasons)}"
+
+
 def _empty(ax: Axes, message: str) -> None:
     ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center", color="0.4")
     ax.set_xticks([])
@@ -193,7 +198,7 @@ def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Fig
     low = min(1.0, float(finite.min())) if len(finite) else 1.0
     high = max(1.0, float(finite.max())) if len(finite) else 1.0
     # Room on both sides for the value printed at each bar's end.
-    limits = (low / 3.0, high * 3.0)
+    limits = (min(low / 3.0, 0.25), max(high * 3.0, 4.0))
     sizes = [len(headline[(headline.workload == w) & (headline.variant == v)]) for w, v in groups]
     from matplotlib.figure import Figure
 
@@ -237,7 +242,7 @@ def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Fig
 def _headline_panel(
     ax: Axes, part: pd.DataFrame, peers: Sequence[str], limits: tuple[float, float]
 ) -> None:
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     metrics = list(dict.fromkeys(part["metric"]))
     ticks: list[float] = []
@@ -253,7 +258,9 @@ def _headline_panel(
             colour = contender_colour(peer)
             if math.isnan(ratio):
                 why = row["note"] or "no ratio"
-                ax.text(1.0, y, f"  {why}", va="center", ha="left", fontsize=7, color="0.4")
+                ax.text(
+                    1.0, y, f"  {peer}: {why}", va="center", ha="left", fontsize=7, color=colour
+                )
             else:
                 ax.barh(y, ratio - 1.0, left=1.0, height=0.8, color=colour)
                 better = ratio >= 1.0
@@ -272,7 +279,11 @@ def _headline_panel(
         y += 0.6  # a gap between metrics
     ax.set_xscale("log")
     ax.set_xlim(*limits)
+    # A narrow range gets 2x and 5x ticks too: 1x alone says nothing.
+    decades = math.log10(limits[1] / limits[0])
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 3 else (1.0,)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: times(x)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.axvline(1.0, color="0.1", linewidth=1.2)
     ax.set_yticks(ticks, names, fontsize=8)
     ax.set_ylim(y - 0.3, -0.9)
@@ -331,8 +342,8 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
             drawable.append((workload, part))
     figure, axes = _figure(max(1, len(drawable)), 2, 2.5)
     if not drawable:
-        _empty(axes[0][0], "no lateness to show: no timer fired")
-        _empty(axes[0][1], "no lateness to show: no timer fired")
+        _empty(axes[0][0], _nothing_to_show(left_out))
+        _empty(axes[0][1], _nothing_to_show(left_out))
     styles = _styles(summary["label"])
     for (cdf_ax, tail_ax), (workload, part) in zip(axes, drawable, strict=False):
         lowest, highest = math.inf, 0.0
@@ -364,14 +375,15 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
         tail_ax.set_ylabel("fraction later\n(1 - CDF)", fontsize=8)
         tail_ax.set_title(f"{workload}: tail (p99 at 1e-2)", loc="left", fontsize=10)
     for ax in axes[-1]:
-        ax.set_xlabel(
-            "lateness, ms (log scale; on time or early is drawn at 1 \u00b5s)", fontsize=9
-        )
+        if drawable:
+            ax.set_xlabel(
+                "lateness, ms (log scale; on time or early is drawn at 1 \u00b5s)", fontsize=9
+            )
     _legend(
         figure,
         "How late timers fired, per workload (further left is better)",
-        summary["contender"],
-        list(summary["label"]),
+        summary["contender"] if drawable else [],
+        list(summary["label"]) if drawable else [],
     )
     _footnote(figure, left_out)
     return _save(figure, path)
@@ -395,7 +407,7 @@ def plot_lateness_p99(windows: pd.DataFrame, path: Path) -> Figure:
     figure, grid = _figure(rows, cols, 2.6)
     axes = [ax for row in grid for ax in row]
     if not drawable:
-        _empty(axes[0], "no lateness to show: no timer fired")
+        _empty(axes[0], _nothing_to_show(left_out))
     for ax in axes[len(drawable) :]:
         if drawable:
             ax.set_visible(False)
@@ -424,7 +436,7 @@ def plot_lateness_p99(windows: pd.DataFrame, path: Path) -> Figure:
     _legend(
         figure,
         "Lateness p99 of the timers fired in each second, per workload",
-        windows["contender"],
+        windows["contender"] if drawable else [],
     )
     _footnote(figure, left_out)
     return _save(figure, path)

@@ -416,3 +416,28 @@ def test_the_fixture_is_a_copy_of_a_real_quick_run(tmp_path: Path) -> None:
     bench = load_bench_results(copy)
     assert {r["workload"] for r in bench.results} == {"churn", "fire", "spread"}
     assert bench.settings["quick"] is True
+
+
+def test_the_modules_depend_one_way() -> None:
+    """report -> job -> inputs -> schema; plots -> schema; nothing imports report but
+    the spark-submit entry, and schema imports none of its siblings."""
+    import ast
+
+    package = Path(schema.__file__).parent
+    imports: dict[str, set[str]] = {}
+    for source in package.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "aiowheel.analytics."
+            ):
+                found.add(str(node.module).rsplit(".", 1)[1])
+        imports[source.stem] = found
+    assert imports["schema"] == set()
+    assert imports["plots"] == {"schema"}
+    assert imports["job"] == {"inputs", "schema"}
+    assert imports["submit"] == {"report"}
+    assert [name for name, found in imports.items() if "report" in found] == ["submit"]
