@@ -81,7 +81,13 @@ def find_bench_results(traces: Sequence[str], files: TraceFiles) -> list[Path]:
                 directories[path.resolve()] = None
     for file in files.local:
         directories[Path(file).parent] = None
-    return [d / BENCH_RESULTS for d in directories if (d / BENCH_RESULTS).is_file()]
+    # Anything by that name, a FIFO or a dangling link too: load_bench_results says
+    # what is wrong with it rather than the report saying there is none.
+    return [
+        d / BENCH_RESULTS
+        for d in directories
+        if (d / BENCH_RESULTS).exists() or (d / BENCH_RESULTS).is_symlink()
+    ]
 
 
 def load_bench_results(path: str | os.PathLike[str]) -> BenchResults:

@@ -116,6 +116,8 @@ def not_regular(path: Path) -> str | None:
         return f"cannot be read ({exc.strerror or type(exc).__name__})"
     if stat.S_ISREG(mode):
         return None
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
     if stat.S_ISFIFO(mode):
         return "not a regular file (a FIFO)"
     if stat.S_ISSOCK(mode):

@@ -589,8 +589,9 @@ def _check_target(target: Path, traces: Sequence[str], files: TraceFiles) -> Non
         if directory.is_dir():
             directory = directory.resolve()
             if resolved == directory or directory in resolved.parents:
+                where = "is" if resolved == directory else "is inside"
                 raise ReportError(
-                    f"--out {target} is inside the trace directory {raw}: the next report "
+                    f"--out {target} {where} the trace directory {raw}: the next report "
                     "over it would read the report's own tables as traces; choose a "
                     "directory outside it"
                 )

@@ -429,7 +429,7 @@ def test_out_in_the_trace_directory(
     }[where]
     status, err = _run(capsys, str(traces), "--out", str(out))
     assert status == 2
-    _assert_one_line(err, f"--out {out}", f"inside the trace directory {traces}")
+    _assert_one_line(err, f"--out {out}", f"the trace directory {traces}: the next report")
     assert sorted(p.name for p in traces.iterdir()) == ["trace.parquet"]
 
 
@@ -555,5 +555,5 @@ def test_bench_results_given_but_bad(
     _assert_one_line(err, "--bench-results is empty")
     status, err = _run(capsys, str(trace), "--out", str(out), "--bench-results", str(tmp_path))
     assert status == 2
-    _assert_one_line(err, str(tmp_path), "not a file or directory")
+    _assert_one_line(err, str(tmp_path), "a directory, not a file")
     _assert_nothing_written(out)

@@ -9,6 +9,7 @@ draw.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -441,3 +442,48 @@ def test_the_modules_depend_one_way() -> None:
     assert imports["job"] == {"inputs", "schema"}
     assert imports["submit"] == {"report"}
     assert [name for name, found in imports.items() if "report" in found] == ["submit"]
+
+
+def test_bench_results_are_found_next_to_the_traces(tmp_path: Path) -> None:
+    from aiowheel.analytics.bench_results import BenchResultsError, find_bench_results
+
+    traces = tmp_path / "traces"
+    (traces / "day2").mkdir(parents=True)
+    files = TraceFiles(local=(str(traces / "day2" / "a.parquet"),), remote=(), rows=1)
+    assert find_bench_results([str(traces)], files) == []
+    shutil.copy(BENCH, traces / "day2" / schema.BENCH_RESULTS)
+    assert find_bench_results([str(traces)], files) == [traces / "day2" / schema.BENCH_RESULTS]
+    shutil.copy(BENCH, traces / schema.BENCH_RESULTS)  # the directory given comes first
+    assert find_bench_results([str(traces)], files) == [
+        traces / schema.BENCH_RESULTS,
+        traces / "day2" / schema.BENCH_RESULTS,
+    ]
+    # A FIFO by that name is found, and refused when read: never opened, never waited on.
+    (traces / schema.BENCH_RESULTS).unlink()
+    os.mkfifo(traces / schema.BENCH_RESULTS)
+    (found, _) = find_bench_results([str(traces)], files)
+    with pytest.raises(
+        BenchResultsError, match=r"bench-results.json: not a regular file \(a FIFO\)"
+    ):
+        load_bench_results(found)
+
+
+def test_the_headline_pairs_each_peer_with_aiowheel_on_its_backend() -> None:
+    bench = load_bench_results(BENCH)
+    ratios = headline(bench)
+    pairs = set(zip(ratios["peer"], ratios["aiowheel"], strict=True))
+    assert pairs == {
+        ("call_later-asyncio", "aiowheel-asyncio"),
+        ("call_later-uvloop", "aiowheel-uvloop"),
+        ("trio-native", "aiowheel-trio"),
+    }
+    assert "early_pct" not in set(ratios["metric"])  # no ratios: not in the headline
+    for row in ratios.itertuples():
+        (source,) = [
+            r
+            for r in bench.results
+            if (r["workload"], r["variant"], r["metric"], r["contender"])
+            == (row.workload, row.variant, row.metric, row.peer)
+        ]
+        assert row.ratio == pytest.approx(source["ratios"][row.aiowheel])
+        assert row.peer_median == pytest.approx(source["median"])
