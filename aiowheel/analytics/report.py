@@ -581,7 +581,10 @@ def _check_target(target: Path, traces: Sequence[str], files: TraceFiles) -> Non
     a report among the traces would be read as a trace by the next report."""
     if target.exists() and not target.is_dir():
         raise ReportError(f"{target}: exists and is not a directory")
-    resolved = target.resolve()
+    try:
+        resolved = target.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop
+        raise ReportError(f"--out {target}: cannot be resolved ({_first_line(exc)})") from None
     for raw in traces:
         if is_remote(raw):
             continue

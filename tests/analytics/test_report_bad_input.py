@@ -396,6 +396,20 @@ def test_out_read_only_parent(
     _assert_one_line(err, "cannot create a directory in", "Permission denied")
 
 
+def test_out_through_a_symbolic_link_loop(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    status, err = _run(capsys, str(trace), "--out", str(loop / "report"))
+    assert status == 2
+    _assert_one_line(err, f"--out {loop / 'report'}: cannot be resolved")
+
+
 def test_out_empty(
     make_trace: Callable[..., Path],
     tmp_path: Path,
