@@ -114,8 +114,9 @@ class TimerHandle(WheelEntry, Generic[T]):
         return self._bucket is not None
 
     def cancelled(self) -> bool:
-        """True when the timer was cancelled before its callback started (or, for an
-        async callback, while it ran, by ``aclose()``)."""
+        """True when the timer was cancelled before its callback started. (An async
+        callback that ``aclose()`` cancels while it runs stays ``fired()``; its
+        ``wait()`` raises ``TimerCancelled``.)"""
         return self._result is _CANCELLED
 
     def fired(self) -> bool:
