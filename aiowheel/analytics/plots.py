@@ -219,6 +219,8 @@ def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Fig
         "how many times better aiowheel is than the peer on its backend (log scale)", fontsize=9
     )
     top = axes[0]
+    # The first panel's title goes above the "who is better" labels, not through them.
+    top.set_title(top.get_title(loc="left"), loc="left", fontsize=10, pad=16)
     for text, align in (
         ("\u2190 the peer is better  ", "right"),
         ("  aiowheel is better \u2192", "left"),
