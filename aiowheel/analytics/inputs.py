@@ -14,7 +14,6 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..trace import TRACE_COLUMNS
 from .schema import SUMMARY_PARQUET, WINDOWS_PARQUET
@@ -140,7 +139,7 @@ def check_trace_file(file: str) -> int:
         metadata = pq.read_metadata(file)
         schema = pq.read_schema(file)
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...: all mean "not Parquet"
-        raise TraceInputError(f"{file}: not a Parquet file ({_first_line(exc)})") from None
+        raise TraceInputError(f"{file}: not a Parquet file ({first_line(exc)})") from None
     problem = schema_problem({field.name: str(field.type) for field in schema})
     if problem:
         hint = ""
@@ -166,6 +165,7 @@ def schema_problem(types: dict[str, str]) -> str | None:
     return None
 
 
-def _first_line(exc: Any) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's message in one line, for the one-line errors of the report."""
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]

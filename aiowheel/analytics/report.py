@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .bench_results import BenchResultsError, find_bench_results, headline, load_bench_results
-from .inputs import TraceFiles, TraceInputError, find_traces, is_remote
+from .inputs import TraceFiles, TraceInputError, find_traces, first_line, is_remote
 from .render import Headline
 from .schema import (
     ACCURACY,
@@ -387,7 +387,7 @@ def _start_quietly(builder: Any) -> tuple[SparkSession, Path]:
     except Exception as exc:
         tail = _log_tail(log)
         raise ReportError(
-            f"Spark did not start ({_first_line(exc)}){tail}; Spark's output is in {log}",
+            f"Spark did not start ({first_line(exc)}){tail}; Spark's output is in {log}",
             status=1,
         ) from None
     finally:
@@ -584,7 +584,7 @@ def _check_target(target: Path, traces: Sequence[str], files: TraceFiles) -> Non
     try:
         resolved = target.resolve()
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop
-        raise ReportError(f"--out {target}: cannot be resolved ({_first_line(exc)})") from None
+        raise ReportError(f"--out {target}: cannot be resolved ({first_line(exc)})") from None
     for raw in traces:
         if is_remote(raw):
             continue
@@ -650,7 +650,7 @@ def _make_staging(target: Path) -> Path:
     except OSError as exc:
         raise ReportError(
             f"--out {target}: cannot create a directory in {target.parent} "
-            f"({exc.strerror or _first_line(exc)})"
+            f"({exc.strerror or first_line(exc)})"
         ) from None
     umask = os.umask(0o022)
     os.umask(umask)
@@ -672,7 +672,7 @@ def _run_job(
     except Exception as exc:
         if verbose:
             raise
-        raise ReportError(f"Spark failed: {_first_line(exc)}", status=1) from None
+        raise ReportError(f"Spark failed: {first_line(exc)}", status=1) from None
 
 
 def _write_outputs(
@@ -704,7 +704,7 @@ def _write_outputs(
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
     except OSError as exc:
         raise ReportError(
-            f"cannot write the report in {staging.parent} ({exc.strerror or _first_line(exc)})",
+            f"cannot write the report in {staging.parent} ({exc.strerror or first_line(exc)})",
             status=1,
         ) from None
     return [*written, CDF_PNG, P99_PNG, RATES_PNG, REPORT_MD]
@@ -739,14 +739,9 @@ def _publish(staging: Path, target: Path, written: Sequence[str]) -> None:
         staging.rmdir()
     except OSError as exc:
         raise ReportError(
-            f"cannot move the report into {target} ({exc.strerror or _first_line(exc)})",
+            f"cannot move the report into {target} ({exc.strerror or first_line(exc)})",
             status=1,
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
 
 
 if __name__ == "__main__":
