@@ -289,6 +289,42 @@ async def test_async_callback_raising_base_exception_is_isolated(
         assert (stats.fired, stats.failed, stats.running, stats.pending) == (6, 2, 0, 0)
 
 
+async def test_drain_waits_for_every_run_of_a_handle_re_armed_while_running(
+    unit: float, guard: float
+) -> None:
+    """Found by tests/test_fault_model.py (not in the issue's list): an async callback
+    whose handle is reset while it runs starts again while the first run still runs.
+    Both runs count in stats().running, and aclose(drain=True) waits for both (today
+    the second is not counted, and the drain returns and cancels it midway)."""
+    async with Timer(tick=TICK, max_concurrency=2) as timer:
+        events: list[tuple[str, int]] = []
+        started = [anyio.Event(), anyio.Event()]
+        count = 0
+
+        async def body() -> int:
+            nonlocal count
+            count += 1
+            run = count
+            events.append(("start", run))
+            started[run - 1].set()
+            await anyio.sleep((10 if run == 1 else 50) * unit)
+            events.append(("end", run))
+            return run
+
+        handle = timer.schedule_nowait(0, body)
+        with anyio.fail_after(guard):
+            await started[0].wait()
+            handle.reset(0)  # re-armed while its first run is running
+            await started[1].wait()
+        assert events == [("start", 1), ("start", 2)]
+        assert timer.stats().running == 2
+        with anyio.fail_after(guard):
+            assert await timer.aclose(drain=True) == []
+        assert sorted(events) == [("end", 1), ("end", 2), ("start", 1), ("start", 2)]
+        assert timer.stats().running == 0
+        assert await handle.wait() == 2  # wait() reports the latest firing
+
+
 # == SystemExit / KeyboardInterrupt propagate, the timer survives ========================
 
 INTERRUPTS = [
