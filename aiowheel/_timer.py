@@ -331,9 +331,9 @@ class Timer:
                 periodic.cancel()
             # Called from an async callback, that callback is one of the running
             # ones: do not wait for it (it is waiting for us).
-            running = live.pool.running
-            me = 1 if live.pool.current() in running else 0
-            while (self._pending or len(running) > me) and self._state is _DRAINING:
+            pool = live.pool
+            me = 1 if pool.current() in pool.running else 0
+            while (self._pending or pool.busy > me) and self._state is _DRAINING:
                 event = anyio.Event()
                 self._idle_waiters.append(event)
                 self._notify_cancel = True
@@ -459,7 +459,7 @@ class Timer:
             failed=self._failed,
             levels=live.wheel.levels if live is not None else self._levels,
             lateness_max=self._lateness_max,
-            running=len(live.pool.running) if live is not None else 0,
+            running=live.pool.busy if live is not None else 0,
             workers=live.pool.workers if live is not None else 0,
             wakeups=self._wakeups,
         )
@@ -708,7 +708,7 @@ class Timer:
             self._settle(handle, _CANCELLED)
         if self._room_waiters:
             self._wake_room()
-        if self._idle_waiters and not self._pending and len(live.pool.running) <= 1:
+        if self._idle_waiters and not self._pending and live.pool.busy <= 1:
             self._wake_idle()  # the drainer re-checks (it may be running itself)
         self._notify_cancel = bool(
             self._recorder is not None or self._waiters or self._room_waiters or self._idle_waiters
@@ -854,7 +854,7 @@ class Timer:
                 self._sync_wakeup(live)
             if self._room_waiters:
                 self._wake_room()
-            if self._idle_waiters and not self._pending and len(live.pool.running) <= 1:
+            if self._idle_waiters and not self._pending and live.pool.busy <= 1:
                 self._wake_idle()  # the drainer re-checks (it may be running itself)
 
     def _dispatch(self, live: _Running, buckets: list[Bucket], now: float) -> None:
@@ -998,16 +998,19 @@ class Timer:
         self._failed += 1
         self._report(handle, exc)
 
-    def _job_ended(self, handle: TimerHandle[Any], outcome: Any) -> None:
+    def _job_ended(self, handle: TimerHandle[Any], outcome: Any, *, last: bool) -> None:
         if isinstance(outcome, _Failure) and isinstance(outcome.exc, _EXIT):
             self._failed += 1
-        if handle._bucket is None and handle._result is _RUNNING:
-            handle._result = outcome
-        if self._waiters:
-            self._settle(handle, outcome)
+        # A handle re-armed while it ran may have a newer run still going, or be
+        # pending again: then wait() waits for that one (the newest firing).
+        if last and handle._bucket is None:
+            if handle._result is _RUNNING:
+                handle._result = outcome
+            if self._waiters:
+                self._settle(handle, outcome)
         live = self._live
-        running = len(live.pool.running) if live is not None else 0
-        if self._idle_waiters and not self._pending and running <= 1:
+        busy = live.pool.busy if live is not None else 0
+        if self._idle_waiters and not self._pending and busy <= 1:
             self._wake_idle()  # the drainer re-checks (it may be running itself)
 
     def _job_stopped(self, handle: TimerHandle[Any]) -> None:
