@@ -13,6 +13,7 @@ refusals. The memory bound under attack is test_longpoll_memory.py's.
 from __future__ import annotations
 
 import gc
+import json
 import random
 import socket
 import subprocess
@@ -22,6 +23,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from longpoll_helpers import EXAMPLE, Server, parse_response, running, server, until
 
 import aiowheel
@@ -247,6 +250,46 @@ async def test_bodies_received_at_once_are_bounded(backend: str) -> None:
         assert answers["c"][:1] == (200,)
         assert sorted(s.log.topics) == ["a", "b", "c"]
         assert service.inflight.used == 0
+
+
+# Characters JSON escapes in six bytes or two, and ones that take 2 to 4 bytes in UTF-8.
+AWKWARD = '\x00\x01\x1f\\"\n\t\x7fé中😀\u2028a'
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(AWKWARD) | st.characters(), max_size=300))
+def test_escaped_length_is_the_length_of_the_json(text: str) -> None:
+    body = text.encode()
+    assert server.escaped_length(body) == len(json.dumps(text, ensure_ascii=False).encode())
+
+
+def test_a_large_answer_is_written_in_bounded_pieces() -> None:
+    rng = random.Random(7)
+    messages = ["".join(rng.choice(AWKWARD) for _ in range(n)).encode() for n in (1, 5000, 70_001)]
+    messages.append(b"\x01" * (1 << 20))  # 6 MiB once escaped
+    answer = server.answer_messages(messages, 2**63 - 1)
+    assert isinstance(answer, server.StreamedAnswer)
+    pieces = list(answer.pieces())
+    expected = json.dumps(
+        {"messages": [m.decode() for m in messages], "next_offset": 2**63 - 1},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    ).encode()
+    assert b"".join(pieces) == expected
+    assert answer.size == len(expected)
+    assert max(len(piece) for piece in pieces) <= server.ANSWER_PIECE + 6 * server.ANSWER_SLICE
+    # A small answer is built at once.
+    assert not isinstance(server.answer_messages([b"m"], 1), server.StreamedAnswer)
+
+
+async def test_large_answers_over_http(backend: str) -> None:
+    async with running(max_fetch_bytes=1 << 20) as s:
+        texts = ["\x01\x02" * 20_000, 'é中😀\\"' * 5000, "plain"]
+        for text in texts:
+            await s.publish("t", text)
+        # httpx checks that the body is exactly Content-Length long.
+        status, body = await fetch(s, "t", offset=0)
+        assert (status, body) == (200, {"messages": texts, "next_offset": 3})
 
 
 # -- what the server holds -------------------------------------------------------------------

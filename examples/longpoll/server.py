@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import json
 import math
 import re
@@ -56,7 +57,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -92,11 +93,12 @@ RECORD_OVERHEAD = 128
 TOPIC_OVERHEAD = 1024
 # The rest of the memory bound (docs/longpoll.md says how these were measured): a
 # parked poll (its connection, request, task and operation: about 18 KiB on uvicorn,
-# 27 KiB on hypercorn), what the HTTP server buffers for a connection whose body we
-# are not reading yet, and what a fresh server grows by when it starts serving
-# (allocator arenas, caches), whatever the limits.
+# 27 KiB on hypercorn); an open connection besides, for what the HTTP server buffers
+# of a body we are not reading yet (64 KiB) or of an answer its client is not reading
+# (two pieces and the write buffer, 75 to 110 KiB); and what a fresh server grows by
+# when it starts serving (allocator arenas, caches), whatever the limits.
 WAITER_OVERHEAD = 32 << 10
-CONNECTION_BUFFER = 64 << 10
+CONNECTION_BUFFER = 192 << 10
 FIXED_OVERHEAD = 32 << 20
 
 
@@ -213,9 +215,8 @@ class Limits:
 
     def memory_bound(self, connections: int = 0) -> int:
         """How much the server's memory (RSS) can grow, in bytes, whatever its clients
-        send, with ``connections`` connections open besides the parked polls and
-        answers read as fast as they are written (docs/longpoll.md, "What memory the
-        limits bound")."""
+        send, with ``connections`` connections open besides the parked polls
+        (docs/longpoll.md, "The memory bound")."""
         return (
             self.total_retention_bytes
             + self.max_topics * TOPIC_OVERHEAD
@@ -821,8 +822,7 @@ class LongPollService:
             messages, next_offset = self.log.read(topic, offset, max_bytes)
         except BadRequest as error:
             return error.response()
-        texts = [message.decode() for message in messages]
-        return _json({"messages": texts, "next_offset": next_offset})
+        return answer_messages(messages, next_offset)
 
     def admit(self, topic: str, offset: int, max_wait_ms: int, min_bytes: int) -> None:
         """Refuse (503) a poll that would park while ``max_waiters`` polls are parked."""
@@ -978,6 +978,90 @@ def _json(body: Any, status: int = 200) -> Response:
     # Compact separators: smaller answers, and the same encoding in both modes.
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     return Response(data, status_code=status, media_type="application/json")
+
+
+# -- answers -------------------------------------------------------------------------------
+
+# Bytes JSON writes as they are (ensure_ascii=False): all but '"', '\\' and the C0
+# controls. A UTF-8 body's escaped length follows from the bytes JSON escapes.
+_PLAIN_BYTES = bytes(b for b in range(0x20, 0x100) if b not in b'"\\')
+_SHORT_ESCAPES = tuple(bytes([b]) for b in b'"\\\b\f\n\r\t')  # 2 bytes each; others 6
+# Answers larger than ANSWER_PIECE bytes are written in pieces of about that size: a
+# piece is complete once it reaches ANSWER_PIECE, after escaping up to ANSWER_SLICE
+# more bytes of a message (at most 6 bytes each), so no piece exceeds 40 KiB.
+ANSWER_PIECE = 16 << 10
+ANSWER_SLICE = 4 << 10
+
+
+def escaped_length(body: bytes) -> int:
+    """``len(json.dumps(body.decode(), ensure_ascii=False).encode())``, without
+    building it (two passes in C over ``body``)."""
+    special = body.translate(None, _PLAIN_BYTES)
+    short = sum(special.count(escape) for escape in _SHORT_ESCAPES)
+    return len(body) + 2 + short + 5 * (len(special) - short)
+
+
+def answer_messages(messages: list[bytes], next_offset: int) -> Response:
+    """``{"messages": [...], "next_offset": n}``: built at once when small, else
+    written in pieces of about ``ANSWER_PIECE`` bytes (``StreamedAnswer``)."""
+    size = (
+        len('{"messages":[],"next_offset":}')
+        + len(str(next_offset))
+        + sum(escaped_length(message) for message in messages)
+        + max(len(messages) - 1, 0)
+    )
+    if size <= ANSWER_PIECE:
+        texts = [message.decode() for message in messages]
+        return _json({"messages": texts, "next_offset": next_offset})
+    return StreamedAnswer(messages, next_offset, size)
+
+
+class StreamedAnswer(Response):
+    """A large answer, written piece by piece with its exact Content-Length.
+
+    The HTTP server waits before each piece while the client is not reading (uvicorn
+    and hypercorn apply flow control to every ``send``), so a client that never reads
+    its answer makes the server hold two pieces of it and its own write buffer (64 KiB
+    on asyncio), not the whole escaped answer: JSON writes a control character as six
+    bytes, so a 1 MiB message of them would be a 6 MiB answer per connection. The
+    messages themselves are the log's own objects, not copies.
+    """
+
+    def __init__(self, messages: list[bytes], next_offset: int, size: int) -> None:
+        # Not Response.__init__: it would render a body.
+        self.status_code = 200
+        self.background = None
+        self.body = b""
+        self.raw_headers = [
+            (b"content-length", str(size).encode()),
+            (b"content-type", b"application/json"),
+        ]
+        self.messages = messages
+        self.next_offset = next_offset
+        self.size = size
+
+    def pieces(self) -> Iterator[bytes]:
+        buffer = bytearray(b'{"messages":[')
+        for index, message in enumerate(self.messages):
+            buffer += b',"' if index else b'"'
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            view = memoryview(message)
+            for start in range(0, len(view), ANSWER_SLICE):
+                end = start + ANSWER_SLICE
+                text = decoder.decode(view[start:end], final=end >= len(view))
+                buffer += json.dumps(text, ensure_ascii=False)[1:-1].encode()
+                if len(buffer) >= ANSWER_PIECE:
+                    yield bytes(buffer)
+                    buffer.clear()
+            buffer += b'"'
+        buffer += b'],"next_offset":%d}' % self.next_offset
+        yield bytes(buffer)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        for piece in self.pieces():
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 # -- request parsing ------------------------------------------------------------------------
