@@ -1377,7 +1377,11 @@ LIMIT_FLAGS = (
     ("--retention", "retention", "messages retained per topic"),
     ("--max-topics", "max_topics", "topics at once; a publish creating one more gets 429"),
     ("--topic-idle-ms", "topic_idle_ms", "an empty topic with no polls is dropped after this"),
-    ("--max-fetch-bytes", "max_fetch_bytes", "largest max_bytes a poll may ask for (the default)"),
+    (
+        "--max-fetch-bytes",
+        "max_fetch_bytes",
+        "largest max_bytes a poll may ask for, and its default",
+    ),
     ("--max-messages", "max_messages", "messages per answer"),
     ("--max-waiters", "max_waiters", "parked polls at once; more get 503"),
     ("--max-inflight-bytes", "max_inflight_bytes", "request bodies being received at once"),
