@@ -59,6 +59,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import anyio
@@ -134,84 +135,51 @@ def _shown(name: str) -> str:
 # -- the limits ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Limits:
-    """Every bound the server keeps, with its default. docs/longpoll.md has the table."""
+    """Every bound the server keeps, with its default. docs/longpoll.md has the table;
+    the command line has a flag for each (``--max-body-bytes`` for ``max_body_bytes``).
+    A value that is not a positive int, or limits that contradict each other, raise
+    ``ValueError``."""
 
-    __slots__ = (
-        "body_timeout_ms",
-        "max_body_bytes",
-        "max_fetch_bytes",
-        "max_inflight_bytes",
-        "max_messages",
-        "max_topics",
-        "max_waiters",
-        "retention",
-        "retention_bytes",
-        "topic_idle_ms",
-        "total_retention_bytes",
-    )
+    max_body_bytes: int = 1 << 20
+    retention_bytes: int = 16 << 20
+    total_retention_bytes: int = 128 << 20
+    retention: int = 100_000
+    max_topics: int = 10_000
+    topic_idle_ms: int = 60_000
+    max_fetch_bytes: int = 1 << 20
+    max_messages: int = 1000
+    max_waiters: int = 5000
+    max_inflight_bytes: int = 32 << 20
+    body_timeout_ms: int = 30_000
 
-    def __init__(
-        self,
-        *,
-        max_body_bytes: int = 1 << 20,
-        retention_bytes: int = 16 << 20,
-        total_retention_bytes: int = 128 << 20,
-        retention: int = 100_000,
-        max_topics: int = 10_000,
-        topic_idle_ms: int = 60_000,
-        max_fetch_bytes: int = 1 << 20,
-        max_messages: int = 1000,
-        max_waiters: int = 5000,
-        max_inflight_bytes: int = 32 << 20,
-        body_timeout_ms: int = 30_000,
-    ) -> None:
-        for name, value in (
-            ("max_body_bytes", max_body_bytes),
-            ("retention_bytes", retention_bytes),
-            ("total_retention_bytes", total_retention_bytes),
-            ("retention", retention),
-            ("max_topics", max_topics),
-            ("topic_idle_ms", topic_idle_ms),
-            ("max_fetch_bytes", max_fetch_bytes),
-            ("max_messages", max_messages),
-            ("max_waiters", max_waiters),
-            ("max_inflight_bytes", max_inflight_bytes),
-            ("body_timeout_ms", body_timeout_ms),
-        ):
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
         # Retention never has to drop the message it is appending: it always keeps a
         # topic's newest message (as Kafka never deletes the active segment).
-        if retention_bytes < max_body_bytes + RECORD_OVERHEAD:
+        if self.retention_bytes < self.max_body_bytes + RECORD_OVERHEAD:
             raise ValueError(
-                f"retention_bytes ({retention_bytes}) must hold one message of "
-                f"max_body_bytes ({max_body_bytes}) plus {RECORD_OVERHEAD} bytes of overhead"
+                f"retention_bytes ({self.retention_bytes}) must hold one message of "
+                f"max_body_bytes ({self.max_body_bytes}) plus {RECORD_OVERHEAD} bytes "
+                "of overhead"
             )
-        if total_retention_bytes < retention_bytes:
+        if self.total_retention_bytes < self.retention_bytes:
             raise ValueError(
-                f"total_retention_bytes ({total_retention_bytes}) must be at least "
-                f"retention_bytes ({retention_bytes})"
+                f"total_retention_bytes ({self.total_retention_bytes}) must be at least "
+                f"retention_bytes ({self.retention_bytes})"
             )
-        if max_inflight_bytes < max_body_bytes:
+        if self.max_inflight_bytes < self.max_body_bytes:
             raise ValueError(
-                f"max_inflight_bytes ({max_inflight_bytes}) must be at least "
-                f"max_body_bytes ({max_body_bytes})"
+                f"max_inflight_bytes ({self.max_inflight_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes})"
             )
-        self.max_body_bytes = max_body_bytes
-        self.retention_bytes = retention_bytes
-        self.total_retention_bytes = total_retention_bytes
-        self.retention = retention
-        self.max_topics = max_topics
-        self.topic_idle_ms = topic_idle_ms
-        self.max_fetch_bytes = max_fetch_bytes
-        self.max_messages = max_messages
-        self.max_waiters = max_waiters
-        self.max_inflight_bytes = max_inflight_bytes
-        self.body_timeout_ms = body_timeout_ms
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return asdict(self)
 
     def memory_bound(self, connections: int = 0) -> int:
         """How much the server's memory (RSS) can grow, in bytes, whatever its clients
@@ -1328,21 +1296,15 @@ def _uvicorn_config(app: Starlette, loop: str) -> Any:
     )
 
 
-def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer from ``low`` to ``high``; a one-line error else."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
-        return value
-
-    return parse
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1, or a one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _port(text: str) -> int:
@@ -1400,7 +1362,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("purgatory", "wait_for"), default="purgatory")
     defaults = Limits()
     for flag, field, text in LIMIT_FLAGS:
-        parser.add_argument(flag, type=_bounded_int(1), default=getattr(defaults, field), help=text)
+        parser.add_argument(flag, type=_positive_int, default=getattr(defaults, field), help=text)
     parser.add_argument("--tick-ms", type=_positive_ms, default=1.0, help="the timer's tick")
     return parser
 
