@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "longpoll"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "longpoll"
 
 
 def load(name: str) -> ModuleType:

@@ -5,7 +5,7 @@ The server runs in the test's own event loop on 127.0.0.1 port 0: uvicorn on asy
 parking modes run on asyncio and uvloop; the ``wait_for`` baseline is asyncio-only.
 Functional requests go through httpx; many concurrent polls and dropped connections
 use a few lines of raw HTTP/1.1 over anyio streams (httpx's pool is not made for a
-thousand requests in flight); tests/longpoll_helpers.py has both. The limits that keep
+thousand requests in flight); tests/longpoll/longpoll_helpers.py has both. The limits that keep
 a hostile client from exhausting the server are tested in test_longpoll_limits.py and
 test_longpoll_memory.py.
 """
