@@ -62,8 +62,18 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+try:  # mypyc reads its class options from this decorator (aiowheel/_compiled.py)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy installed: the decorator does nothing
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_T], _T]:
+        return lambda cls: cls
+
 
 __all__ = ["HORIZON", "Bucket", "Wheel", "WheelEntry", "deadline_of"]
 
@@ -113,6 +123,9 @@ class Bucket(dict["WheelEntry", None]):
         return f"<Bucket level={self.level} tick={self.tick} entries={len(self)}>"
 
 
+# Compiled, a class accepts Python subclasses only when told so: TimerHandle (while
+# aiowheel/_handle.py is not compiled) and the tests' entries subclass this one.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class WheelEntry:
     """Anything the wheel can hold: it only needs a deadline and a bucket slot.
 
