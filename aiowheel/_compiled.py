@@ -13,7 +13,9 @@ compiled class cannot inherit from an interpreted one, so the core never mixes t
 two. The pure core is chosen when
 
 * ``AIOWHEEL_PURE`` is set to anything but ``""`` or ``"0"`` (silently: it was asked);
-* no extension was built (no C compiler, or the build fell back; the build said so);
+* no extension was built: run from a source tree, or the build fell back to pure
+  Python (no C compiler...): the build said why in one line, which pip shows only
+  with ``-v``, so the first import says it again, as a warning;
 * the build is incomplete or stale: a module of ``MODULES`` has no extension, or its
   ``.py`` no longer matches the digest the build recorded in ``_compiled.json``
   (an editable install whose sources were edited since ``pip install -e .``): the
@@ -54,8 +56,8 @@ MANIFEST = "_compiled.json"
 #: Why the pure core runs (empty when the compiled one does).
 REASON = ""
 
-# The two reasons that need no warning: nothing was built (the build said why), or the
-# pure core was asked for.
+# The two reasons that need no warning: nothing was built (run from a source tree), or
+# the pure core was asked for.
 _NOT_BUILT = "no compiled extension was built"
 _ASKED = f"{PURE_ENV} is set"
 
@@ -96,22 +98,33 @@ def _extension(directory: Path, name: str) -> Path | None:
     return None
 
 
-def _build_problem(directory: Path) -> str | None:
-    """Why the compiled core in ``directory`` must not be used; None if it may be."""
+def _manifest(directory: Path) -> dict[str, object] | None:
+    try:
+        content = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return content if isinstance(content, dict) else None
+
+
+def _build_problem(directory: Path) -> tuple[str, bool] | None:
+    """Why the compiled core in ``directory`` must not be used, and whether that
+    deserves a warning; None if it may be used."""
+    manifest = _manifest(directory)
     built = [name for name in MODULES if _extension(directory, name) is not None]
     if not built:
-        return _NOT_BUILT
+        if manifest is not None and manifest.get("compiled") is False:
+            return f"the compiled core failed to build ({manifest.get('reason')})", True
+        return _NOT_BUILT, False
     missing = [name for name in MODULES if name not in built]
     if missing:
-        return f"the compiled core is incomplete (no extension for {', '.join(missing)})"
-    try:
-        recorded = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["modules"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"the compiled core has no valid {MANIFEST}"
+        return f"the compiled core is incomplete (no extension for {', '.join(missing)})", True
+    recorded = manifest.get("modules") if manifest is not None else None
+    if not isinstance(recorded, dict):
+        return f"the compiled core has no valid {MANIFEST}", True
     for name in MODULES:
         source = directory / f"{name}.py"
         if source.exists() and recorded.get(name) != source_digest(source):
-            return f"the compiled core is stale: {name}.py changed since it was built"
+            return f"the compiled core is stale: {name}.py changed since it was built", True
     return None
 
 
@@ -129,18 +142,18 @@ def select_core(package: str, directory: Path) -> bool:
     Returns True when the compiled core was chosen and imports; otherwise arranges for
     the ``.py`` sources to be imported and records why in ``REASON``."""
     global REASON
-    problem = _ASKED if pure_requested() else _build_problem(directory)
+    problem = (_ASKED, False) if pure_requested() else _build_problem(directory)
     if problem is None:
         try:
             for name in MODULES:
                 importlib.import_module(f"{package}.{name}")
         except ImportError as exc:
-            problem = f"the compiled core does not import ({exc})"
+            problem = f"the compiled core does not import ({exc})", True
     if problem is None:
         REASON = ""
         return True
-    REASON = problem
-    if problem not in (_NOT_BUILT, _ASKED):
+    REASON, warn = problem
+    if warn:
         warnings.warn(
             f"aiowheel: running the pure-Python core: {REASON}; rebuild it with "
             f"`pip install .` (or `pip install -e .`), or set {PURE_ENV}=1",

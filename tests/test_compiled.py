@@ -147,25 +147,40 @@ def fake_build(directory: Path, modules: list[str], built: list[str]) -> None:
         digests[name] = _compiled.source_digest(directory / f"{name}.py")
     for name in built:
         (directory / f"{name}{suffix}").write_bytes(b"")
-    (directory / _compiled.MANIFEST).write_text(json.dumps({"modules": digests}))
+    manifest = {"compiled": True, "modules": digests}
+    (directory / _compiled.MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
 
 
 def test_build_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the compiled core may not run, and whether that deserves a warning."""
     monkeypatch.setattr(_compiled, "MODULES", ("_a", "_b"))
-    fake_build(tmp_path, ["_a", "_b"], [])
-    assert _compiled._build_problem(tmp_path) == "no compiled extension was built"
-    fake_build(tmp_path, ["_a", "_b"], ["_a"])
-    assert _compiled._build_problem(tmp_path) == (
-        "the compiled core is incomplete (no extension for _b)"
-    )
+    problem = _compiled._build_problem
     fake_build(tmp_path, ["_a", "_b"], ["_a", "_b"])
-    assert _compiled._build_problem(tmp_path) is None
+    assert problem(tmp_path) is None
     (tmp_path / "_b.py").write_text("X = 'edited'\n", encoding="utf-8")
-    assert _compiled._build_problem(tmp_path) == (
-        "the compiled core is stale: _b.py changed since it was built"
+    assert problem(tmp_path) == (
+        "the compiled core is stale: _b.py changed since it was built",
+        True,
     )
-    (tmp_path / _compiled.MANIFEST).write_text("not json")
-    assert _compiled._build_problem(tmp_path) == "the compiled core has no valid _compiled.json"
+    (tmp_path / _compiled.MANIFEST).write_text("not json", encoding="utf-8")
+    assert problem(tmp_path) == ("the compiled core has no valid _compiled.json", True)
+    for stale in tmp_path.iterdir():
+        stale.unlink()
+    fake_build(tmp_path, ["_a", "_b"], ["_a"])
+    assert problem(tmp_path) == ("the compiled core is incomplete (no extension for _b)", True)
+
+
+def test_no_build_is_silent_but_a_failed_build_warns(tmp_path: Path) -> None:
+    """A source tree (nothing built) runs pure quietly; a build that fell back says so
+    (pip shows the build's own warning only with -v)."""
+    (tmp_path / "_wheel.py").write_text("X = 1\n", encoding="utf-8")
+    assert _compiled._build_problem(tmp_path) == ("no compiled extension was built", False)
+    failed = {"compiled": False, "reason": "no C compiler (gcc not found)"}
+    (tmp_path / _compiled.MANIFEST).write_text(json.dumps(failed), encoding="utf-8")
+    assert _compiled._build_problem(tmp_path) == (
+        "the compiled core failed to build (no C compiler (gcc not found))",
+        True,
+    )
 
 
 @pytest.mark.parametrize(("value", "pure"), [("", False), ("0", False), ("1", True), ("yes", True)])
