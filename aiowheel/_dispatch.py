@@ -12,7 +12,9 @@ Invariants:
 
 * a queued handle is pending: ``handle._bucket is pool.queue`` and ``handle._result``
   holds its awaitable (so ``cancel()`` works on it like on a wheel bucket);
-* a running handle is in ``pool.running`` and ``handle._result is _RUNNING``;
+* ``pool.running`` counts the runs of each running handle (a handle re-armed while
+  its callback runs can run twice at once), ``pool.busy`` counts all runs; the handle's
+  result and waiters are settled by its last run to end;
 * ``workers`` counts the worker tasks alive, parked or not; while the queue is not
   empty and the pool is open, at least one worker is alive or about to be: a worker
   that dies (``SystemExit``/``KeyboardInterrupt`` from its job) is replaced.
@@ -60,8 +62,9 @@ class JobHost(Protocol):
     def _job_failed(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         """The job raised ``exc`` (reported to ``on_error``)."""
 
-    def _job_ended(self, handle: TimerHandle[Any], outcome: Any) -> None:
-        """The job finished with ``outcome`` (a value or a ``_Failure``)."""
+    def _job_ended(self, handle: TimerHandle[Any], outcome: Any, *, last: bool) -> None:
+        """The job finished with ``outcome`` (a value or a ``_Failure``); ``last``: no
+        other run of the same handle is still running."""
 
     def _job_stopped(self, handle: TimerHandle[Any]) -> None:
         """The job was cancelled while running (the timer is closing)."""
@@ -91,6 +94,7 @@ class WorkerPool:
         "_scopes",
         "_tasks",
         "_tg",
+        "busy",
         "queue",
         "running",
         "workers",
@@ -100,7 +104,8 @@ class WorkerPool:
         self._host = host
         self._limit = max_concurrency
         self.queue = RunQueue()
-        self.running: dict[TimerHandle[Any], None] = {}
+        self.running: dict[TimerHandle[Any], int] = {}
+        self.busy = 0
         self.workers = 0
         self._parked: list[anyio.Event] = []
         self._scopes: set[anyio.CancelScope] = set()
@@ -167,9 +172,17 @@ class WorkerPool:
         if self._loop is not None:
             task = self._loop.create_task(self._worker())
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._forget)
         else:
             self._tg.start_soon(self._worker)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            # A worker killed by SystemExit/KeyboardInterrupt: that went up through
+            # the loop already; retrieving it here keeps asyncio from logging it again
+            # when the task is collected.
+            task.exception()
 
     async def _worker(self) -> None:
         inside.set(self._host)
@@ -209,34 +222,47 @@ class WorkerPool:
         awaitable = handle._result
         handle._bucket = None
         handle._result = _RUNNING
-        self.running[handle] = None
+        self.running[handle] = self.running.get(handle, 0) + 1
+        self.busy += 1
         _current.set(handle)
         host._job_started(handle)
-        outcome: Any
+        outcome: Any = None
+        failure: BaseException | None = None
         try:
             outcome = await awaitable
         except anyio.get_cancelled_exc_class() as exc:
             if self._really_cancelled(scope):
-                self.running.pop(handle, None)
+                self._leave(handle)
                 host._job_stopped(handle)
                 raise
             # asyncio.CancelledError raised by the callback itself, its worker not
             # being cancelled: a failure like any other (asyncio's Handle does so).
-            host._job_failed(handle, exc)
-            outcome = _Failure(without_frame(exc))
+            failure = exc
         except _EXIT as exc:
-            self.running.pop(handle, None)
-            host._job_ended(handle, _Failure(without_frame(exc)))
+            host._job_ended(handle, _Failure(without_frame(exc)), last=self._leave(handle))
             raise
         except BaseException as exc:
-            host._job_failed(handle, exc)
-            outcome = _Failure(without_frame(exc))
+            failure = exc
         finally:
             _current.set(None)
-        self.running.pop(handle, None)
-        host._job_ended(handle, outcome)
-        # A failed job's traceback keeps this frame alive: it must not keep the handle.
-        del handle, awaitable, outcome
+        try:
+            if failure is not None:
+                outcome = _Failure(without_frame(failure))
+                host._job_failed(handle, failure)  # on_error may raise SystemExit...
+        finally:
+            # ...and the job is settled all the same.
+            host._job_ended(handle, outcome, last=self._leave(handle))
+            # A failed job's traceback keeps this frame alive: it must not keep the
+            # handle, its awaitable or its result.
+            del handle, awaitable, outcome, failure
+
+    def _leave(self, handle: TimerHandle[Any]) -> bool:
+        """One run of ``handle`` ended; True when it was its last."""
+        self.busy -= 1
+        runs = self.running.pop(handle, 1) - 1
+        if runs:
+            self.running[handle] = runs
+        return not runs
 
     def _really_cancelled(self, scope: anyio.CancelScope) -> bool:
         if scope.cancel_called or self._loop is None:

@@ -5,11 +5,14 @@ a bucket, so cancelling it is one ``del`` from a dict. A handle has six slots an
 ``__dict__``; with its float deadline and its dict slot in a bucket a pending timer
 costs about 150 bytes.
 
-A handle talks to its timer through four methods, and only through them:
-``Timer._cancel``, ``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a
-periodic handle adds ``_periodic_next`` and ``_periodic_stop``). The timer owns every
-counter and every state change; the handle owns its two state slots below, which the
-timer, its wheel and its worker pool write.
+A handle talks to its timer through four methods, ``Timer._cancel``,
+``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a periodic handle adds
+``_periodic_next`` and ``_periodic_stop``), and reads two attributes, ``Timer._now``
+(the loop clock) and ``Timer._thread`` (the loop's thread), for the one path it keeps
+inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every read of
+every connection and would pay a third of its cost for a method call. The timer owns
+every counter and every state change; the handle owns its two state slots below,
+which the timer, its wheel and its worker pool write.
 
 State lives in two slots:
 
@@ -24,6 +27,7 @@ State lives in two slots:
 from __future__ import annotations
 
 import math
+from _thread import get_ident
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["PeriodicHandle", "TimerHandle"]
 
 T = TypeVar("T")
+_INF = float("inf")
 
 
 class _Sentinel:
@@ -84,9 +89,6 @@ class TimerHandle(WheelEntry, Generic[T]):
 
     __slots__ = ("_args", "_callback", "_result", "_timer")
 
-    #: Periodic handles re-arm on their own grid: no lazy fast path for their reset.
-    _periodic = False
-
     def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._timer = timer
         self._callback = callback
@@ -112,8 +114,9 @@ class TimerHandle(WheelEntry, Generic[T]):
         return self._bucket is not None
 
     def cancelled(self) -> bool:
-        """True when the timer was cancelled before its callback started (or, for an
-        async callback, while it ran, by ``aclose()``)."""
+        """True when the timer was cancelled before its callback started. (An async
+        callback that ``aclose()`` cancels while it runs stays ``fired()``; its
+        ``wait()`` raises ``TimerCancelled``.)"""
         return self._result is _CANCELLED
 
     def fired(self) -> bool:
@@ -138,7 +141,9 @@ class TimerHandle(WheelEntry, Generic[T]):
         )
         callback = self.callback
         name = getattr(callback, "__qualname__", None) or type(callback).__name__
-        return f"<{type(self).__name__} {state} deadline={self._deadline:.6f} callback={name}>"
+        deadline = self._deadline
+        when = f"{deadline:.6f}" if abs(deadline) < 1e15 else f"{deadline:.6g}"
+        return f"<{type(self).__name__} {state} deadline={when} callback={name}>"
 
     # -- control ----------------------------------------------------------------------
 
@@ -157,6 +162,17 @@ class TimerHandle(WheelEntry, Generic[T]):
         work); the wheel re-files it when its old bucket comes due. A bad ``delay``
         raises as ``schedule`` does and leaves the handle as it was.
         """
+        bucket = self._bucket
+        if bucket is not None and bucket.tick is not None and type(delay) is float:
+            # The idle-timeout touch, inline (Wheel.extend's lazy case): a pending
+            # timer moved later than its bucket comes due only records the deadline;
+            # the bucket re-files it when it comes due. Everything else, a bad delay
+            # and a call from a foreign thread included, goes to the timer.
+            timer = self._timer
+            deadline = timer._now() + delay
+            if _INF > deadline >= bucket.time and get_ident() == timer._thread:
+                self._deadline = deadline
+                return
         self._timer._reset(self, delay)
 
     def reset_at(self, deadline: float) -> None:
@@ -213,8 +229,6 @@ class PeriodicHandle(TimerHandle[Any]):
 
     __slots__ = ("_active", "_fixed_rate", "_interval", "_k", "_start", "_user_args", "_user_cb")
 
-    _periodic = True
-
     def __init__(
         self,
         timer: Timer,
@@ -260,7 +274,7 @@ class PeriodicHandle(TimerHandle[Any]):
     def reset(self, delay: float) -> None:
         """Move the next run to ``time() + delay`` (re-activating a stopped timer);
         later runs follow from there."""
-        self._timer._reset(self, delay)
+        self._timer._reset(self, delay)  # no lazy path: the grid restarts
 
     def reset_at(self, deadline: float) -> None:
         """Move the next run to the absolute ``deadline`` (see ``reset``)."""

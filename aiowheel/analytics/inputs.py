@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..trace import TRACE_COLUMNS
+from .schema import SUMMARY_PARQUET, WINDOWS_PARQUET
 
-__all__ = ["TraceFiles", "TraceInputError", "find_traces", "is_remote", "schema_problem"]
+__all__ = [
+    "TraceFiles",
+    "TraceInputError",
+    "check_trace_file",
+    "find_traces",
+    "is_remote",
+    "not_regular",
+    "schema_problem",
+]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+_REPORT_TABLES = (SUMMARY_PARQUET, WINDOWS_PARQUET)
 
 # Arrow types that Parquet stores identically, so Spark reads them the same way.
 _SAME_IN_PARQUET = {"large_string": "string", "large_utf8": "string", "utf8": "string"}
@@ -67,13 +78,15 @@ def find_traces(paths: Sequence[str]) -> TraceFiles:
             if not found:
                 raise TraceInputError(f"{raw}: no Parquet files (*.parquet) in this directory")
             for file in found:
+                problem = not_regular(file)  # named as found, not as what it links to
+                if problem:
+                    raise TraceInputError(f"{file}: {problem}")
                 local[str(file.resolve())] = None
-        elif path.is_file():
-            local[str(path.resolve())] = None
-        elif path.exists():
-            raise TraceInputError(f"{raw}: not a file or directory")
         else:
-            raise TraceInputError(f"{raw}: no such file or directory")
+            problem = not_regular(path)
+            if problem:
+                raise TraceInputError(f"{raw}: {problem}")
+            local[str(path.resolve())] = None
     rows = sum(check_trace_file(file) for file in local)
     return TraceFiles(tuple(local), tuple(remote), rows)
 
@@ -86,18 +99,53 @@ def _parquet_files(root: Path) -> Iterable[Path]:
                 yield Path(directory, name)
 
 
+def not_regular(path: Path) -> str | None:
+    """Why ``path`` cannot be a trace file before it is opened, or None.
+
+    Opening a FIFO would wait for a writer for ever, and a device may never end: only
+    regular files (or symbolic links to them) are opened.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            return "a symbolic link to nothing"
+        return "no such file or directory"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    if stat.S_ISFIFO(mode):
+        return "not a regular file (a FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "not a regular file (a socket)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "not a regular file (a device)"
+    return "not a file or directory"
+
+
 def check_trace_file(file: str) -> int:
     """The number of rows of a trace file; ``TraceInputError`` if it is not one."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+    problem = not_regular(Path(file))
+    if problem:
+        raise TraceInputError(f"{file}: {problem}")
+    if not os.access(file, os.R_OK):
+        raise TraceInputError(f"{file}: cannot be read (permission denied)")
     try:
         metadata = pq.read_metadata(file)
         schema = pq.read_schema(file)
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...: all mean "not Parquet"
-        raise TraceInputError(f"{file}: not a Parquet file ({_first_line(exc)})") from None
+        raise TraceInputError(f"{file}: not a Parquet file ({first_line(exc)})") from None
     problem = schema_problem({field.name: str(field.type) for field in schema})
     if problem:
-        raise TraceInputError(f"{file}: not an aiowheel trace: {problem}")
+        hint = ""
+        if Path(file).name in _REPORT_TABLES and "run_id" in schema.names:
+            hint = " (it looks like a report's own table: keep reports out of trace directories)"
+        raise TraceInputError(f"{file}: not an aiowheel trace: {problem}{hint}")
     rows: int = metadata.num_rows
     if rows == 0:
         raise TraceInputError(f"{file}: empty trace (no rows)")
@@ -117,6 +165,7 @@ def schema_problem(types: dict[str, str]) -> str | None:
     return None
 
 
-def _first_line(exc: Any) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's message in one line, for the one-line errors of the report."""
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]

@@ -1,16 +1,12 @@
-"""The Spark job behind ``aiowheel report``: aggregations over timer traces.
+"""The Spark pipeline behind ``aiowheel report``: aggregations over timer traces.
 
-Runs three ways, with the same command line (see ``aiowheel report --help``):
-
-* ``aiowheel report TRACES... --out DIR [--master URL]`` (local[*] by default);
-* ``python -m aiowheel.analytics.job TRACES... --out DIR``;
-* ``spark-submit --master local[2] .../aiowheel/analytics/job.py TRACES... --out DIR``,
-  or any cluster master: ``spark-submit`` (or ``--master``) decides where it runs,
-  nothing here calls ``.master()`` on its own.
+``run_job`` is the pipeline, as the command line (``aiowheel.analytics.report``) and
+the tests run it: read the traces, the summary per run and label, the counts per
+second, collected to the driver as pandas frames. It writes no file and prints
+nothing. ``spark-submit`` runs the command line through ``aiowheel/analytics/submit.py``.
 
 Only built-in Spark SQL functions are used, no Python UDFs, so executors need nothing
-but Spark: Python runs on the driver only, which collects the (small) aggregates and
-writes every output file itself.
+but Spark: Python runs on the driver only, which collects the (small) aggregates.
 
 Definitions (documented in docs/analytics.md):
 
@@ -20,61 +16,54 @@ Definitions (documented in docs/analytics.md):
   the group's values are <= v (nearest rank), computed with ``percentile_approx`` at a
   relative rank error of 1/accuracy: exact on groups of up to accuracy/2 values;
 * per-second windows are Unix seconds (UTC), from ``wall_anchor + (t - clock_anchor)``
-  so that runs of different processes and hosts line up.
+  so that runs of different processes and hosts line up;
+* a run's ``contender`` and ``workload`` are named by ``schema.contender_name`` and
+  ``schema.workload_names``.
 """
 
 from __future__ import annotations
 
-import sys
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from aiowheel.analytics.inputs import TraceFiles, TraceInputError, schema_problem
 from aiowheel.trace import TRACE_COLUMNS
+
+from .inputs import TraceFiles, TraceInputError, schema_problem
+from .schema import (
+    ACCURACY,
+    CDF_QUANTILES,
+    LIFETIME_QUANTILES,
+    RUN_KEYS,
+    SUMMARY_KEYS,
+    SUMMARY_QUANTILES,
+    WINDOW_ACCURACY,
+    contender_name,
+    contender_order,
+    workload_names,
+)
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
     from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
-    "ACCURACY",
-    "CDF_QUANTILES",
-    "RUN_KEYS",
-    "SUMMARY_KEYS",
-    "SUMMARY_QUANTILES",
     "JobResult",
+    "Step",
     "collect_summary",
     "collect_windows",
+    "name_runs",
     "read_traces",
     "run_job",
     "summary_frame",
+    "trace_ddl",
     "windows_frame",
 ]
 
-#: A run is one recorder: these columns are constant within it.
-RUN_KEYS: Final = ("run_id", "implementation", "backend", "host")
-#: The summary has one row per run and label.
-SUMMARY_KEYS: Final = (*RUN_KEYS, "label")
-#: Lateness percentiles in the summary: column suffix -> quantile.
-SUMMARY_QUANTILES: Final = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
-#: Lifetime percentiles in the summary.
-LIFETIME_QUANTILES: Final = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
-#: Points of the lateness CDF plot: fine where the tail is (p99 and beyond).
-CDF_QUANTILES: Final[tuple[float, ...]] = tuple(
-    sorted(
-        {round(i / 100, 6) for i in range(101)}
-        | {round(0.99 + i / 1000, 6) for i in range(10)}
-        | {round(0.999 + i / 10_000, 6) for i in range(10)}
-        | {round(0.9999 + i / 100_000, 6) for i in range(10)}
-        | set(SUMMARY_QUANTILES.values())
-    )
-)
-#: percentile_approx's default accuracy: relative rank error 1e-4 (exact on groups of
-#: up to 5,000 values). `aiowheel report --accuracy 100000` trades time for 1e-5
-#: (measured on 10M rows: about 2.5x the summary's time).
-ACCURACY: Final = 10_000
-#: Per-second lateness p99.
-WINDOW_ACCURACY: Final = 10_000
+#: ``step(description)``: a context around each stage of the job (progress display).
+Step = Callable[[str], AbstractContextManager[None]]
 
 _SPARK_TYPES: Final = {
     "string": "string",
@@ -268,20 +257,52 @@ def _to_pandas(frame: DataFrame) -> pd.DataFrame:
     return frame.toPandas()
 
 
-def run_job(spark: SparkSession, files: TraceFiles, accuracy: int = ACCURACY) -> JobResult:
-    """Everything the report needs, as pandas frames (no progress, no files)."""
-    traces = read_traces(spark, files)
-    summary = collect_summary(traces, accuracy)
-    windows = collect_windows(traces)
-    return JobResult(summary, windows, int(summary["scheduled"].sum()))
+def name_runs(summary: pd.DataFrame, windows: pd.DataFrame) -> None:
+    """Add ``contender`` and ``workload`` columns to both frames (in place), named once
+    for all runs so that the two frames agree."""
+    for frame in (summary, windows):
+        pairs = zip(frame["implementation"], frame["backend"], strict=True)
+        frame.insert(0, "contender", [contender_name(i, b) for i, b in pairs])
+    runs = dict(zip(summary["run_id"], summary["contender"], strict=True))
+    runs.update(zip(windows["run_id"], windows["contender"], strict=True))
+    workloads = workload_names(runs.items())
+    for frame in (summary, windows):
+        frame.insert(0, "workload", [workloads[run] for run in frame["run_id"]])
 
 
-def _main() -> int:
-    # spark-submit runs this file as __main__: the command line is report's.
-    from aiowheel.analytics.report import main
+def _by_workload(frame: pd.DataFrame) -> pd.DataFrame:
+    """Sorted by workload, then the contenders in the bench's order, run and label."""
+    rank = {name: i for i, name in enumerate(contender_order(frame["contender"]))}
+    keys = ["workload", "contender", "run_id", "label" if "label" in frame else "elapsed_s"]
+    ordered = frame.sort_values(
+        keys,
+        key=lambda column: column.map(rank) if column.name == "contender" else column,
+        na_position="first",
+        kind="stable",
+    )
+    return ordered.reset_index(drop=True)
 
-    return main(sys.argv[1:])
+
+def _no_step(description: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
-if __name__ == "__main__":
-    sys.exit(_main())
+def run_job(
+    spark: SparkSession, files: TraceFiles, accuracy: int = ACCURACY, step: Step = _no_step
+) -> JobResult:
+    """The whole pipeline: everything the report needs, as pandas frames.
+
+    Raises ``TraceInputError`` for a remote path that is not a trace and for traces
+    without rows; Spark's own exceptions otherwise.
+    """
+    with step("reading traces"):
+        traces = read_traces(spark, files)
+    with step("summary per run and label"):
+        summary = collect_summary(traces, accuracy)
+    rows = int(summary["scheduled"].sum())
+    if rows == 0:
+        raise TraceInputError(f"{', '.join(files.paths)}: empty trace (no rows)")
+    with step("timers per second"):
+        windows = collect_windows(traces)
+    name_runs(summary, windows)
+    return JobResult(_by_workload(summary), _by_workload(windows), rows)

@@ -1,4 +1,9 @@
-"""The report's PNG plots, drawn from the collected aggregates (matplotlib, Agg).
+"""The report's PNG figures, drawn from the collected aggregates (matplotlib, Agg).
+
+Every figure is small multiples: one panel per workload (``workload`` column, see
+``schema.workload_names``), each contender in the same colour in every panel and
+every figure (``CONTENDER_COLOURS``), so aiowheel and a peer are compared within one
+panel and a contender is found at a glance across panels.
 
 Figures are built with ``matplotlib.figure.Figure`` directly, not pyplot: no global
 figure state, no GUI backend, nothing to close.
@@ -7,192 +12,490 @@ figure state, no GUI backend, nothing to close.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+
+from .schema import CDF_QUANTILES, contender_order
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = [
-    "CDF_PNG",
-    "MAX_SERIES",
-    "P99_PNG",
-    "RATES_PNG",
+    "CONTENDER_COLOURS",
+    "MAX_PANELS",
+    "contender_colour",
+    "metric_name",
+    "plot_headline",
     "plot_lateness_cdf",
     "plot_lateness_p99",
     "plot_rates",
-    "run_names",
-    "short_run_ids",
+    "times",
 ]
 
-CDF_PNG: Final = "lateness_cdf.png"
-P99_PNG: Final = "lateness_p99.png"
-RATES_PNG: Final = "fired_cancelled.png"
-#: More lines than this make a plot unreadable: the busiest series are drawn.
-MAX_SERIES: Final = 12
+#: One colour per contender (schema.CONTENDERS), in every figure. aiowheel's contenders are the cool
+#: colours, the peers warm ones, so "ours" and "theirs" read apart before the legend.
+CONTENDER_COLOURS: Final = {
+    "aiowheel-asyncio": "#1f77b4",  # blue
+    "aiowheel-uvloop": "#17becf",  # cyan
+    "aiowheel-trio": "#2ca02c",  # green
+    "call_later-asyncio": "#ff7f0e",  # orange
+    "call_later-uvloop": "#d62728",  # red
+    "trio-native": "#8c564b",  # brown
+    "deadline-asyncio": "#e377c2",  # pink
+    "deadline-uvloop": "#9467bd",  # purple
+}
+#: For contenders not in the table: picked by a stable hash of the name (not Python's
+#: salted ``hash``), so a name has the same colour in every figure and every run.
+_FALLBACK_COLOURS: Final = (
+    "#7f7f7f",
+    "#bcbd22",
+    "#393b79",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#637939",
+    "#3182bd",
+)
+#: More panels than this make a figure unreadable: the busiest workloads are drawn
+#: and the others named under the figure.
+MAX_PANELS: Final = 12
 #: Lateness below this (1 us) is drawn at it: a log axis has no zero, and a virtual
 #: clock (looptime, trio's MockClock) fires exactly on time.
 _FLOOR_MS: Final = 1e-3
 _DPI: Final = 110
+_WIDTH: Final = 10.0
+_LINESTYLES: Final[tuple[Any, ...]] = ("-", "--", ":", "-.")
+_NOTE: Final = {"fontsize": 8, "color": "0.35"}
 
 
-def short_run_ids(run_ids: Iterable[str]) -> dict[str, str]:
-    """run_id -> the run id without the prefix all runs share (up to a ``-``, ``_``,
-    ``.`` or ``/``): ``bench-20261121T151509-3609-fire-aiowheel-asyncio`` becomes
-    ``fire-aiowheel-asyncio`` when every run id starts with ``bench-20261121T151509-3609-``.
-    """
-    ids = sorted(set(run_ids))
-    if len(ids) < 2:
-        return {run: run for run in ids}
-    first, last = ids[0], ids[-1]  # sorted: their common prefix is everyone's
-    shared = 0
-    while shared < min(len(first), len(last)) and first[shared] == last[shared]:
-        shared += 1
-    prefix = first[:shared]
-    cut = max(prefix.rfind(sep) for sep in "-_./") + 1
-    return {run: run[cut:] or run for run in ids}
+def contender_colour(name: str) -> str:
+    """The contender's colour: fixed for the known ones, a stable pick for others."""
+    known = CONTENDER_COLOURS.get(name)
+    if known is not None:
+        return known
+    return _FALLBACK_COLOURS[zlib.crc32(name.encode()) % len(_FALLBACK_COLOURS)]
 
 
-def run_names(frame: pd.DataFrame) -> dict[str, str]:
-    """run_id -> a legend name: ``implementation/backend``, plus the (shortened) run id
-    when two runs would otherwise share a name."""
-    runs = frame.drop_duplicates("run_id")
-    base = {row.run_id: f"{row.implementation}/{row.backend}" for row in runs.itertuples()}
-    short = short_run_ids(base)
-    counts: dict[str, int] = {}
-    for name in base.values():
-        counts[name] = counts.get(name, 0) + 1
-    return {
-        run: name if counts[name] == 1 else f"{name} ({short[run]})" for run, name in base.items()
-    }
+# -- shared pieces -------------------------------------------------------------------
 
 
-def _figure(rows: int = 1, cols: int = 1, height: float = 4.5) -> tuple[Any, list[Axes]]:
+def _figure(rows: int, cols: int, row_height: float, *, sharex: bool = False) -> tuple[Figure, Any]:
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(9.5, height * rows), dpi=_DPI, layout="constrained")
-    axes = figure.subplots(rows, cols, squeeze=False)
-    return figure, [ax for row in axes for ax in row]
+    figure = Figure(figsize=(_WIDTH, 1.3 + row_height * rows), dpi=_DPI, layout="constrained")
+    axes = figure.subplots(rows, cols, squeeze=False, sharex="col" if sharex else False)
+    return figure, axes
 
 
-def _busiest(frame: pd.DataFrame, by: str, weight: str) -> tuple[list[Any], int]:
-    totals = frame.groupby(by, sort=False, dropna=False)[weight].sum()
-    ordered = totals.sort_values(ascending=False, kind="stable")
-    keys = list(ordered.index[:MAX_SERIES])
-    return keys, len(ordered) - len(keys)
+def _panels(frame: pd.DataFrame, weight: str) -> tuple[list[str], list[str]]:
+    """Workloads to draw (by name) and those left out (more than MAX_PANELS)."""
+    totals = frame.groupby("workload", sort=True)[weight].sum()
+    busiest = set(totals.sort_values(ascending=False, kind="stable").index[:MAX_PANELS])
+    drawn = [w for w in totals.index if w in busiest]
+    return drawn, [w for w in totals.index if w not in busiest]
 
 
-def _note_hidden(ax: Axes, hidden: int) -> None:
-    if hidden:
-        ax.text(
-            0.99,
-            0.01,
-            f"{hidden} quieter series not drawn",
-            transform=ax.transAxes,
-            ha="right",
-            va="bottom",
-            fontsize=8,
-            color="0.4",
-        )
+def _styles(labels: Iterable[Any]) -> dict[Any, Any]:
+    """label -> line style: unlabelled timers solid, then the labels in name order."""
+    values = {_label(label) for label in labels}
+    named = sorted(label for label in values if label is not None)
+    first = 1 if None in values else 0  # solid is taken by "no label"
+    styles: dict[Any, Any] = {None: "-"}
+    for i, label in enumerate(named):
+        styles[label] = _LINESTYLES[(first + i) % len(_LINESTYLES)]
+    return styles
+
+
+def _label(value: Any) -> str | None:
+    return value if isinstance(value, str) else None  # None, NaN: no label
+
+
+def _style_of(styles: dict[Any, Any], label: Any) -> Any:
+    return styles[_label(label)]
+
+
+def _legend(
+    figure: Figure, title: str, contenders: Iterable[str], labels: Sequence[Any] = ()
+) -> None:
+    """The figure's title, and under it one legend for all panels: contenders by
+    colour, and the timers' labels by line style when there is more than one.
+
+    The title is the legend's (a suptitle and a legend outside the axes overlap under
+    the constrained layout)."""
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], color=contender_colour(name), linewidth=2.5, label=name)
+        for name in contender_order(contenders)
+    ]
+    kinds = {_label(label) for label in labels}
+    if len(kinds) > 1:
+        styles = _styles(kinds)
+        for label in sorted(kinds, key=lambda v: (v is not None, v or "")):
+            text = f"label {label}" if label is not None else "no label"
+            handles.append(
+                Line2D([], [], color="0.2", linestyle=_style_of(styles, label), label=text)
+            )
+    if not handles:
+        figure.suptitle(title, fontsize=11)
+        return
+    figure.legend(
+        handles=handles,
+        loc="outside upper center",
+        ncols=min(len(handles), 4),
+        fontsize=8.5,
+        frameon=False,
+        title=title,
+        title_fontproperties={"size": 11},
+    )
+
+
+def _footnote(figure: Figure, left_out: dict[str, str]) -> None:
+    """Name the workloads a figure does not show, and why, under it."""
+    if not left_out:
+        return
+    reasons: dict[str, list[str]] = {}
+    for workload, reason in left_out.items():
+        reasons.setdefault(reason, []).append(workload)
+    text = "; ".join(f"not shown ({why}): {', '.join(names)}" for why, names in reasons.items())
+    figure.supxlabel(text, **_NOTE)
+
+
+def _nothing_to_show(left_out: dict[str, str]) -> str:
+    reasons = sorted(set(left_out.values())) or ["no timer fired"]
+    return f"no lateness to show: {'; '.join(reasons)}"
 
 
 def _empty(ax: Axes, message: str) -> None:
     ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center", color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
-def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> None:
-    """Lateness CDF per (run, label), log x; and its tail (1 - CDF), log-log."""
-    from .job import CDF_QUANTILES
+def _zorder(contender: str) -> float:
+    """aiowheel's lines on top of the peers' where they overlap."""
+    return 2.5 if contender.startswith("aiowheel-") else 2.0
 
-    names = run_names(summary)
-    figure, (cdf_ax, tail_ax) = _figure(1, 2, height=4.8)
-    fired = summary[summary["fired"] > 0]
-    busiest = fired.sort_values("fired", ascending=False, kind="stable").head(MAX_SERIES)
-    hidden = len(fired) - len(busiest)
-    drawn = 0
-    for row in busiest.itertuples():
-        values = row.lateness_cdf
-        if values is None or len(values) != len(CDF_QUANTILES):
-            continue
-        xs = [max(float(v) * 1000.0, _FLOOR_MS) for v in values]
-        name = names[row.run_id] + (f" [{row.label}]" if isinstance(row.label, str) else "")
-        cdf_ax.plot(xs, CDF_QUANTILES, label=name, linewidth=1.4)
-        # 1 - q below 1/fired says nothing: no sample that rare was seen.
-        rarest = 1.0 / row.fired
-        tail = [(x, 1.0 - q) for x, q in zip(xs, CDF_QUANTILES, strict=True) if 1.0 - q >= rarest]
-        tail_ax.plot([x for x, _ in tail], [t for _, t in tail], label=name, linewidth=1.4)
-        drawn += 1
-    for ax in (cdf_ax, tail_ax):
-        ax.set_xscale("log")
-        ax.set_xlabel("lateness (ms, fired_at - deadline)")
-        ax.grid(True, which="both", alpha=0.3)
-    cdf_ax.set_ylabel("fraction of fired timers at most this late")
-    cdf_ax.set_ylim(0, 1.001)
-    cdf_ax.set_title("Lateness CDF")
-    tail_ax.set_yscale("log")
-    tail_ax.set_ylabel("fraction later than this (1 - CDF)")
-    tail_ax.set_title("Tail: p90 = 1e-1, p99 = 1e-2, p99.9 = 1e-3")
-    if drawn:
-        cdf_ax.legend(fontsize=8, loc="lower right")
-    else:
-        _empty(cdf_ax, "no timer fired")
-        _empty(tail_ax, "no timer fired")
-    _note_hidden(tail_ax, hidden)
+
+def _save(figure: Figure, path: Path) -> Figure:
     figure.savefig(path)
+    return figure
 
 
-def _runs(windows: pd.DataFrame, weight: str) -> Iterator[tuple[str, pd.DataFrame]]:
-    names = run_names(windows)
-    keys, _ = _busiest(windows, "run_id", weight)
-    for run in keys:
-        yield names[run], windows[windows["run_id"] == run].sort_values("elapsed_s")
+# -- headline ------------------------------------------------------------------------
 
 
-def plot_lateness_p99(windows: pd.DataFrame, path: Path) -> None:
-    """Lateness p99 per second over the run's elapsed time, one line per run."""
-    figure, (ax,) = _figure()
-    drawn = 0
-    smallest, largest = math.inf, 0.0
-    for name, run in _runs(windows, "fired"):
-        points = run.dropna(subset=["lateness_p99_ms"])
-        if points.empty:
+def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Figure:
+    """aiowheel against each peer, one panel per workload variant: how many times
+    better aiowheel is (log scale; bars start at the 1x line, right = aiowheel better)."""
+    groups = list(dict.fromkeys(zip(headline["workload"], headline["variant"], strict=True)))
+    peers = contender_order(headline["peer"])
+    finite = headline["ratio"].dropna()
+    low = min(1.0, float(finite.min())) if len(finite) else 1.0
+    high = max(1.0, float(finite.max())) if len(finite) else 1.0
+    # Room on both sides for the value printed at each bar's end.
+    limits = (min(low / 3.0, 0.25), max(high * 3.0, 4.0))
+    sizes = [len(headline[(headline.workload == w) & (headline.variant == v)]) for w, v in groups]
+    from matplotlib.figure import Figure
+
+    height = 1.4 + sum(0.6 + 0.19 * n for n in sizes)
+    figure = Figure(figsize=(_WIDTH, height), dpi=_DPI, layout="constrained")
+    if not groups:
+        ax = figure.subplots()
+        _empty(ax, "the bench's results have no ratios to show")
+        return _save(figure, path)
+    axes = figure.subplots(
+        len(groups), 1, squeeze=False, sharex=True, height_ratios=[0.6 + 0.19 * n for n in sizes]
+    )[:, 0]
+    for ax, (workload, variant) in zip(axes, groups, strict=True):
+        part = headline[(headline.workload == workload) & (headline.variant == variant)]
+        _headline_panel(ax, part, peers, limits)
+        ax.set_title(f"{workload} ({variant})" if variant else workload, loc="left", fontsize=10)
+    axes[-1].set_xlabel(
+        "how many times better aiowheel is than the peer on its backend (log scale)", fontsize=9
+    )
+    top = axes[0]
+    # The first panel's title goes above the "who is better" labels, not through them.
+    top.set_title(top.get_title(loc="left"), loc="left", fontsize=10, pad=16)
+    for text, align in (
+        ("\u2190 the peer is better  ", "right"),
+        ("  aiowheel is better \u2192", "left"),
+    ):
+        top.annotate(
+            text,
+            xy=(1.0, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha=align,
+            va="bottom",
+            fontsize=8.5,
+            color="0.3",
+        )
+    title = "aiowheel against each peer, per workload (each peer against aiowheel on its backend)"
+    _legend(figure, f"{title}\n{subtitle}" if subtitle else title, peers)
+    return _save(figure, path)
+
+
+def _headline_panel(
+    ax: Axes, part: pd.DataFrame, peers: Sequence[str], limits: tuple[float, float]
+) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    metrics = list(dict.fromkeys(part["metric"]))
+    ticks: list[float] = []
+    names: list[str] = []
+    y = 0.0
+    for metric in metrics:
+        rows = part[part["metric"] == metric]
+        present = [p for p in peers if p in set(rows["peer"])]
+        start = y
+        for peer in present:
+            row = rows[rows["peer"] == peer].iloc[0]
+            ratio = float(row["ratio"])
+            colour = contender_colour(peer)
+            if math.isnan(ratio):
+                why = row["note"] or "no ratio"
+                ax.text(
+                    1.0, y, f"  {peer}: {why}", va="center", ha="left", fontsize=7, color=colour
+                )
+            else:
+                ax.barh(y, ratio - 1.0, left=1.0, height=0.8, color=colour)
+                better = ratio >= 1.0
+                ax.text(
+                    ratio,
+                    y,
+                    f" {times(ratio)} ",
+                    va="center",
+                    ha="left" if better else "right",
+                    fontsize=7.5,
+                )
+            y += 1.0
+        first = rows.iloc[0]
+        ticks.append((start + y - 1.0) / 2.0)
+        names.append(metric_name(first))
+        y += 0.6  # a gap between metrics
+    ax.set_xscale("log")
+    ax.set_xlim(*limits)
+    # A narrow range gets 2x and 5x ticks too: 1x alone says nothing.
+    decades = math.log10(limits[1] / limits[0])
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 3 else (1.0,)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: times(x)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.axvline(1.0, color="0.1", linewidth=1.2)
+    ax.set_yticks(ticks, names, fontsize=8)
+    ax.set_ylim(y - 0.3, -0.9)
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    ax.tick_params(axis="y", length=0)
+
+
+def metric_name(row: Any) -> str:
+    """``lateness p99 (ms, lower is better)``; without a unit when there is none."""
+    unit = f"{row['unit']}, " if row["unit"] else ""
+    return f"{row['label']} ({unit}{row['better']} is better)"
+
+
+def times(ratio: float) -> str:
+    """A ratio as the report prints it: 2.3, 0.45, 75, 1,200, each with a times sign."""
+    if math.isnan(ratio):
+        return "-"
+    if ratio >= 10:
+        return f"{ratio:,.0f}\u00d7"
+    if ratio >= 0.01:
+        return f"{ratio:.2g}\u00d7"
+    return f"{ratio:.1g}\u00d7"
+
+
+# -- lateness distribution ---------------------------------------------------------------
+
+
+def _cdf_points(values: Any) -> list[tuple[float, float]]:
+    """(lateness ms, quantile) pairs with a finite lateness; none when the job found no
+    lateness (all null or NaN)."""
+    if values is None or len(values) != len(CDF_QUANTILES):
+        return []
+    points = []
+    for value, q in zip(values, CDF_QUANTILES, strict=True):
+        if value is None:
             continue
-        ys = points["lateness_p99_ms"].clip(lower=_FLOOR_MS)
-        smallest, largest = min(smallest, float(ys.min())), max(largest, float(ys.max()))
-        ax.plot(points["elapsed_s"], ys, label=name, linewidth=1.2, marker=".", markersize=3)
-        drawn += 1
-    if drawn and largest > 20 * smallest:
-        ax.set_yscale("log")
-    ax.set_xlabel("seconds since the run started")
-    ax.set_ylabel("lateness p99 (ms) of timers fired in that second")
-    ax.set_title("Lateness p99 over time")
-    ax.grid(True, which="both", alpha=0.3)
-    if drawn:
-        ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no timer fired")
-    _note_hidden(ax, max(0, windows["run_id"].nunique() - MAX_SERIES))
-    figure.savefig(path)
+        ms = float(value) * 1000.0
+        if math.isfinite(ms):
+            points.append((max(ms, _FLOOR_MS), q))
+    return points
 
 
-def plot_rates(windows: pd.DataFrame, path: Path) -> None:
-    """Timers fired and cancelled per second, one line per run."""
-    figure, (fired_ax, cancelled_ax) = _figure(2, 1, height=3.2)
-    for column, ax in (("fired", fired_ax), ("cancelled", cancelled_ax)):
-        drawn = 0
-        for name, run in _runs(windows, column):
-            ax.plot(
-                run["elapsed_s"], run[column], label=name, linewidth=1.2, drawstyle="steps-post"
+def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
+    """Per workload: the lateness CDF of each contender (log x) and its tail (1 - CDF,
+    log-log)."""
+    workloads, hidden = _panels(summary, "fired")
+    left_out = dict.fromkeys(hidden, "more than a figure holds")
+    drawable: list[tuple[str, pd.DataFrame]] = []
+    for workload in workloads:
+        part = summary[(summary["workload"] == workload) & (summary["fired"] > 0)]
+        if part.empty:
+            left_out[workload] = "no timer fired"
+        elif not any(_cdf_points(v) for v in part["lateness_cdf"]):
+            left_out[workload] = "no lateness recorded"
+        else:
+            drawable.append((workload, part))
+    figure, axes = _figure(max(1, len(drawable)), 2, 2.5)
+    if not drawable:
+        _empty(axes[0][0], _nothing_to_show(left_out))
+        _empty(axes[0][1], _nothing_to_show(left_out))
+    styles = _styles(summary["label"])
+    for (cdf_ax, tail_ax), (workload, part) in zip(axes, drawable, strict=False):
+        lowest, highest = math.inf, 0.0
+        for row in part.itertuples():
+            points = _cdf_points(row.lateness_cdf)
+            if not points:
+                continue
+            style = {
+                "color": contender_colour(row.contender),
+                "zorder": _zorder(row.contender),
+                "linestyle": _style_of(styles, row.label),
+                "linewidth": 1.5,
+            }
+            xs = [x for x, _ in points]
+            lowest, highest = min(lowest, min(xs)), max(highest, max(xs))
+            cdf_ax.plot(xs, [q for _, q in points], **style)
+            # 1 - q below 1/fired says nothing: no sample that rare was seen.
+            rarest = 1.0 / row.fired
+            tail = [(x, 1.0 - q) for x, q in points if 1.0 - q >= rarest]
+            tail_ax.plot([x for x, _ in tail], [t for _, t in tail], **style)
+        for ax in (cdf_ax, tail_ax):
+            ax.set_xscale("log")
+            ax.set_xlim(lowest / 1.5, highest * 1.5)
+            ax.grid(True, which="both", alpha=0.25)
+        cdf_ax.set_ylim(0, 1.02)
+        cdf_ax.set_ylabel("fraction fired\nat most this late", fontsize=8)
+        cdf_ax.set_title(f"{workload}: lateness CDF", loc="left", fontsize=10)
+        tail_ax.set_yscale("log")
+        tail_ax.set_ylabel("fraction later\n(1 - CDF)", fontsize=8)
+        tail_ax.set_title(f"{workload}: tail (p99 at 1e-2)", loc="left", fontsize=10)
+    for ax in axes[-1]:
+        if drawable:
+            ax.set_xlabel(
+                "lateness, ms (log scale; on time or early is drawn at 1 \u00b5s)", fontsize=9
             )
-            drawn += 1
-        ax.set_ylabel(f"{column} per second")
-        ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
-        if drawn:
-            ax.legend(fontsize=8)
-    fired_ax.set_title("Timers fired and cancelled per second")
-    cancelled_ax.set_xlabel("seconds since the run started")
-    _note_hidden(cancelled_ax, max(0, windows["run_id"].nunique() - MAX_SERIES))
-    figure.savefig(path)
+    _legend(
+        figure,
+        "How late timers fired, per workload (further left is better)",
+        summary["contender"] if drawable else [],
+        list(summary["label"]) if drawable else [],
+    )
+    _footnote(figure, left_out)
+    return _save(figure, path)
+
+
+def plot_lateness_p99(windows: pd.DataFrame, path: Path) -> Figure:
+    """Per workload: the p99 lateness of the timers fired in each second, per run."""
+    workloads, hidden = _panels(windows, "fired")
+    left_out = dict.fromkeys(hidden, "more than a figure holds")
+    drawable: list[tuple[str, pd.DataFrame]] = []
+    for workload in workloads:
+        part = windows[windows["workload"] == workload].dropna(subset=["lateness_p99_ms"])
+        if part.empty:
+            left_out[workload] = (
+                "no timer fired" if not _fired(windows, workload) else ("no lateness recorded")
+            )
+        else:
+            drawable.append((workload, part))
+    cols = 2 if len(drawable) > 1 else 1
+    rows = max(1, math.ceil(len(drawable) / cols))
+    figure, grid = _figure(rows, cols, 2.6)
+    axes = [ax for row in grid for ax in row]
+    if not drawable:
+        _empty(axes[0], _nothing_to_show(left_out))
+    for ax in axes[len(drawable) :]:
+        if drawable:
+            ax.set_visible(False)
+    for ax, (workload, part) in zip(axes, drawable, strict=False):
+        ys_all = part["lateness_p99_ms"].clip(lower=_FLOOR_MS)
+        every_second = windows[windows["workload"] == workload]
+        for _, run in every_second.groupby("run_id", sort=True):
+            run = run.sort_values("elapsed_s")
+            # Seconds in which nothing fired have no p99 (NaN): the line breaks there
+            # rather than joining the seconds around them.
+            ax.plot(
+                run["elapsed_s"],
+                run["lateness_p99_ms"].clip(lower=_FLOOR_MS),
+                color=contender_colour(run["contender"].iloc[0]),
+                zorder=_zorder(run["contender"].iloc[0]),
+                linewidth=1.3,
+                marker="o",
+                markersize=3.5,
+            )
+        if float(ys_all.max()) > 20 * float(ys_all.min()):
+            ax.set_yscale("log")
+        ax.set_title(workload, loc="left", fontsize=10)
+        ax.set_xlabel("seconds since the run started", fontsize=8)
+        ax.set_ylabel("lateness p99, ms", fontsize=8)
+        ax.grid(True, which="both", alpha=0.25)
+    _legend(
+        figure,
+        "Lateness p99 of the timers fired in each second, per workload",
+        windows["contender"] if drawable else [],
+    )
+    _footnote(figure, left_out)
+    return _save(figure, path)
+
+
+def _fired(windows: pd.DataFrame, workload: str) -> bool:
+    return bool(windows.loc[windows["workload"] == workload, "fired"].sum() > 0)
+
+
+def plot_rates(windows: pd.DataFrame, path: Path) -> Figure:
+    """Per workload: timers fired (left) and cancelled (right) per second, per run."""
+    windows = windows.assign(ended=windows["fired"] + windows["cancelled"])
+    workloads, hidden = _panels(windows, "ended")
+    left_out = dict.fromkeys(hidden, "more than a figure holds")
+    figure, axes = _figure(max(1, len(workloads)), 2, 2.2)
+    if not workloads:
+        _empty(axes[0][0], "no timers")
+        _empty(axes[0][1], "no timers")
+    for (fired_ax, cancelled_ax), workload in zip(axes, workloads, strict=False):
+        part = windows[windows["workload"] == workload]
+        for column, ax in (("fired", fired_ax), ("cancelled", cancelled_ax)):
+            ax.set_title(f"{workload}: {column} per second", loc="left", fontsize=10)
+            if part[column].sum() == 0:
+                _empty(ax, f"no timer {column}")
+                continue
+            for _, run in part.groupby("run_id", sort=True):
+                run = run.sort_values("elapsed_s")
+                # Each count covers its whole second: the last one too, up to s + 1.
+                xs = [*run["elapsed_s"], int(run["elapsed_s"].iloc[-1]) + 1]
+                ys = [*run[column], run[column].iloc[-1]]
+                ax.plot(
+                    xs,
+                    ys,
+                    color=contender_colour(run["contender"].iloc[0]),
+                    zorder=_zorder(run["contender"].iloc[0]),
+                    linewidth=1.4,
+                    drawstyle="steps-post",
+                )
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.25)
+            ax.yaxis.set_major_formatter(_count_formatter())
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds since the run started", fontsize=8)
+    _legend(figure, "Timers fired and cancelled per second, per workload", windows["contender"])
+    _footnote(figure, left_out)
+    return _save(figure, path)
+
+
+def _count(value: float, _: Any) -> str:
+    if abs(value) >= 1_000_000:
+        return f"{value / 1_000_000:g}M"
+    if abs(value) >= 1_000:
+        return f"{value / 1_000:g}k"
+    return f"{value:g}"
+
+
+def _count_formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(_count)

@@ -2,17 +2,20 @@
 
 What it does, in an order chosen so that mistakes cost as little as possible:
 
-1. finds and checks the trace files (pyarrow footers only: a bad input is a one-line
-   error naming the file, exit status 2, in well under a second, before any JVM);
-2. checks for a Java runtime Spark can use (one sentence and exit 2 if none);
-3. starts Spark (or joins the session ``spark-submit`` or a caller started), runs the
-   aggregations of ``aiowheel.analytics.job`` with a progress display;
-4. writes every output into a temporary directory next to DIR and moves it into
+1. checks that its libraries are installed, that DIR is a place it may write, and
+   finds and checks the trace files (pyarrow footers only): a bad input is a one-line
+   error, exit status 2, in well under a second, before any JVM;
+2. reads the bench's results (``bench-results.json``) for the headline, if there are any;
+3. checks for a Java runtime Spark can use (one sentence and exit 2 if none);
+4. starts Spark (or joins the session ``spark-submit`` or a caller started) and runs
+   the pipeline of ``aiowheel.analytics.job`` with a progress display;
+5. writes every output into a temporary directory next to DIR and moves it into
    place only once everything is written, so DIR never holds a half-written report;
-5. prints the summary table.
+6. prints the headline and the summary table.
 
-Outputs in DIR: ``summary.parquet``, ``summary.csv``, ``windows.parquet``,
-``lateness_cdf.png``, ``lateness_p99.png``, ``fired_cancelled.png``, ``report.md``.
+Outputs in DIR: see ``schema.OUTPUTS`` (``headline.png`` only with the bench's results).
+Dependencies run one way: report -> job -> inputs, schema; report -> render, plots,
+bench_results -> schema.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
-import math
+import importlib.util
 import os
 import re
 import shutil
@@ -29,18 +32,34 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from .inputs import TraceFiles, TraceInputError, find_traces
-from .job import ACCURACY  # job.py imports pyspark lazily: this stays cheap
+from .bench_results import BenchResultsError, find_bench_results, headline, load_bench_results
+from .inputs import TraceFiles, TraceInputError, find_traces, first_line, is_remote
+from .render import Headline
+from .schema import (
+    ACCURACY,
+    BENCH_RESULTS,
+    CDF_PNG,
+    HEADLINE_PNG,
+    OUTPUTS,
+    P99_PNG,
+    RATES_PNG,
+    REPORT_MD,
+    SUMMARY_CSV,
+    SUMMARY_PARQUET,
+    WINDOWS_PARQUET,
+)
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
     from pyspark.sql import SparkSession
     from rich.console import Console
+
+    from .job import JobResult
 
 __all__ = [
     "OUTPUTS",
@@ -49,18 +68,9 @@ __all__ = [
     "build_parser",
     "java_problem",
     "main",
+    "missing_modules",
     "run_report",
 ]
-
-OUTPUTS: Final = (
-    "summary.parquet",
-    "summary.csv",
-    "windows.parquet",
-    "lateness_cdf.png",
-    "lateness_p99.png",
-    "fired_cancelled.png",
-    "report.md",
-)
 
 #: JVM options, only when this process starts the JVM itself. The serial GC keeps the
 #: driver's footprint small. The C1-only JIT (TieredStopAtLevel=1) roughly halves a
@@ -71,6 +81,9 @@ _JVM_SMALL_INPUT: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 _JVM_LARGE_INPUT: Final = "-XX:+UseSerialGC"
 _SMALL_INPUT_ROWS: Final = 2_000_000
 _PROG: Final = "aiowheel report"
+#: The libraries the report imports (the `analytics` extra).
+_MODULES: Final = ("pyarrow", "pandas", "matplotlib", "rich", "pyspark")
+_INSTALL: Final = "pip install 'aiowheel[analytics]'"
 
 
 class ReportError(Exception):
@@ -90,6 +103,8 @@ class ReportResult:
     files: int  #: trace files (and remote paths) read
     master: str  #: where Spark ran
     seconds: float  #: wall time
+    headline: pd.DataFrame | None = None  #: the ratios of the headline, if any
+    warnings: tuple[str, ...] = field(default=())  #: said on stderr, not fatal
 
 
 # -- command line --------------------------------------------------------------------
@@ -100,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=_PROG,
         description=(
             "Analyse aiowheel timer traces (Parquet) with Spark: lateness, cancel ratio "
-            "and timers per second, per run, backend and label, as tables and plots."
+            "and timers per second, per workload and contender, as tables and figures; "
+            "with the bench's results, a headline of aiowheel against each peer."
         ),
         epilog=(
             "Runs locally (local[*]) unless --master or spark-submit say otherwise; "
@@ -110,7 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "traces", nargs="+", metavar="TRACES", help="trace files or directories of them"
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="report directory")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="report directory (not inside a trace directory)",
+    )
+    parser.add_argument(
+        "--bench-results",
+        default=None,
+        metavar="PATH",
+        help=(
+            f"the bench's results for the headline (default: {BENCH_RESULTS} in the "
+            "trace directories, if there is one)"
+        ),
+    )
     parser.add_argument(
         "--master",
         default=os.environ.get("AIOWHEEL_SPARK_MASTER") or None,
@@ -157,11 +187,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _say(kind: str, message: str) -> None:
+    # Plain print, not rich: this is also how a missing rich is reported.
+    print(f"{_PROG}: {kind}: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``aiowheel report``; returns the exit status (0 ok, 2 bad input, 1 Spark failed)."""
+    args = build_parser().parse_args(argv)
+    missing = missing_modules()
+    if missing:
+        _say("error", _missing_message(missing))
+        return 2
     from rich.console import Console
 
-    args = build_parser().parse_args(argv)
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False)
     if not out.is_terminal:
@@ -176,18 +215,50 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             verbose=args.verbose,
             console=err,
+            bench_results=args.bench_results,
         )
-    except (TraceInputError, ReportError) as exc:
-        err.print(f"{_PROG}: error: {exc}", markup=False, soft_wrap=True)
+    except (TraceInputError, ReportError, BenchResultsError) as exc:
+        _say("error", str(exc))
         return exc.status if isinstance(exc, ReportError) else 2
+    from .render import headline_table, summary_table
+
+    if result.headline is not None and not result.headline.empty:
+        out.print(headline_table(result.headline))
     out.print(summary_table(result.summary, out.width))
     out.print(
         f"{result.rows:,} timers from {result.files} trace file(s), Spark {result.master}, "
-        f"{result.seconds:.1f} s: report in {result.out}/report.md",
+        f"{result.seconds:.1f} s: report in {result.out}/{REPORT_MD}",
         markup=False,
         soft_wrap=True,
     )
+    for warning in result.warnings:
+        _say("warning", warning)
     return 0
+
+
+# -- environment ---------------------------------------------------------------------
+
+
+def missing_modules() -> list[str]:
+    """The report's libraries that cannot be imported (not installed, or blocked)."""
+    missing: list[str] = []
+    for name in _MODULES:
+        if name in sys.modules:
+            if sys.modules[name] is None:  # import blocked: `import name` would fail
+                missing.append(name)
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            missing.append(name)
+    return missing
+
+
+def _missing_message(missing: Sequence[str]) -> str:
+    names = ", ".join(missing)
+    return f"aiowheel report needs {names}, which cannot be imported here: {_INSTALL}."
 
 
 # -- environment ---------------------------------------------------------------------
@@ -316,7 +387,7 @@ def _start_quietly(builder: Any) -> tuple[SparkSession, Path]:
     except Exception as exc:
         tail = _log_tail(log)
         raise ReportError(
-            f"Spark did not start ({_first_line(exc)}){tail}; Spark's output is in {log}",
+            f"Spark did not start ({first_line(exc)}){tail}; Spark's output is in {log}",
             status=1,
         ) from None
     finally:
@@ -453,27 +524,28 @@ def run_report(
     progress: bool = True,
     verbose: bool = False,
     console: Console | None = None,
+    bench_results: str | os.PathLike[str] | None = None,
 ) -> ReportResult:
-    """Everything ``aiowheel report`` does but printing the summary table.
+    """Everything ``aiowheel report`` does but printing the tables.
 
-    Raises ``TraceInputError`` (bad input) or ``ReportError`` (no Java or PySpark,
-    bad DIR, Spark failed); DIR is then left as it was.
+    Raises ``TraceInputError`` or ``BenchResultsError`` (bad input) or ``ReportError``
+    (a missing library, no Java, a bad DIR, Spark failed); DIR is then left as it was.
     """
     started = time.perf_counter()
+    if not os.fspath(out):
+        raise ReportError("--out is empty: give the report directory")
+    missing = missing_modules()
+    if missing:
+        raise ReportError(_missing_message(missing))
     files = find_traces(list(traces))
     target = Path(out)
-    if target.exists() and not target.is_dir():
-        raise ReportError(f"{target}: exists and is not a directory")
+    _check_target(target, list(traces), files)
+    warnings: list[str] = []
+    source = _headline_source(list(traces), files, bench_results, warnings)
     problem = java_problem() if not _under_spark_submit() else None
     if problem:
         raise ReportError(problem)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-    )
-    umask = os.umask(0o022)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become DIR's mode
+    staging = _make_staging(target)
     try:
         with _Progress(console, progress) as steps, contextlib.ExitStack() as spark_scope:
             with steps.step("starting Spark"):
@@ -482,62 +554,160 @@ def run_report(
                 spark = spark_scope.enter_context(
                     _spark_session(master, driver_memory, verbose, jvm_options)
                 )
-            summary, windows, rows, where = _run(spark, files, staging, steps, verbose, accuracy)
-        _publish(staging, target)
+            result = _run_job(spark, files, steps, verbose, accuracy)
+            where = spark.sparkContext.master or "?"
+            version = spark.version
+        with steps.step("figures and report.md"):
+            written = _write_outputs(staging, result, source, files, where, version)
+        _publish(staging, target, written)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return ReportResult(
         out=target,
-        summary=summary,
-        windows=windows,
-        rows=rows,
+        summary=result.summary.drop(columns=["lateness_cdf"]),
+        windows=result.windows,
+        rows=result.rows,
         files=len(files.paths),
         master=where,
         seconds=time.perf_counter() - started,
+        headline=source.ratios,
+        warnings=tuple(warnings),
     )
 
 
-def _run(
-    spark: SparkSession,
-    files: TraceFiles,
-    staging: Path,
-    steps: _Progress,
-    verbose: bool,
-    accuracy: int,
-) -> tuple[pd.DataFrame, pd.DataFrame, int, str]:
-    from . import job, plots
-
+def _check_target(target: Path, traces: Sequence[str], files: TraceFiles) -> None:
+    """DIR must be a directory (or nothing yet), and not where traces are read from:
+    a report among the traces would be read as a trace by the next report."""
+    if target.exists() and not target.is_dir():
+        raise ReportError(f"{target}: exists and is not a directory")
     try:
-        with steps.step("reading traces", spark):
-            traces = job.read_traces(spark, files)
-        with steps.step("summary per run and label", spark):
-            summary = job.collect_summary(traces, accuracy)
-        rows = int(summary["scheduled"].sum())
-        if rows == 0:
-            raise TraceInputError(f"{', '.join(files.paths)}: empty trace (no rows)")
-        with steps.step("timers per second", spark):
-            windows = job.collect_windows(traces)
+        resolved = target.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop
+        raise ReportError(f"--out {target}: cannot be resolved ({first_line(exc)})") from None
+    for raw in traces:
+        if is_remote(raw):
+            continue
+        directory = Path(raw.removeprefix("file://"))
+        if directory.is_dir():
+            directory = directory.resolve()
+            if resolved == directory or directory in resolved.parents:
+                where = "is" if resolved == directory else "is inside"
+                raise ReportError(
+                    f"--out {target} {where} the trace directory {raw}: the next report "
+                    "over it would read the report's own tables as traces; choose a "
+                    "directory outside it"
+                )
+    for file in files.local:
+        if resolved == Path(file).parent:
+            raise ReportError(
+                f"--out {target} is the directory of the trace {file}: choose another "
+                "directory, or the report's tables would sit among the traces"
+            )
+    if target.is_dir():
+        for name in OUTPUTS:
+            if (target / name).is_dir():
+                raise ReportError(f"{target / name}: is a directory, where the report writes")
+
+
+def _headline_source(
+    traces: Sequence[str],
+    files: TraceFiles,
+    given: str | os.PathLike[str] | None,
+    warnings: list[str],
+) -> Headline:
+    """The bench's results for the headline: the file given (which must be good), else
+    the one next to the traces (a bad one is a warning: the traces are still worth a
+    report)."""
+    if given is not None:
+        if not os.fspath(given):
+            raise ReportError("--bench-results is empty: give the bench's results file")
+        bench = load_bench_results(given)
+        return Headline(bench, headline(bench), "")
+    found = find_bench_results(traces, files)
+    if not found:
+        return Headline(None, None, f"no {BENCH_RESULTS} was found next to the traces")
+    if len(found) > 1:
+        names = ", ".join(str(p) for p in found)
+        message = f"several bench results ({names}): choose one with --bench-results"
+        warnings.append(f"no headline: {message}")
+        return Headline(None, None, message)
+    try:
+        bench = load_bench_results(found[0])
+    except BenchResultsError as exc:
+        warnings.append(f"no headline: {exc}")
+        return Headline(None, None, f"{exc}")
+    return Headline(bench, headline(bench), "")
+
+
+def _make_staging(target: Path) -> Path:
+    """The hidden temporary directory next to DIR that the report is written into."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        )
+    except OSError as exc:
+        raise ReportError(
+            f"--out {target}: cannot create a directory in {target.parent} "
+            f"({exc.strerror or first_line(exc)})"
+        ) from None
+    umask = os.umask(0o022)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become DIR's mode
+    return staging
+
+
+def _run_job(
+    spark: SparkSession, files: TraceFiles, steps: _Progress, verbose: bool, accuracy: int
+) -> JobResult:
+    try:
+        from . import job
+
+        return job.run_job(
+            spark, files, accuracy, step=lambda description: steps.step(description, spark)
+        )
     except (TraceInputError, ReportError):
         raise
     except Exception as exc:
         if verbose:
             raise
-        raise ReportError(f"Spark failed: {_first_line(exc)}", status=1) from None
-    master = spark.sparkContext.master or "?"
-    version = spark.version
-    with steps.step("plots and report.md"):
-        table = summary.drop(columns=["lateness_cdf"])
-        _write_parquet(table, staging / "summary.parquet")
-        table.to_csv(staging / "summary.csv", index=False)
-        _write_parquet(windows, staging / "windows.parquet")
-        plots.plot_lateness_cdf(summary, staging / plots.CDF_PNG)
-        plots.plot_lateness_p99(windows, staging / plots.P99_PNG)
-        plots.plot_rates(windows, staging / plots.RATES_PNG)
-        (staging / "report.md").write_text(
-            render_markdown(table, files, rows, master, version), encoding="utf-8"
-        )
-    return table, windows, rows, master
+        raise ReportError(f"Spark failed: {first_line(exc)}", status=1) from None
+
+
+def _write_outputs(
+    staging: Path,
+    result: JobResult,
+    source: Headline,
+    files: TraceFiles,
+    master: str,
+    version: str,
+) -> list[str]:
+    """Every output file, written into ``staging``; returns their names."""
+    from . import plots
+    from .render import headline_subtitle, render_markdown
+
+    table = result.summary.drop(columns=["lateness_cdf"])
+    try:
+        _write_parquet(table, staging / SUMMARY_PARQUET)
+        table.to_csv(staging / SUMMARY_CSV, index=False)
+        _write_parquet(result.windows, staging / WINDOWS_PARQUET)
+        written = [SUMMARY_PARQUET, SUMMARY_CSV, WINDOWS_PARQUET]
+        if source.bench is not None and source.ratios is not None and not source.ratios.empty:
+            subtitle = headline_subtitle(source.bench)
+            plots.plot_headline(source.ratios, staging / HEADLINE_PNG, subtitle)
+            written.append(HEADLINE_PNG)
+        plots.plot_lateness_cdf(result.summary, staging / CDF_PNG)
+        plots.plot_lateness_p99(result.windows, staging / P99_PNG)
+        plots.plot_rates(result.windows, staging / RATES_PNG)
+        markdown = render_markdown(table, files, result.rows, master, version, source)
+        (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(
+            f"cannot write the report in {staging.parent} ({exc.strerror or first_line(exc)})",
+            status=1,
+        ) from None
+    return [*written, CDF_PNG, P99_PNG, RATES_PNG, REPORT_MD]
 
 
 def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
@@ -551,164 +721,27 @@ def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
     )
 
 
-def _publish(staging: Path, target: Path) -> None:
-    """Move the finished report into place: one rename when DIR is new or empty."""
+def _publish(staging: Path, target: Path, written: Sequence[str]) -> None:
+    """Move the finished report into place: one rename when DIR is new or empty; else
+    ours are replaced one by one (and one a previous report wrote but this one did not,
+    a headline.png, is removed), other files are kept."""
     try:
         os.replace(staging, target)
         return
     except OSError:
-        pass  # DIR exists and holds files: replace ours one by one, keep the others
-    for name in OUTPUTS:
-        os.replace(staging / name, target / name)
-    staging.rmdir()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
-
-
-# -- presentation ----------------------------------------------------------------------
-
-
-def _ms(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{float(value):.3f}"
-
-
-def _seconds(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{float(value):.3g}"
-
-
-def _label(value: Any) -> str:
-    return value if isinstance(value, str) else "-"
-
-
-_COLUMNS: Final[tuple[tuple[str, str, Callable[[Any], str]], ...]] = (
-    ("implementation", "implementation", str),
-    ("backend", "backend", str),
-    ("label", "label", _label),
-    ("scheduled", "scheduled", lambda v: f"{int(v):,}"),
-    ("fired", "fired", lambda v: f"{int(v):,}"),
-    ("cancelled", "cancelled", lambda v: f"{int(v):,}"),
-    ("cancel_ratio", "cancel %", lambda v: f"{100 * float(v):.1f}"),
-    ("lateness_p50_ms", "p50 ms", _ms),
-    ("lateness_p90_ms", "p90 ms", _ms),
-    ("lateness_p99_ms", "p99 ms", _ms),
-    ("lateness_p999_ms", "p99.9 ms", _ms),
-    ("lateness_max_ms", "max ms", _ms),
-    ("lifetime_p50_s", "lifetime p50 s", _seconds),
-)
-
-
-def _rows(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    from .plots import short_run_ids
-
-    columns = list(_COLUMNS)
-    if summary["label"].isna().all():
-        columns = [c for c in columns if c[0] != "label"]
-    shared = summary.groupby(["implementation", "backend"])["run_id"].nunique().max()
-    if shared and shared > 1:
-        # Several runs per implementation and backend: tell them apart by run id,
-        # without the prefix they all share (a benchmark's timestamp, say).
-        short = short_run_ids(summary["run_id"])
-        columns.insert(0, ("run_id", "run", lambda run: short[run]))
-    headers = [header for _, header, _ in columns]
-    cells = [[fmt(row[name]) for name, _, fmt in columns] for _, row in summary.iterrows()]
-    return headers, cells
-
-
-#: Dropped in this order, one by one, while the table is wider than the terminal
-#: (the full table is in summary.csv and report.md).
-_OPTIONAL_HEADERS: Final = ("lifetime p50 s", "p90 ms", "implementation", "backend", "max ms")
-
-
-def summary_table(summary: pd.DataFrame, width: int | None = None) -> Any:
-    """The summary as a rich Table (lateness in milliseconds), narrowed to ``width``
-    columns by leaving out the least important ones rather than cutting cells."""
-    from rich.console import Console
-    from rich.table import Table
-
-    headers, cells = _rows(summary)
-    keep = list(range(len(headers)))
-    measure = Console(width=10_000)
-    while True:
-        table = Table(title="Timer lateness (fired_at - deadline) per run and label")
-        for index in keep:
-            numeric = index >= headers.index("scheduled")
-            table.add_column(headers[index], justify="right" if numeric else "left", no_wrap=True)
-        for row in cells:
-            table.add_row(*(row[index] for index in keep))
-        if width is None or measure.measure(table).maximum <= width:
-            return table
-        droppable = [i for i in keep if headers[i] in _OPTIONAL_HEADERS]
-        if not droppable or ("run" not in headers and len(droppable) <= 3):
-            return table  # implementation and backend stay unless a run column names them
-        keep.remove(min(droppable, key=lambda i: _OPTIONAL_HEADERS.index(headers[i])))
-
-
-def render_markdown(
-    summary: pd.DataFrame, files: TraceFiles, rows: int, master: str, version: str
-) -> str:
-    """report.md: the summary table and the plots, with how to read them."""
-    from .plots import CDF_PNG, P99_PNG, RATES_PNG
-
-    headers, cells = _rows(summary)
-    table = [
-        "| " + " | ".join(headers) + " |",
-        "|"
-        + "|".join(
-            "---:" if i >= headers.index("scheduled") else "---" for i in range(len(headers))
-        )
-        + "|",
-    ]
-    table += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in cells]
-    paths = files.paths
-    shown = "\n".join(f"- `{p}`" for p in paths[:20])
-    if len(paths) > 20:
-        shown += f"\n- ... and {len(paths) - 20} more"
-    return f"""# aiowheel timer report
-
-{rows:,} timers from {len(paths)} trace file(s), analysed with Spark {version} ({master}).
-
-## Summary
-
-Lateness is `fired_at - deadline` of fired timers, in milliseconds; percentiles are
-nearest-rank. The full table, with lifetimes (end minus schedule time), is in
-`summary.csv` and `summary.parquet`; per-second counts are in `windows.parquet`.
-
-{chr(10).join(table)}
-
-## Lateness distribution
-
-![Lateness CDF per run]({CDF_PNG})
-
-Left: the fraction of fired timers at most that late (x is logarithmic). A curve to the
-left is better; a long flat top means a few timers were very late. Right: the tail
-(1 - CDF, both axes logarithmic): where a curve crosses 1e-2 is its p99, 1e-3 its
-p99.9.
-
-## Lateness p99 over time
-
-![Lateness p99 per second]({P99_PNG})
-
-The p99 lateness of the timers that fired in each second. Spikes line up with loop
-stalls (a slow callback, a GC pause, a burst of expiries).
-
-## Timers fired and cancelled per second
-
-![Fired and cancelled per second]({RATES_PNG})
-
-A timeout that is cancelled before it fires (the usual fate of an idle or request
-timeout) shows up in the lower plot; the cancel ratio is in the summary.
-
-## Inputs
-
-{shown}
-"""
+        pass  # DIR exists and holds files
+    try:
+        for name in written:
+            os.replace(staging / name, target / name)
+        for name in set(OUTPUTS) - set(written):
+            with contextlib.suppress(FileNotFoundError):
+                (target / name).unlink()
+        staging.rmdir()
+    except OSError as exc:
+        raise ReportError(
+            f"cannot move the report into {target} ({exc.strerror or first_line(exc)})",
+            status=1,
+        ) from None
 
 
 if __name__ == "__main__":

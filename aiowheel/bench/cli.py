@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .contenders import CONTENDERS, TraceFactory, parquet_recorder, parse_contenders
+from .contenders import CONTENDERS, select
+from .env import TraceFactory, parquet_recorder
+from .export import RESULTS_FILE, write_results
 from .output import Output
+from .registry import WORKLOADS
 from .runner import Runner
 from .settings import Settings
-from .workloads import WORKLOADS
 
-__all__ = ["add_arguments", "main", "run", "settings_from"]
+__all__ = ["UsageError", "add_arguments", "main", "run", "settings_from"]
+
+PROG = "aiowheel bench"
+DEFAULT_OUT = Path("bench-out")
+
+
+class UsageError(Exception):
+    """A command line that cannot run: one line on stderr, exit status 2."""
+
 
 DESCRIPTION = """\
 Measure aiowheel against the timers you would use instead (loop.call_later on asyncio
@@ -128,9 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --report: the full default sizes (about 20 minutes before the report)",
     )
-    parser.add_argument(
-        "--out", type=Path, default=Path("bench-out"), help="--report's directory (./bench-out)"
-    )
+    parser.add_argument("--out", type=Path, help=f"--report's directory (./{DEFAULT_OUT})")
     parser.add_argument(
         "--seed", type=int, default=20150515, help="random seed (same data for all)"
     )
@@ -167,25 +178,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(ns: argparse.Namespace) -> Settings:
+    """The run the command line asks for; ``UsageError`` if it cannot be run."""
     if ns.full and ns.quick:
-        raise SystemExit("aiowheel bench: error: --full and --quick contradict each other")
+        raise UsageError("--full and --quick contradict each other")
     if ns.full and not ns.report:
-        raise SystemExit("aiowheel bench: error: --full goes with --report")
+        raise UsageError("--full goes with --report")
+    if ns.out is not None and not ns.report:
+        raise UsageError("--out goes with --report (--trace DIR traces without the report)")
+    if ns.trace is not None and ns.report:
+        raise UsageError("--report traces into OUT/traces: give --out, not --trace")
     # The main job (`aiowheel bench --report`, the README's quick start) must finish
     # in a few minutes on a 2-core machine: with --report, quick sizes by default.
     quick: bool = ns.quick or (ns.report and not ns.full)
     try:
-        contenders = parse_contenders(ns.contenders)
+        selection = select(ns.contenders)
     except ValueError as exc:
-        raise SystemExit(f"aiowheel bench: error: {exc}") from None
+        raise UsageError(str(exc)) from None
     workloads = list(dict.fromkeys(ns.workload)) if ns.workload else list(WORKLOADS)
     trace_dir: Path | None = ns.trace
     if ns.report:
-        trace_dir = ns.out / "traces"
+        trace_dir = _out(ns) / "traces"
     cases = ("high", "low") if ns.kafka_case == "both" else (ns.kafka_case,)
     return Settings(
         workloads=workloads,
-        contenders=contenders,
+        contenders=selection.run,
+        unavailable=selection.unavailable,
         n=ns.n,
         reps=ns.reps if ns.reps is not None else (1 if quick else 3),
         quick=quick,
@@ -205,25 +222,66 @@ def settings_from(ns: argparse.Namespace) -> Settings:
     )
 
 
+def _out(ns: argparse.Namespace) -> Path:
+    out: Path = ns.out if ns.out is not None else DEFAULT_OUT
+    return out
+
+
+def check_setup(ns: argparse.Namespace, settings: Settings, trace_factory: TraceFactory) -> None:
+    """Fail now, not after minutes of measuring: ``UsageError`` if the traces or the
+    report cannot be written, or what they need is not installed."""
+    if settings.trace_dir is None:
+        return
+    option = "--report" if ns.report else "--trace"
+    if trace_factory is parquet_recorder:
+        try:
+            importlib.import_module("pyarrow")
+        except ImportError:
+            raise UsageError(
+                f'{option} records Parquet traces with pyarrow: pip install "aiowheel[analytics]"'
+            ) from None
+    if ns.report and importlib.util.find_spec("pyspark") is None:
+        raise UsageError('--report runs a Spark job: pip install "aiowheel[analytics]"')
+    where = f"--out {_out(ns)}" if ns.report else f"--trace {settings.trace_dir}"
+    try:
+        settings.trace_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=settings.trace_dir):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot write there ({exc.strerror or exc})") from None
+
+
 def run(
     ns: argparse.Namespace,
     argv: Sequence[str] | None = None,
     *,
     trace_factory: TraceFactory = parquet_recorder,
 ) -> int:
-    settings = settings_from(ns)
-    if settings.trace_dir is not None and trace_factory is parquet_recorder:
-        # Fail now, not after minutes of measuring, if tracing cannot work here.
-        try:
-            import aiowheel.trace  # noqa: F401
-        except ImportError as exc:
-            print(f"aiowheel bench: error: --trace needs aiowheel.trace: {exc}", file=sys.stderr)
-            return 2
+    """Run what ``ns`` asks for; returns the exit status (2: a bad command line)."""
+    try:
+        settings = settings_from(ns)
+        check_setup(ns, settings, trace_factory)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     output = Output(settings, argv=["aiowheel", "bench", *(argv or [])])
     runner = Runner(settings, output, trace_factory=trace_factory)
-    runner.run()
+    try:
+        results = runner.run()
+    except BrokenPipeError:
+        # The reader of stdout went away (`aiowheel bench --json | head`): stop quietly,
+        # and keep the interpreter's final flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    if settings.trace_dir is not None:
+        try:
+            write_results(settings.trace_dir, settings, runner.machine, results)
+        except OSError as exc:
+            path = settings.trace_dir / RESULTS_FILE
+            print(f"{PROG}: error: cannot write {path}: {exc}", file=sys.stderr)
+            return 1
     if ns.report:
-        return _report(runner.trace_files, ns.out / "report")
+        return _report(runner.trace_files, _out(ns) / "report")
     return 0
 
 
@@ -233,7 +291,7 @@ def _report(trace_files: list[Path], report_dir: Path) -> int:
         report_main = importlib.import_module("aiowheel.analytics.report").main
     except ImportError as exc:
         print(
-            f"aiowheel bench: traces are in {trace_files[0].parent if trace_files else '-'}, "
+            f"{PROG}: traces are in {trace_files[0].parent if trace_files else '-'}, "
             f"but the report needs aiowheel.analytics: {exc}",
             file=sys.stderr,
         )

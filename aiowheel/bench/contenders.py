@@ -17,40 +17,17 @@ name                      backend    what a timer is
 ``deadline-uvloop``       uvloop     the same on uvloop
 ========================  =========  =======================================================
 
-Every repetition runs in a fresh event loop (``asyncio.new_event_loop()``,
-``uvloop.new_event_loop()``, or a new ``trio.run``) after a full ``gc.collect()``.
-
-The ``Env`` handed to a workload gives it each contender's timer operations as plain
-bound callables, so the timed loops call the contender's own API with no adapter
-layer in between: for aiowheel ``schedule`` *is* ``timer.schedule_nowait``, for
-``call_later`` it *is* ``loop.call_later``. Only in a traced repetition (``--trace``)
-are the ``call_later`` and trio callables wrapped, to record each timer as it ends;
-traced repetitions are never measured.
+uvloop and trio are extras: ``select`` keeps the contenders whose event loop is
+installed. How a contender runs inside its loop is in ``env.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
-import math
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+import importlib
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-import aiowheel
-
-__all__ = [
-    "CONTENDERS",
-    "Contender",
-    "Env",
-    "TraceFactory",
-    "TrioNativeTimers",
-    "open_env",
-    "parse_contenders",
-    "run_fresh",
-]
+__all__ = ["CONTENDERS", "Contender", "Selection", "missing_backend", "select"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +35,6 @@ class Contender:
     name: str
     kind: str  # "aiowheel" | "call_later" | "deadline" | "trio"
     backend: str  # "asyncio" | "uvloop" | "trio"
-    description: str
 
     @property
     def is_aiowheel(self) -> bool:
@@ -66,455 +42,81 @@ class Contender:
 
 
 CONTENDERS: tuple[Contender, ...] = (
-    Contender("aiowheel-asyncio", "aiowheel", "asyncio", "aiowheel.Timer on asyncio"),
-    Contender("aiowheel-uvloop", "aiowheel", "uvloop", "aiowheel.Timer on uvloop"),
-    Contender("aiowheel-trio", "aiowheel", "trio", "aiowheel.Timer on trio"),
-    Contender("call_later-asyncio", "call_later", "asyncio", "loop.call_later on asyncio"),
-    Contender("call_later-uvloop", "call_later", "uvloop", "loop.call_later on uvloop"),
-    Contender("trio-native", "trio", "trio", "a trio task per timer in a CancelScope"),
-    Contender("deadline-asyncio", "deadline", "asyncio", "aiohttp's stored deadline on asyncio"),
-    Contender("deadline-uvloop", "deadline", "uvloop", "aiohttp's stored deadline on uvloop"),
+    Contender("aiowheel-asyncio", "aiowheel", "asyncio"),
+    Contender("aiowheel-uvloop", "aiowheel", "uvloop"),
+    Contender("aiowheel-trio", "aiowheel", "trio"),
+    Contender("call_later-asyncio", "call_later", "asyncio"),
+    Contender("call_later-uvloop", "call_later", "uvloop"),
+    Contender("trio-native", "trio", "trio"),
+    Contender("deadline-asyncio", "deadline", "asyncio"),
+    Contender("deadline-uvloop", "deadline", "uvloop"),
 )
 _BY_NAME = {c.name: c for c in CONTENDERS}
+_BACKENDS = ("asyncio", "uvloop", "trio")
+_KINDS = ("aiowheel", "call_later", "deadline", "trio")
 
 
-def parse_contenders(specs: list[str] | None) -> list[Contender]:
-    """``--contenders a,b --contenders c``: names, or a kind/backend prefix
-    (``aiowheel`` selects the three aiowheel contenders). None: all of them."""
-    if not specs:
-        return list(CONTENDERS)
-    chosen: list[Contender] = []
-    for spec in specs:
-        for raw in spec.split(","):
-            token = raw.strip()
-            if not token:
-                continue
-            if token in _BY_NAME:
-                matched = [_BY_NAME[token]]
-            else:
-                matched = [c for c in CONTENDERS if token in (c.kind, c.backend) or c.name == token]
-            if not matched:
-                names = ", ".join(_BY_NAME)
-                raise ValueError(f"unknown contender {token!r}; choose from {names}")
-            chosen.extend(c for c in matched if c not in chosen)
-    return chosen
+def missing_backend(backend: str) -> str | None:
+    """Why ``backend``'s event loop cannot run here (None: it can).
 
-
-def uvloop_available() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def run_fresh(backend: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    """Run ``fn()`` to completion in a brand-new event loop of ``backend``."""
-    gc.collect()
-    if backend == "trio":
-        import trio
-
-        return trio.run(fn)
-    if backend == "uvloop":
-        import uvloop
-
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    elif backend == "asyncio":
-        loop = asyncio.new_event_loop()
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
-    try:
-        return loop.run_until_complete(fn())
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
-
-
-# -- tracing ------------------------------------------------------------------------
-
-
-class TraceFactory(Protocol):
-    """Builds the recorder of one traced repetition (``aiowheel.trace.ParquetRecorder``
-    by default; tests pass a stand-in)."""
-
-    def __call__(
-        self, path: str, *, run_id: str, implementation: str
-    ) -> aiowheel.TraceRecorder: ...
-
-
-def parquet_recorder(path: str, *, run_id: str, implementation: str) -> aiowheel.TraceRecorder:
-    # Imported here: pyarrow is needed only when tracing.
-    from aiowheel.trace import ParquetRecorder
-
-    return ParquetRecorder(path, run_id=run_id, implementation=implementation)
-
-
-class _TracedCall:
-    """A ``call_later`` timer in a traced repetition: records itself when it ends."""
-
-    __slots__ = ("args", "callback", "deadline", "done", "handle", "id", "scheduled_at", "tracer")
-
-    def __init__(
-        self, tracer: _CallLaterTracer, callback: Callable[..., Any], args: tuple[Any, ...]
-    ) -> None:
-        self.tracer = tracer
-        self.callback = callback
-        self.args = args
-        self.done = False
-        self.id = 0
-        self.scheduled_at = 0.0
-        self.deadline = 0.0
-        self.handle: asyncio.TimerHandle | None = None
-
-    def cancel(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        assert self.handle is not None
-        self.handle.cancel()
-        self.tracer.ended(self, None, self.tracer.clock())
-
-
-class _CallLaterTracer:
-    """Wraps ``loop.call_later``/``call_at`` to record each timer as it ends (level -1:
-    no wheel)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, recorder: aiowheel.TraceRecorder) -> None:
-        self.loop = loop
-        self.recorder = recorder
-        self.clock = loop.time
-        self.live: dict[int, _TracedCall] = {}
-        self.next_id = 1
-
-    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> _TracedCall:
-        call = _TracedCall(self, callback, args)
-        call.id = self.next_id
-        self.next_id += 1
-        call.scheduled_at = self.clock()
-        call.deadline = when
-        call.handle = self.loop.call_at(when, self._fire, call)
-        self.live[call.id] = call
-        return call
-
-    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> _TracedCall:
-        return self.call_at(self.clock() + delay, callback, *args)
-
-    def _fire(self, call: _TracedCall) -> None:
-        call.done = True
-        self.ended(call, self.clock(), None)
-        call.callback(*call.args)
-
-    def ended(self, call: _TracedCall, fired_at: float | None, cancelled_at: float | None) -> None:
-        del self.live[call.id]
-        self.recorder.record(
-            call.id, None, call.scheduled_at, call.deadline, -1, fired_at, cancelled_at
-        )
-
-    def finish(self) -> None:
-        # Timers still pending when the repetition ends are cancelled, as aiowheel's
-        # aclose() cancels (and records) its pending timers.
-        for call in list(self.live.values()):
-            call.cancel()
-
-
-# -- trio's native timers ---------------------------------------------------------------
-
-
-class TrioTimer:
-    """One trio-native timer: a task sleeping in a ``CancelScope`` with the deadline.
-
-    ``cancel()`` cancels the scope (the task wakes and exits without calling back);
-    ``reset(delay)`` assigns ``scope.deadline``, which is how trio re-arms (lazily:
-    the old heap entry is skipped when it surfaces).
+    asyncio always can; uvloop and trio are extras, tried by importing them.
     """
-
-    __slots__ = ("args", "callback", "cancelled", "id", "owner", "scheduled_at", "scope")
-
-    def __init__(
-        self,
-        owner: TrioNativeTimers,
-        deadline: float,
-        callback: Callable[..., Any],
-        args: tuple[Any, ...],
-    ) -> None:
-        import trio
-
-        self.owner = owner
-        self.scope = trio.CancelScope(deadline=deadline)
-        self.callback = callback
-        self.args = args
-        self.cancelled = False
-        self.id = 0
-        self.scheduled_at = 0.0
-
-    def cancel(self) -> None:
-        if not self.cancelled:
-            self.cancelled = True
-            self.scope.cancel()
-
-    def reset(self, delay: float) -> None:
-        self.scope.deadline = self.owner.clock() + delay
-
-    @property
-    def deadline(self) -> float:
-        return self.scope.deadline
-
-
-class TrioNativeTimers:
-    """Schedules trio-native timers (a task each) in one nursery."""
-
-    def __init__(self, nursery: Any, recorder: aiowheel.TraceRecorder | None = None) -> None:
-        import trio
-
-        self.nursery = nursery
-        self.clock = trio.current_time
-        self.recorder = recorder
-        self._spawn = nursery.start_soon
-        self._next_id = 1
-        self._sleep_forever = trio.sleep_forever
-        self.live = 0
-
-    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> TrioTimer:
-        timer = TrioTimer(self, when, callback, args)
-        if self.recorder is not None:
-            timer.id = self._next_id
-            self._next_id += 1
-            timer.scheduled_at = self.clock()
-        self.live += 1
-        self._spawn(self._run, timer)
-        return timer
-
-    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> TrioTimer:
-        return self.call_at(self.clock() + delay, callback, *args)
-
-    async def _run(self, timer: TrioTimer) -> None:
-        try:
-            with timer.scope:
-                await self._sleep_forever()
-        finally:
-            self.live -= 1
-            if self.recorder is not None:
-                now = self.clock()
-                fired = not timer.cancelled and timer.scope.cancelled_caught
-                self.recorder.record(
-                    timer.id,
-                    None,
-                    timer.scheduled_at,
-                    timer.scope.deadline,
-                    -1,
-                    now if fired else None,
-                    None if fired else now,
-                )
-        if not timer.cancelled:
-            timer.callback(*timer.args)
-
-
-# -- the environment a workload runs in -------------------------------------------------
+    if backend == "asyncio":
+        return None
+    if backend == "uvloop" and sys.platform == "win32":
+        return "uvloop does not run on Windows"
+    try:
+        importlib.import_module(backend)
+    except ImportError:
+        return f'{backend} is not installed (pip install "aiowheel[{backend}]")'
+    return None
 
 
 @dataclass
-class Env:
-    """One contender's timer operations inside a running event loop.
+class Selection:
+    """The contenders that run, and those left out because their loop is missing."""
 
-    ``call_later(delay, cb, *args)`` and ``call_at(when, cb, *args)`` return a handle
-    with ``cancel()``; aiowheel and trio handles also have ``reset(delay)``.
-    ``time()`` is the clock deadlines are on; ``now()`` reads the same clock fresh
-    (uvloop's ``loop.time()`` is cached once per loop iteration, at ms resolution, so
-    on uvloop ``now`` is ``time.monotonic``, the clock it caches); ``iteration_clock``
-    is uvloop's cached clock (used to count loop iterations, see ``wakeups``).
+    run: list[Contender]
+    #: (contender, why it cannot run), in ``CONTENDERS`` order.
+    unavailable: list[tuple[Contender, str]] = field(default_factory=list)
+
+
+def select(specs: list[str] | None) -> Selection:
+    """``--contenders a,b --contenders c``; None: the default set, every contender.
+
+    A token is a contender's name, a backend (``asyncio``, ``uvloop``, ``trio``) or a
+    kind (``aiowheel``, ``call_later``, ``deadline``; ``trio`` is both). What a name
+    or a backend asks for must be installed (``ValueError`` otherwise). The default
+    set and a kind leave out, in ``Selection.unavailable``, the contenders whose
+    backend is missing, so that a partial install runs what it can.
     """
-
-    contender: Contender
-    call_later: Callable[..., Any]
-    call_at: Callable[..., Any]
-    time: Callable[[], float]
-    now: Callable[[], float]
-    checkpoint: Callable[[], Awaitable[None]]
-    sleep: Callable[[float], Awaitable[Any]]
-    timer: aiowheel.Timer | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    trio_timers: TrioNativeTimers | None = None
-    iteration_clock: Callable[[], float] = field(default=lambda: 0.0)
-    _loop_iterations: list[int] = field(default_factory=lambda: [0])
-
-    def loop_iterations(self) -> int:
-        """Event-loop iterations so far, where we can count them (asyncio: selector
-        ``select`` calls; trio: ``before_io_wait`` instrument calls); -1 on uvloop."""
-        return self._loop_iterations[0]
-
-    def new_event(self) -> _Event:
-        if self.contender.backend == "trio":
-            import trio
-
-            return trio.Event()
-        return asyncio.Event()
-
-
-class _Event(Protocol):
-    def set(self) -> None: ...
-    def is_set(self) -> bool: ...
-    async def wait(self) -> Any: ...
-
-
-def _count_selects(loop: asyncio.AbstractEventLoop, counter: list[int]) -> None:
-    # The pure-Python loop calls its selector's select() once per iteration; shadowing
-    # the bound method on the selector instance counts iterations at ~0.1 us each.
-    selector = getattr(loop, "_selector", None)
-    if selector is None:
-        counter[0] = -1
-        return
-    select = selector.select
-
-    def counting_select(timeout: float | None = None) -> Any:
-        counter[0] += 1
-        return select(timeout)
-
-    selector.select = counting_select
-
-
-async def _trio_checkpoint() -> None:
-    import trio.lowlevel
-
-    await trio.lowlevel.checkpoint()
-
-
-async def _asyncio_checkpoint() -> None:
-    await asyncio.sleep(0)
-
-
-@asynccontextmanager
-async def open_env(
-    contender: Contender,
-    recorder: aiowheel.TraceRecorder | None = None,
-    *,
-    count_iterations: bool = False,
-) -> AsyncIterator[Env]:
-    """Set up ``contender`` in the running loop (which must be of its backend).
-
-    With a ``recorder`` every timer is traced (aiowheel: ``Timer(recorder=...)``;
-    the others: wrapped callables, recording at the end of the block what is still
-    pending as cancelled, then closing the recorder).
-    """
-    backend = contender.backend
-    if contender.kind == "aiowheel":
-        timer = aiowheel.Timer(recorder=recorder)
-        async with timer:
-            iterations = [0]
-            if backend == "trio":
-                import trio
-
-                env = Env(
-                    contender,
-                    timer.schedule_nowait,
-                    timer.schedule_at_nowait,
-                    timer.time,
-                    trio.current_time,
-                    _trio_checkpoint,
-                    trio.sleep,
-                    timer=timer,
-                    _loop_iterations=iterations,
-                )
-                if count_iterations:
-                    trio.lowlevel.add_instrument(_trio_iterations(iterations))
+    wanted: list[tuple[Contender, bool]] = []  # (contender, asked for by name or backend)
+    if specs is None:
+        wanted = [(c, False) for c in CONTENDERS]
+    else:
+        tokens = [token for spec in specs for raw in spec.split(",") if (token := raw.strip())]
+        if not tokens:
+            raise ValueError("no contender given")
+        for token in tokens:
+            if token in _BY_NAME:
+                wanted.append((_BY_NAME[token], True))
+            elif token in _BACKENDS:
+                wanted.extend((c, True) for c in CONTENDERS if token in (c.backend, c.kind))
+            elif token in _KINDS:
+                wanted.extend((c, False) for c in CONTENDERS if c.kind == token)
             else:
-                loop = asyncio.get_running_loop()
-                env = Env(
-                    contender,
-                    timer.schedule_nowait,
-                    timer.schedule_at_nowait,
-                    timer.time,
-                    time.monotonic,
-                    _asyncio_checkpoint,
-                    asyncio.sleep,
-                    timer=timer,
-                    loop=loop,
-                    iteration_clock=loop.time,
-                    _loop_iterations=iterations,
-                )
-                if count_iterations:
-                    _count_selects(loop, iterations)
-            yield env
-        return
-
-    if contender.kind in ("call_later", "deadline"):
-        loop = asyncio.get_running_loop()
-        iterations = [0]
-        if count_iterations:
-            _count_selects(loop, iterations)
-        tracer: _CallLaterTracer | None = None
-        call_later: Callable[..., Any] = loop.call_later
-        call_at: Callable[..., Any] = loop.call_at
-        if recorder is not None:
-            tracer = _CallLaterTracer(loop, recorder)
-            recorder.open(backend=backend, clock=loop.time())
-            call_later, call_at = tracer.call_later, tracer.call_at
-        try:
-            yield Env(
-                contender,
-                call_later,
-                call_at,
-                loop.time,
-                time.monotonic,
-                _asyncio_checkpoint,
-                asyncio.sleep,
-                loop=loop,
-                iteration_clock=loop.time,
-                _loop_iterations=iterations,
-            )
-        finally:
-            if tracer is not None and recorder is not None:
-                tracer.finish()
-                await asyncio.to_thread(recorder.close)
-        return
-
-    if contender.kind == "trio":
-        import trio
-
-        iterations = [0]
-        if count_iterations:
-            trio.lowlevel.add_instrument(_trio_iterations(iterations))
-        if recorder is not None:
-            recorder.open(backend="trio", clock=trio.current_time())
-        try:
-            async with trio.open_nursery() as nursery:
-                timers = TrioNativeTimers(nursery, recorder)
-                yield Env(
-                    contender,
-                    timers.call_later,
-                    timers.call_at,
-                    trio.current_time,
-                    trio.current_time,
-                    _trio_checkpoint,
-                    trio.sleep,
-                    trio_timers=timers,
-                    _loop_iterations=iterations,
-                )
-                # Whatever is still pending is cancelled (and, traced, recorded so).
-                nursery.cancel_scope.cancel()
-        finally:
-            if recorder is not None:
-                await trio.to_thread.run_sync(recorder.close)
-        return
-
-    raise ValueError(f"unknown contender kind {contender.kind!r}")
-
-
-def _trio_iterations(counter: list[int]) -> Any:
-    """A trio instrument counting run-loop iterations (one I/O wait each)."""
-    import trio
-
-    class Iterations(trio.abc.Instrument):
-        def before_io_wait(self, timeout: float) -> None:
-            counter[0] += 1
-
-    return Iterations()
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of already sorted values, nearest-rank."""
-    if not sorted_values:
-        return math.nan
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
+                choices = ", ".join([*_BY_NAME, *_BACKENDS, *_KINDS[:-1]])
+                raise ValueError(f"unknown contender {token!r}; choose from {choices}")
+    chosen: list[Contender] = []
+    left_out: dict[Contender, str] = {}
+    for contender, explicit in wanted:
+        reason = missing_backend(contender.backend)
+        if reason is None:
+            if contender not in chosen:
+                chosen.append(contender)
+        elif explicit:
+            raise ValueError(f"contender {contender.name} cannot run: {reason}")
+        else:
+            left_out[contender] = reason
+    unavailable = [(c, left_out[c]) for c in CONTENDERS if c in left_out]
+    return Selection(chosen, unavailable)

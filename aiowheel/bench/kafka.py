@@ -16,10 +16,9 @@ completer queue). The contender provides the timeout:
 
 * aiowheel: ``aiowheel.Purgatory``: one ``DelayedOperation`` per request watched on
   one of 1,000 keys (as produce requests are on partitions), completed by the
-  completer with ``force_complete()``, as Kafka's benchmark completes them; if the
-  purgatory is not available, a timer per request plus a dict of watched requests
-  (the logic the peers use);
-* ``call_later``: ``loop.call_later(0.2, expire, request)`` plus that dict;
+  completer with ``force_complete()``, as Kafka's benchmark completes them;
+* ``call_later``: ``loop.call_later(0.2, expire, request)`` plus a dict of watched
+  requests (what a purgatory does, minus the generality);
 * trio-native: a task per request sleeping in a ``CancelScope`` with the deadline.
 
 A probe runs the load for a fixed time at one rate, in a fresh event loop. The
@@ -30,24 +29,28 @@ bisects (geometric mean) to within 15%, then confirms the best rate with a probe
 ``--kafka-seconds`` (10 s): the sustained rate is one that held for that long. If the
 confirmation fails, it retries 20% lower (five tries at most). Contenders are probed
 in turn, step by step (ABAB...), so drift hits all of them alike.
+
+It is a ``SearchedWorkload`` (``workload.py``): the runner hands it the contenders
+and it returns every figure.
 """
 
 from __future__ import annotations
 
 import heapq
-import importlib
 import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .contenders import Contender, Env, open_env, percentile, run_fresh
+import aiowheel
+
+from .contenders import Contender
+from .env import Env, open_env, percentile, run_fresh
 from .results import Result
 from .settings import Settings
-from .workloads import Metric, Workload
+from .workload import Metric, Progress, SearchedWorkload, Trace
 
 __all__ = ["CASES", "Kafka", "ProbeResult", "run_probe"]
 
@@ -95,22 +98,6 @@ def _pools(seed: int, cases: tuple[str, ...], size: int) -> _Pools:
     return pools
 
 
-def purgatory_api() -> tuple[Any, Any] | None:
-    """``(DelayedOperation, Purgatory)`` if aiowheel has them (looked up lazily)."""
-    for module_name in ("aiowheel", "aiowheel.purgatory"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        op, purgatory = (
-            getattr(module, "DelayedOperation", None),
-            getattr(module, "Purgatory", None),
-        )
-        if op is not None and purgatory is not None:
-            return op, purgatory
-    return None
-
-
 class _Request:
     __slots__ = ("created", "handle", "key", "op")
 
@@ -133,14 +120,11 @@ class _Counters:
 def _purgatory_model(
     env: Env, counters: _Counters
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    api = purgatory_api()
-    assert api is not None
     assert env.timer is not None
-    delayed_operation, purgatory_class = api
     now = env.now
     late = counters.late
 
-    class BenchOperation(delayed_operation):  # type: ignore[misc,valid-type]
+    class BenchOperation(aiowheel.DelayedOperation):
         __slots__ = ("created",)
 
         def __init__(self, created: float) -> None:
@@ -157,7 +141,7 @@ def _purgatory_model(
             counters.expired += 1
             late.append(now() - self.created - TIMEOUT)
 
-    purgatory = purgatory_class(env.timer, name="bench")
+    purgatory = aiowheel.Purgatory(env.timer, name="bench")
     watch = purgatory.try_complete_else_watch
 
     def arrive(request: _Request) -> None:
@@ -205,11 +189,11 @@ async def run_probe(
 ) -> ProbeResult:
     """Offer ``rate`` requests/s for ``seconds`` to the contender in ``env``."""
     counters = _Counters()
-    if env.contender.kind == "aiowheel" and purgatory_api() is not None:
+    if env.contender.is_aiowheel:
         implementation = "purgatory"
         arrive, complete = _purgatory_model(env, counters)
     else:
-        implementation = "timers+dict" if env.contender.kind == "aiowheel" else env.contender.kind
+        implementation = env.contender.kind
         arrive, complete = _timer_model(env, counters)
     exponential = pools.exponential
     completion = pools.completion[case]
@@ -341,7 +325,7 @@ class _Search:
             self.rate = math.sqrt(self.lo * self.hi)
 
 
-class Kafka(Workload):
+class Kafka(SearchedWorkload):
     name = "kafka"
     title = "Kafka purgatory proposal: highest sustained request rate"
     metrics = (
@@ -355,8 +339,12 @@ class Kafka(Workload):
         self._pools: _Pools | None = None
         self._pool_key: tuple[int, tuple[str, ...], int] | None = None
 
-    def default_sizes(self, quick: bool) -> list[int]:
-        return [0]
+    def variants(self, settings: Settings) -> list[str]:
+        return list(settings.kafka_cases)
+
+    def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
+        # A typical search: about 6 probes, a confirmation and a traced probe.
+        return 8 * len(settings.kafka_cases) * len(contenders)
 
     def pools(self, settings: Settings) -> _Pools:
         # Enough draws for the longest probe at the highest rate, up to _POOL (then
@@ -376,7 +364,7 @@ class Kafka(Workload):
             "probe_s": settings.kafka_probe,
             "sustain_s": settings.kafka_seconds,
             "max_lag_ms": settings.kafka_max_lag * 1e3,
-            "aiowheel": "Purgatory" if purgatory_api() is not None else "timers + dict",
+            "aiowheel": "Purgatory",
         }
 
     def probe_once(
@@ -401,8 +389,8 @@ class Kafka(Workload):
         self,
         settings: Settings,
         contenders: list[Contender],
-        progress: Callable[[str], None],
-        trace: Callable[[str, Contender], tuple[Any, Path] | None],
+        progress: Progress,
+        trace: Trace,
     ) -> list[Result]:
         """Search each contender's sustained rate, case by case; returns results."""
         results: list[Result] = []
@@ -454,22 +442,17 @@ class Kafka(Workload):
                     "late_p99_ms": confirmed.late_p99_ms if confirmed else math.nan,
                     "cpu_pct": confirmed.cpu_pct if confirmed else math.nan,
                 }
-                for metric in self.metrics:
-                    results.append(
-                        Result(
-                            workload=self.name,
-                            variant=case,
-                            n=None,
-                            metric=metric.key,
-                            label=metric.label,
-                            unit=metric.unit,
-                            better=metric.better,
-                            contender=search.contender,
-                            samples=[values[metric.key]],
-                            has_ratio=metric.ratio,
-                            params=extra,
-                        )
+                results.extend(
+                    self.result(
+                        metric,
+                        search.contender,
+                        [values[metric.key]],
+                        variant=case,
+                        n=None,
+                        params=extra,
                     )
+                    for metric in self.metrics
+                )
                 traced = trace(f"kafka-{case}", search.contender) if search.sustained else None
                 if traced is not None:
                     recorder, _path = traced

@@ -9,23 +9,29 @@ Otherwise: a progress bar on stderr while it runs (when stderr is a terminal), e
 variant's figures as soon as they are measured, and at the end one table per
 workload: every figure (median, min-max over repetitions) and, on each peer's row,
 how many times better aiowheel is on each backend (``> 1``: aiowheel better; the
-direction of "better" is the metric's own: lower ns, higher callbacks/s).
+direction of "better" is the metric's own: lower ns, higher callbacks/s). The tables
+are rich's when rich is installed (the ``bench`` extra), plain text otherwise.
+
+Either way, a contender left out because its event loop is not installed gets one
+line on stderr before the run starts.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import sys
 import time
-from typing import Any, TextIO
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
 
+from .contenders import CONTENDERS
+from .export import machine
+from .registry import WORKLOADS
 from .results import Result
 from .settings import Settings
 
-__all__ = ["Output", "fmt"]
+__all__ = ["Output", "Table", "fmt", "render_plain", "tables"]
 
 # Written as escapes: ruff flags the characters themselves as look-alikes.
 DASH = "\u2013"  # en dash, for ranges
@@ -51,18 +57,53 @@ def fmt(value: float | None, unit: str = "") -> str:
 def fmt_ratio(value: float | None) -> str:
     if value is None:
         return DASH
-    return f"{value:.2f}{TIMES}"
+    # Two significant digits below 0.1: a real 0.004 is not "0.00".
+    return f"{value:.2f}{TIMES}" if value >= 0.1 else f"{value:.2g}{TIMES}"
 
 
-def machine() -> dict[str, Any]:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "loadavg": [round(x, 2) for x in load] if load else None,
-    }
+class _Console(Protocol):
+    def line(self, bold: str, rest: str = "") -> None: ...
+    def table(self, table: Table) -> None: ...
+
+
+class _PlainConsole:
+    """Without rich (a core-only install): the same lines and tables, as plain text."""
+
+    def __init__(self, file: TextIO) -> None:
+        self.file = file
+
+    def line(self, bold: str, rest: str = "") -> None:
+        print(bold + rest, file=self.file, flush=True)
+
+    def table(self, table: Table) -> None:
+        print(render_plain(table), file=self.file, flush=True)
+
+
+class _RichConsole:
+    def __init__(self, file: TextIO) -> None:
+        from rich.console import Console
+
+        # Not a terminal (a file, a pipe): wide enough that the tables do not wrap.
+        width = None if file.isatty() else 160
+        self.console = Console(file=file, highlight=False, width=width)
+
+    def line(self, bold: str, rest: str = "") -> None:
+        from rich.text import Text
+
+        self.console.print(Text.assemble((bold, "bold"), rest))
+
+    def table(self, table: Table) -> None:
+        self.console.print(render_rich(table))
+        for note in table.notes:
+            self.console.print(note, markup=False, highlight=False)
+
+
+def _rich_installed() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class Output:
@@ -81,29 +122,30 @@ class Output:
         self.json = settings.json
         self._progress: Any = None
         self._task: Any = None
-        self._console: Any = None
+        self._console: _Console | None = None
         self._started = 0.0
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def start(self, settings: Settings, steps: int) -> None:
+    def start(self, steps: int, machine_info: dict[str, Any]) -> None:
+        settings = self.settings
         self._started = time.perf_counter()
-        info = {"type": "run", "argv": self.argv, **machine(), "settings": _settings_json(settings)}
+        for contender, reason in settings.unavailable:
+            print(f"aiowheel bench: skipping {contender.name}: {reason}", file=self.stderr)
         if self.json:
-            self._line(info)
+            self._line(
+                {"type": "run", "argv": self.argv, **machine_info, "settings": settings.as_json()}
+            )
             return
-        from rich.console import Console
-
-        # Not a terminal (a file, a pipe): wide enough that the tables do not wrap.
-        width = None if self.stdout.isatty() else 160
-        self._console = Console(file=self.stdout, highlight=False, width=width)
-        self._console.print(
-            f"[bold]aiowheel bench[/bold]  Python {info['python']} on {info['cpus']} CPUs, "
-            f"load average {info['loadavg']}  ({' '.join(self.argv)})"
+        rich = _rich_installed()
+        self._console = _RichConsole(self.stdout) if rich else _PlainConsole(self.stdout)
+        self._console.line(
+            "aiowheel bench",
+            f"  Python {machine_info['python']} on {machine_info['cpus']} CPUs, "
+            f"load average {machine_info['loadavg']}  ({' '.join(self.argv)})",
         )
-        use_bar = settings.progress and self.stderr.isatty()
-        if use_bar:
-            from rich.console import Console as _Console
+        if rich and settings.progress and self.stderr.isatty():
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -117,7 +159,7 @@ class Output:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=_Console(file=self.stderr),
+                console=Console(file=self.stderr),
                 transient=True,
             )
             self._progress.start()
@@ -142,11 +184,10 @@ class Output:
             for r in results:
                 self._line(r.as_json())
             return
-        assert self._console is not None
         if not results:
             return
         head = results[0]
-        lines = [f"[bold]{head.workload}[/bold] {head.variant}"]
+        lines = []
         for r in results:
             if r.skipped:
                 continue
@@ -154,7 +195,7 @@ class Output:
                 f"  {r.label:<34} {r.contender.name:<20} {fmt(r.median, r.unit):>14}"
                 f"  ({fmt(r.low)}{DASH}{fmt(r.high)})"
             )
-        self._print("\n".join(lines))
+        self._print(head.workload, f" {head.variant}\n" + "\n".join(lines))
 
     def finish(self, results: list[Result]) -> None:
         if self._progress is not None:
@@ -167,31 +208,48 @@ class Output:
             return
         assert self._console is not None
         for table in tables(results):
-            self._console.print(table)
-        self._console.print(f"{elapsed:.0f} s; load average at the end {load}")
+            self._console.table(table)
+        self._console.line("", f"{elapsed:.0f} s; load average at the end {load}")
 
     # -- helpers ------------------------------------------------------------------
 
-    def _print(self, text: str) -> None:
+    def _print(self, bold: str, rest: str) -> None:
         if self._progress is not None:
+            from rich.text import Text
+
             # Above the live bar (on stderr); the final tables go to stdout.
-            self._progress.console.print(text, highlight=False)
+            self._progress.console.print(Text.assemble((bold, "bold"), rest))
         else:
             assert self._console is not None
-            self._console.print(text)
+            self._console.line(bold, rest)
 
     def _line(self, obj: dict[str, Any]) -> None:
         self.stdout.write(json.dumps(obj, allow_nan=False, default=str) + "\n")
         self.stdout.flush()
 
 
-def tables(results: list[Result]) -> list[Any]:
-    """One rich Table per workload: each figure, and aiowheel's ratio to every peer."""
-    from rich.table import Table
+# -- the tables ---------------------------------------------------------------------
 
-    from .contenders import CONTENDERS
-    from .workloads import WORKLOADS
 
+@dataclass
+class Table:
+    """A table to print, rich or plain: rows in sections, aiowheel's rows bold, and
+    notes printed under it."""
+
+    title: str
+    #: (header, right-justified)
+    columns: list[tuple[str, bool]]
+    #: sections of rows; a row is (cells, bold)
+    sections: list[list[tuple[list[str], bool]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def tables(results: list[Result]) -> list[Table]:
+    """One table per workload: each figure, and aiowheel's ratio to every peer.
+
+    A contender that sat out gets no rows: one note under the table says which
+    variants it sat out and why.
+    """
     by_workload: dict[str, list[Result]] = {}
     for r in results:
         by_workload.setdefault(r.workload, []).append(r)
@@ -213,26 +271,29 @@ def tables(results: list[Result]) -> list[Any]:
         for r in rows:
             if r.contender.is_aiowheel and r.contender.name not in ours and r.samples:
                 ours.append(r.contender.name)
-        table = Table(title=f"{name}: {workload.title if workload else ''}", title_justify="left")
-        table.add_column("variant", no_wrap=True)
-        table.add_column("metric")
-        table.add_column("contender", no_wrap=True)
-        table.add_column("median", justify="right", no_wrap=True)
-        table.add_column(f"min{DASH}max", justify="right", no_wrap=True)
-        for a in ours:
-            table.add_column(
-                f"{a.removeprefix('aiowheel-')} {TIMES}", justify="right", no_wrap=True
-            )
+        table = Table(
+            title=f"{name}: {workload.title if workload else ''}",
+            columns=[
+                ("variant", False),
+                ("metric", False),
+                ("contender", False),
+                ("median", True),
+                (f"min{DASH}max", True),
+                *((f"{a.removeprefix('aiowheel-')} {TIMES}", True) for a in ours),
+            ],
+        )
         previous: tuple[str, str] | None = None
+        skipped: dict[tuple[str, str], list[str]] = {}
         for r in rows:
-            key = (r.variant, r.metric)
-            if previous is not None and key != previous:
-                table.add_section()
-            previous = key
             if r.skipped:
-                cells = [r.variant, r.label, r.contender.name, "skipped", r.skipped]
-                table.add_row(*cells, *["" for _ in ours])
+                sat_out = skipped.setdefault((r.contender.name, r.skipped), [])
+                if r.variant not in sat_out:
+                    sat_out.append(r.variant)
                 continue
+            key = (r.variant, r.metric)
+            if key != previous:
+                table.sections.append([])
+            previous = key
             cells = [
                 r.variant,
                 f"{r.label} ({r.unit})" if r.unit else r.label,
@@ -241,25 +302,46 @@ def tables(results: list[Result]) -> list[Any]:
                 f"{fmt(r.low)}{DASH}{fmt(r.high)}",
             ]
             ratio_cells = [fmt_ratio(r.ratios.get(a)) if r.ratios else "" for a in ours]
-            table.add_row(*cells, *ratio_cells, style="bold" if r.contender.is_aiowheel else None)
+            table.sections[-1].append(([*cells, *ratio_cells], r.contender.is_aiowheel))
+        table.notes = [
+            f"skipped {contender} ({', '.join(variants)}): {reason}"
+            for (contender, reason), variants in skipped.items()
+        ]
         out.append(table)
     return out
 
 
-def _settings_json(settings: Settings) -> dict[str, Any]:
-    return {
-        "workloads": settings.workloads,
-        "contenders": [c.name for c in settings.contenders],
-        "n": settings.n,
-        "reps": settings.reps,
-        "quick": settings.quick,
-        "ops": settings.ops,
-        "seed": settings.seed,
-        "trace_dir": str(settings.trace_dir) if settings.trace_dir else None,
-        "spread_window": settings.spread_window,
-        "idle_seconds": settings.idle_seconds,
-        "idle_timeout": settings.idle_timeout,
-        "kafka_cases": list(settings.kafka_cases),
-        "kafka_probe": settings.kafka_probe,
-        "kafka_seconds": settings.kafka_seconds,
-    }
+def render_rich(table: Table) -> Any:
+    from rich.table import Table as RichTable
+
+    rich_table = RichTable(title=table.title, title_justify="left")
+    for header, right in table.columns:
+        # The metric's label may wrap; nothing else does.
+        rich_table.add_column(
+            header, justify="right" if right else "left", no_wrap=header != "metric"
+        )
+    for i, section in enumerate(table.sections):
+        if i:
+            rich_table.add_section()
+        for cells, bold in section:
+            rich_table.add_row(*cells, style="bold" if bold else None)
+    return rich_table
+
+
+def render_plain(table: Table) -> str:
+    rows = [cells for section in table.sections for cells, _bold in section]
+    headers = [header for header, _right in table.columns]
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, (_header, right) in zip(cells, widths, table.columns, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    out = [table.title, line(headers)]
+    for section in table.sections:
+        out.append(rule)
+        out.extend(line(cells) for cells, _bold in section)
+    return "\n".join([*out, *table.notes]) + "\n"

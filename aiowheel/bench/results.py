@@ -29,6 +29,9 @@ class Result:
     #: better), filled in for peers once every contender of the variant is measured.
     ratios: dict[str, float | None] = field(default_factory=dict)
     skipped: str | None = None
+    #: Why this figure, measured, is not comparable in this run (its ratios, and the
+    #: peers' ratios against it, are None): e.g. a loop that fell behind.
+    withheld: str | None = None
 
     @property
     def median(self) -> float:
@@ -83,7 +86,7 @@ def ratio(aiowheel: Result, peer: Result) -> float | None:
 
 def fill_ratios(results: list[Result]) -> None:
     """Give every peer result its ratios against each aiowheel contender's result of
-    the same workload, variant and metric."""
+    the same workload, variant and metric (None where either figure is withheld)."""
     groups: dict[tuple[str, str, str], list[Result]] = {}
     for r in results:
         groups.setdefault((r.workload, r.variant, r.metric), []).append(r)
@@ -92,4 +95,6 @@ def fill_ratios(results: list[Result]) -> None:
         for r in group:
             if r.contender.is_aiowheel or not r.has_ratio:
                 continue
-            r.ratios = {a.contender.name: ratio(a, r) if r.samples else None for a in ours}
+            r.ratios = {
+                a.contender.name: None if r.withheld or a.withheld else ratio(a, r) for a in ours
+            }

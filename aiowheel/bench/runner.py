@@ -1,31 +1,39 @@
 """Runs the chosen workloads against the chosen contenders, side by side.
 
-For each workload and size, repetition after repetition, every contender runs once
-(ABAB...: machine drift and other engineers' test runs hit everyone alike), each
-time in a fresh event loop after a full ``gc.collect()``. A figure is the median of
-the repetitions, printed with their min and max.
+A repeated workload (``workload.RepeatedWorkload``): for each size, repetition after
+repetition, every contender runs once (ABAB...: machine drift and other engineers'
+test runs hit everyone alike), each time in a fresh event loop after a full
+``gc.collect()``. A figure is the median of the repetitions, printed with their min
+and max. A searched workload (``workload.SearchedWorkload``, kafka) runs its own
+search and hands back its figures.
 
 With a trace directory, every workload except ``memory`` gets one more repetition
 per contender, recorded with a trace recorder and *not* measured (recording costs
 time, and only that repetition pays it). The trace of contender ``C`` on workload
 ``W`` is ``DIR/W-C.parquet`` (``W-N=n-C`` when the workload ran several sizes).
+
+Contenders left out because their event loop is not installed
+(``Settings.unavailable``) appear in every variant of every workload that applies
+to them as skipped results, with the reason.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import aiowheel
 
-from .contenders import Contender, TraceFactory, open_env, parquet_recorder, run_fresh
+from .contenders import CONTENDERS, Contender
+from .env import TraceFactory, open_env, parquet_recorder, run_fresh
+from .export import machine
 from .output import Output
+from .registry import WORKLOADS
 from .results import Result, fill_ratios
 from .settings import Settings
-from .workloads import WORKLOADS, Metric, Workload
+from .workload import AnyWorkload, RepeatedWorkload, SearchedWorkload, Workload
 
 __all__ = ["Runner"]
 
@@ -43,14 +51,15 @@ class Runner:
         self.trace_factory = trace_factory
         self.trace_files: list[Path] = []
         self.results: list[Result] = []
+        #: The machine at the start of the run (the --json run line, bench-results.json).
+        self.machine: dict[str, Any] = {}
         self._stamp = time.strftime("%Y%m%dT%H%M%S")
 
     # -- tracing ------------------------------------------------------------------
 
-    def _recorder(self, name: str, contender: Contender) -> tuple[Any, Path] | None:
+    def _recorder(self, name: str, contender: Contender) -> tuple[aiowheel.TraceRecorder, Path]:
         directory = self.settings.trace_dir
-        if directory is None:
-            return None
+        assert directory is not None
         directory.mkdir(parents=True, exist_ok=True)
         safe = name.replace(",", "").replace("=", "")
         path = directory / f"{safe}-{contender.name}.parquet"
@@ -62,49 +71,62 @@ class Runner:
         self.trace_files.append(path)
         return recorder, path
 
+    def _trace(self, name: str, contender: Contender) -> tuple[aiowheel.TraceRecorder, Path] | None:
+        return None if self.settings.trace_dir is None else self._recorder(name, contender)
+
     # -- running ------------------------------------------------------------------
-
-    def _planned_steps(self, workloads: list[Workload]) -> int:
-        s = self.settings
-        steps = 0
-        for w in workloads:
-            if w.name == "kafka":
-                steps += 8 * len(s.kafka_cases) * len(self._eligible(w, 0))
-                continue
-            for n in w.sizes(s):
-                per_rep = len(self._eligible(w, n))
-                steps += per_rep * s.reps + (per_rep if s.trace_dir and w.traced else 0)
-        return steps
-
-    def _eligible(self, workload: Workload, n: int) -> list[Contender]:
-        return [
-            c for c in self.settings.contenders if workload.skip_reason(c, n, self.settings) is None
-        ]
 
     def run(self) -> list[Result]:
         s = self.settings
         workloads = [WORKLOADS[name] for name in s.workloads]
-        self.output.start(s, self._planned_steps(workloads))
+        self.machine = machine()
+        self.output.start(sum(self._planned_steps(w) for w in workloads), self.machine)
         try:
             for workload in workloads:
-                if workload.name == "kafka":
-                    self._run_kafka(workload)
-                else:
-                    for n in workload.sizes(s):
-                        self._run_variant(workload, n, multi=len(workload.sizes(s)) > 1)
+                match workload:
+                    case RepeatedWorkload():
+                        sizes = workload.sizes(s)
+                        for n in sizes:
+                            self._repeat(workload, n, multi=len(sizes) > 1)
+                    case SearchedWorkload():
+                        self._search(workload)
+                    case _:
+                        assert_never(workload)
         finally:
             self.output.finish(self.results)
         return self.results
 
-    def _run_variant(self, workload: Workload, n: int, *, multi: bool) -> None:
+    def _applicable(self, workload: Workload) -> list[Contender]:
+        return [c for c in self.settings.contenders if workload.applies_to(c)]
+
+    def _runnable(self, workload: RepeatedWorkload, n: int) -> list[Contender]:
+        s = self.settings
+        return [c for c in self._applicable(workload) if workload.skip_reason(c, n, s) is None]
+
+    def _planned_steps(self, workload: AnyWorkload) -> int:
+        s = self.settings
+        if isinstance(workload, SearchedWorkload):
+            return workload.planned_steps(s, self._applicable(workload))
+        steps = 0
+        for n in workload.sizes(s):
+            per_rep = len(self._runnable(workload, n))
+            steps += per_rep * s.reps + (per_rep if s.trace_dir and workload.traced else 0)
+        return steps
+
+    def _skipped(self, workload: Workload, n: int | None) -> list[tuple[Contender, str]]:
+        """Contenders the workload applies to that sit out this variant, and why."""
+        s = self.settings
+        reasons = {c: reason for c, reason in s.unavailable if workload.applies_to(c)}
+        if isinstance(workload, RepeatedWorkload) and n is not None:
+            for c in self._applicable(workload):
+                if (reason := workload.skip_reason(c, n, s)) is not None:
+                    reasons[c] = reason
+        return [(c, reasons[c]) for c in CONTENDERS if c in reasons]
+
+    def _repeat(self, workload: RepeatedWorkload, n: int, *, multi: bool) -> None:
         s = self.settings
         variant = f"N={n:,}"
-        runnable = self._eligible(workload, n)
-        skipped = [
-            (c, reason)
-            for c in s.contenders
-            if (reason := workload.skip_reason(c, n, s)) is not None and reason != "not applicable"
-        ]
+        runnable = self._runnable(workload, n)
         samples: dict[tuple[str, str], list[float]] = {}
         states: dict[str, dict[str, float]] = {c.name: {} for c in runnable}
         for rep in range(s.reps):
@@ -129,50 +151,38 @@ class Runner:
             data = workload.prepare(n, 0, s)
             for contender in runnable:
                 name = f"{workload.name}-{variant}" if multi else workload.name
-                traced = self._recorder(name, contender)
-                assert traced is not None
+                recorder, _path = self._recorder(name, contender)
                 self.output.step(f"{workload.name} {variant} traced: {contender.name}")
-                self._one(workload, contender, n, data, states[contender.name], traced[0])
+                self._one(workload, contender, n, data, states[contender.name], recorder)
                 self.output.advance()
             del data
         params = {**workload.params(s), "reps": s.reps}
+        skipped = self._skipped(workload, n)
         variant_results: list[Result] = []
         for metric in workload.metrics:
-
-            def result(
-                contender: Contender,
-                samples: list[float],
-                skipped: str | None = None,
-                metric: Metric = metric,
-            ) -> Result:
-                return Result(
-                    workload=workload.name,
-                    variant=variant,
-                    n=n,
-                    metric=metric.key,
-                    label=metric.label,
-                    unit=metric.unit,
-                    better=metric.better,
-                    contender=contender,
-                    samples=samples,
-                    has_ratio=metric.ratio,
-                    params=params,
-                    skipped=skipped,
-                )
-
             for contender in runnable:
                 measured = samples.get((contender.name, metric.key))
                 if measured is not None:
-                    variant_results.append(result(contender, measured))
-            for contender, reason in skipped:
-                variant_results.append(result(contender, [], reason))
+                    variant_results.append(
+                        workload.result(
+                            metric, contender, measured, variant=variant, n=n, params=params
+                        )
+                    )
+            variant_results.extend(
+                workload.result(
+                    metric, contender, [], variant=variant, n=n, params=params, skipped=reason
+                )
+                for contender, reason in skipped
+            )
+        for warning in workload.withhold_ratios(variant_results, s):
+            self.output.warn(warning)
         fill_ratios(variant_results)
         self.results.extend(variant_results)
         self.output.results(variant_results)
 
     def _one(
         self,
-        workload: Workload,
+        workload: RepeatedWorkload,
         contender: Contender,
         n: int,
         data: Any,
@@ -190,23 +200,30 @@ class Runner:
         values: dict[str, float] = run_fresh(contender.backend, body)
         return values
 
-    def _run_kafka(self, workload: Workload) -> None:
-        from .kafka import Kafka
-
-        assert isinstance(workload, Kafka)
-        contenders = self._eligible(workload, 0)
-        steps = [0]
+    def _search(self, workload: SearchedWorkload) -> None:
+        s = self.settings
+        contenders = self._applicable(workload)
+        steps = 0
 
         def progress(message: str) -> None:
+            nonlocal steps
             self.output.step(message)
-            steps[0] += 1
+            steps += 1
             self.output.advance()
 
-        trace: Callable[[str, Contender], tuple[Any, Path] | None] = self._recorder
-        results = workload.measure(self.settings, contenders, progress, trace)
+        results = workload.measure(s, contenders, progress, self._trace)
+        params = workload.params(s)
+        for variant in workload.variants(s):
+            results.extend(
+                workload.result(
+                    metric, contender, [], variant=variant, n=None, params=params, skipped=reason
+                )
+                for contender, reason in self._skipped(workload, None)
+                for metric in workload.metrics
+            )
         fill_ratios(results)
         self.results.extend(results)
-        planned = 8 * len(self.settings.kafka_cases) * len(contenders)
-        if steps[0] < planned:
-            self.output.advance(planned - steps[0])
+        planned = workload.planned_steps(s, contenders)
+        if steps < planned:
+            self.output.advance(planned - steps)
         self.output.results(results)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .contenders import CONTENDERS, Contender
 
@@ -14,6 +15,9 @@ __all__ = ["Settings"]
 class Settings:
     workloads: list[str]
     contenders: list[Contender] = field(default_factory=lambda: list(CONTENDERS))
+    #: Contenders of the default set (or of a kind) whose event loop is not installed,
+    #: with the reason: every workload that applies to them lists them as skipped.
+    unavailable: list[tuple[Contender, str]] = field(default_factory=list)
     #: Sizes for every N-based workload (None: each workload's default).
     n: list[int] | None = None
     reps: int = 3
@@ -42,3 +46,23 @@ class Settings:
     #: Tasks are ~3 KB each: the trio-native contender skips sizes above this.
     trio_max_tasks: int = 200_000
     progress: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        """The settings in the ``run`` line of ``--json`` and in bench-results.json."""
+        return {
+            "workloads": self.workloads,
+            "contenders": [c.name for c in self.contenders],
+            "unavailable": {c.name: reason for c, reason in self.unavailable},
+            "n": self.n,
+            "reps": self.reps,
+            "quick": self.quick,
+            "ops": self.ops,
+            "seed": self.seed,
+            "trace_dir": str(self.trace_dir) if self.trace_dir else None,
+            "spread_window": self.spread_window,
+            "idle_seconds": self.idle_seconds,
+            "idle_timeout": self.idle_timeout,
+            "kafka_cases": list(self.kafka_cases),
+            "kafka_probe": self.kafka_probe,
+            "kafka_seconds": self.kafka_seconds,
+        }

@@ -104,6 +104,13 @@ async def consumer(
         params = {"offset": offset, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes}
         try:
             async with session.get(url, params=params) as response:
+                if response.status in (409, 410):
+                    # The offset is out of range (retention dropped it, or the topic was
+                    # dropped and started again): carry on from the earliest retained,
+                    # as a Kafka consumer with auto.offset.reset=earliest does.
+                    offset = (await response.json())["earliest"]
+                    window.errors += 1
+                    continue
                 if response.status != 200:
                     window.errors += 1
                     await response.read()

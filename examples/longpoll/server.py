@@ -4,13 +4,22 @@ Endpoints:
 
 * ``POST /topics/{topic}`` appends the request body as one message and answers
   ``{"offset": n}``.
-* ``GET /topics/{topic}?offset=o&max_wait_ms=w&min_bytes=b`` answers
+* ``GET /topics/{topic}?offset=o&max_wait_ms=w&min_bytes=b&max_bytes=m`` answers
   ``{"messages": [...], "next_offset": n}`` as soon as at least ``min_bytes`` bytes of
   messages at or after ``offset`` exist, or after ``max_wait_ms`` with whatever is
-  there (possibly nothing). This is Kafka's fetch with ``fetch.max.wait.ms`` and
-  ``fetch.min.bytes``.
-* ``GET /stats``: parked, completed, expired and disconnected polls, and the server's
-  CPU time (``time.process_time()``), which the load client turns into CPU per poll.
+  there (possibly nothing), at most ``max_bytes`` of messages (but always at least one
+  message when there is one). This is Kafka's fetch with ``fetch.max.wait.ms``,
+  ``fetch.min.bytes`` and ``max.partition.fetch.bytes``.
+* ``GET /stats``: parked, completed, expired and disconnected polls, what the log
+  retains, the limits, and the server's CPU time (``time.process_time()``), which the
+  load client turns into CPU per poll.
+
+No client can make the server hold more than its limits allow (docs/longpoll.md has
+the table and the memory bound): a message size limit (413), retention by bytes per
+topic and for the whole server (oldest messages first, the log start offset
+advances), a topic count limit (429 for a new topic), idle empty topics dropped on an
+aiowheel timer, a bound on parked polls (503) and on request bodies being received at
+once, and a deadline for receiving a body (408).
 
 Two ways to park a poll (``--mode``):
 
@@ -38,13 +47,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import json
+import math
 import re
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from array import array
+from bisect import bisect_right
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import anyio
@@ -53,113 +68,527 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aiowheel import Timer
+from aiowheel import Timer, TimerHandle
 from aiowheel.purgatory import DelayedOperation, Purgatory
 
-__all__ = ["LongPollService", "MessageLog", "create_app", "main", "serving"]
+__all__ = ["Limits", "LongPollService", "MessageLog", "create_app", "main", "serving"]
 
 MAX_WAIT_MS_LIMIT = 30_000  # below common proxy idle timeouts (nginx: 60 s)
 DEFAULT_MAX_WAIT_MS = 500  # Kafka's fetch.max.wait.ms
 DEFAULT_MIN_BYTES = 1  # Kafka's fetch.min.bytes
 MIN_BYTES_LIMIT = 2**31 - 1
-# Kafka's legal topic names: 1 to 249 of these characters.
+MAX_OFFSET = 2**63 - 1  # Kafka's offsets are signed 64-bit integers
+# Kafka's legal topic names: 1 to 249 of these characters, and neither "." nor "..".
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-POLL_PARAMETERS = ("offset", "max_wait_ms", "min_bytes")
-_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII digits only; int() would take "٣" or " 3"
+POLL_PARAMETERS = ("offset", "max_wait_ms", "min_bytes", "max_bytes")
+_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only; int() would take "٣" or " 3"
+
+# What retention charges for one message on top of its body: the Python objects that
+# hold it (the bytes object's header, its list slot, its cumulative size, its entry in
+# the server-wide age queue, the slots of dropped messages not compacted yet). The
+# tests measure the real cost with tracemalloc and check that it stays below this.
+RECORD_OVERHEAD = 128
+# What one topic costs while it exists, messages aside (its object, its name, its dict
+# entry, its idle timer); measured the same way. Not charged to retention: the topic
+# count limit bounds it.
+TOPIC_OVERHEAD = 1024
+# The rest of the memory bound (docs/longpoll.md says how these were measured): a
+# parked poll (its connection, request, task and operation: about 18 KiB on uvicorn,
+# 27 KiB on hypercorn); an open connection besides, for what the HTTP server buffers
+# of a body we are not reading yet (64 KiB) or of an answer its client is not reading
+# (two pieces and the write buffer, 75 to 110 KiB); and what a fresh server grows by
+# when it starts serving (allocator arenas, caches), whatever the limits.
+WAITER_OVERHEAD = 32 << 10
+CONNECTION_BUFFER = 192 << 10
+FIXED_OVERHEAD = 32 << 20
 
 
 class BadRequest(Exception):
     """A client error, answered as ``{"error": message, "parameter": name}``."""
 
-    def __init__(self, status: int, parameter: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        parameter: str | None,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.parameter = parameter
         self.message = message
+        self.headers = headers
         self.extra = extra
 
     def response(self) -> JSONResponse:
         body = {"error": self.message, "parameter": self.parameter, **self.extra}
-        return JSONResponse(body, status_code=self.status)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-# -- the log -----------------------------------------------------------------------------
+def _shown(name: str) -> str:
+    # A client's string in an error message: quoted, escaped, and not too long.
+    return repr(name if len(name) <= 60 else name[:60] + "...")
+
+
+# -- the limits ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """Every bound the server keeps, with its default. docs/longpoll.md has the table;
+    the command line has a flag for each (``--max-body-bytes`` for ``max_body_bytes``).
+    A value that is not a positive int, or limits that contradict each other, raise
+    ``ValueError``."""
+
+    max_body_bytes: int = 1 << 20
+    retention_bytes: int = 16 << 20
+    total_retention_bytes: int = 128 << 20
+    retention: int = 100_000
+    max_topics: int = 10_000
+    topic_idle_ms: int = 60_000
+    max_fetch_bytes: int = 1 << 20
+    max_messages: int = 1000
+    max_waiters: int = 5000
+    max_inflight_bytes: int = 32 << 20
+    body_timeout_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
+        # Retention never has to drop the message it is appending: it always keeps a
+        # topic's newest message (as Kafka never deletes the active segment).
+        if self.retention_bytes < self.max_body_bytes + RECORD_OVERHEAD:
+            raise ValueError(
+                f"retention_bytes ({self.retention_bytes}) must hold one message of "
+                f"max_body_bytes ({self.max_body_bytes}) plus {RECORD_OVERHEAD} bytes "
+                "of overhead"
+            )
+        if self.total_retention_bytes < self.retention_bytes:
+            raise ValueError(
+                f"total_retention_bytes ({self.total_retention_bytes}) must be at least "
+                f"retention_bytes ({self.retention_bytes})"
+            )
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_bytes ({self.max_inflight_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes})"
+            )
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def memory_bound(self, connections: int = 0) -> int:
+        """How much the server's memory (RSS) can grow, in bytes, whatever its clients
+        send, with ``connections`` connections open besides the parked polls
+        (docs/longpoll.md, "The memory bound")."""
+        return (
+            self.total_retention_bytes
+            + self.max_topics * TOPIC_OVERHEAD
+            + 2 * self.max_inflight_bytes
+            + self.max_waiters * WAITER_OVERHEAD
+            + connections * CONNECTION_BUFFER
+            + FIXED_OVERHEAD
+        )
+
+
+# -- the log -------------------------------------------------------------------------------
 
 
 class Topic:
-    """One topic's messages, with cumulative sizes so that "how many bytes at or after
-    offset o" is O(1) (the question every poll's ``try_complete`` asks)."""
+    """One topic's retained messages, with cumulative sizes so that "how many bytes at
+    or after offset o" is O(1) (the question every poll's ``try_complete`` asks) and
+    "how many messages fit in max_bytes" is a bisection.
 
-    __slots__ = ("base", "messages", "sizes")
+    ``messages[:skip]`` were dropped by retention (``None``, their memory released);
+    the list is compacted once they are half of it.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("base", "idle", "messages", "name", "sizes", "skip", "stale")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.base = 0  # offset of messages[0]
-        self.messages: list[str] = []
-        # sizes[i] = bytes in messages[:i]; len(sizes) == len(messages) + 1.
-        self.sizes = [0]
+        self.skip = 0
+        self.messages: list[bytes | None] = []
+        # sizes[i] = body bytes in messages[:i]; len(sizes) == len(messages) + 1. An
+        # array of machine integers: 8 bytes a message, no int object each.
+        self.sizes = array("q", [0])
+        # Entries of this topic at the front of the log's age queue whose messages
+        # per-topic retention already dropped (see MessageLog).
+        self.stale = 0
+        self.idle: TimerHandle[Any] | None = None
+
+    @property
+    def start(self) -> int:
+        """The log start offset: the oldest retained message's."""
+        return self.base + self.skip
 
     @property
     def end(self) -> int:
         """The offset the next message will get."""
         return self.base + len(self.messages)
 
-    def append(self, message: str, size: int, retention: int) -> int:
+    @property
+    def count(self) -> int:
+        return len(self.messages) - self.skip
+
+    @property
+    def payload(self) -> int:
+        return self.sizes[-1] - self.sizes[self.skip]
+
+    @property
+    def charged(self) -> int:
+        """What retention counts for this topic: bodies plus overhead."""
+        return self.payload + self.count * RECORD_OVERHEAD
+
+    def append(self, body: bytes) -> int:
         offset = self.end
-        self.messages.append(message)
-        self.sizes.append(self.sizes[-1] + size)
-        if len(self.messages) > 2 * retention:
-            # Drop the oldest half at once: O(retention) every retention appends.
-            cut = len(self.messages) - retention
-            del self.messages[:cut]
-            dropped = self.sizes[cut]
-            self.sizes = [s - dropped for s in self.sizes[cut:]]
-            self.base += cut
+        self.messages.append(body)
+        self.sizes.append(self.sizes[-1] + len(body))
         return offset
+
+    def drop_oldest(self) -> int:
+        """Drop the oldest retained message; returns what retention charged for it."""
+        index = self.skip
+        size = self.sizes[index + 1] - self.sizes[index]
+        self.messages[index] = None
+        self.skip = index + 1
+        if self.skip > 16 and 2 * self.skip > len(self.messages):
+            # Compact: O(len) every len/2 drops.
+            skip = self.skip
+            del self.messages[:skip]
+            dropped = self.sizes[skip]
+            self.sizes = array("q", [s - dropped for s in self.sizes[skip:]])
+            self.base += skip
+            self.skip = 0
+        return size + RECORD_OVERHEAD
 
     def bytes_from(self, offset: int) -> int:
         index = offset - self.base
         if index >= len(self.messages):
             return 0
-        return self.sizes[-1] - self.sizes[max(index, 0)]
+        return self.sizes[-1] - self.sizes[max(index, self.skip)]
 
-    def read(self, offset: int, limit: int) -> tuple[list[str], int]:
-        index = max(offset - self.base, 0)
-        batch = self.messages[index : index + limit]
-        return batch, max(offset, self.base) + len(batch)
+    def read(self, offset: int, max_bytes: int, max_messages: int) -> tuple[list[bytes], int]:
+        """Messages from ``offset`` (retained, at most ``end``): as many as fit in
+        ``max_bytes`` and ``max_messages``, but at least one if there is one."""
+        index = offset - self.base
+        count = len(self.messages)
+        if index >= count:
+            return [], offset
+        sizes = self.sizes
+        high = min(count, index + max_messages)
+        stop = bisect_right(sizes, sizes[index] + max_bytes, index + 1, high + 1) - 1
+        stop = max(stop, index + 1)
+        batch = self.messages[index:stop]
+        return batch, self.base + stop  # type: ignore[return-value]  # no None past skip
 
 
 class MessageLog:
-    """Topics by name, created by their first message."""
+    """Topics by name, created by their first message, and retention.
 
-    def __init__(self, retention: int) -> None:
-        self.retention = retention
+    Retention drops a topic's oldest messages while it holds more than ``retention``
+    messages or ``retention_bytes`` bytes, and the server's oldest messages (whatever
+    their topic) while all topics together hold more than ``total_retention_bytes``.
+    Bytes are bodies plus ``RECORD_OVERHEAD`` per message.
+
+    The server-wide age order is a queue with one entry (the topic) per appended
+    message. Per-topic retention drops a topic's oldest messages without touching the
+    queue: it counts them in ``topic.stale`` instead, and the queue skips that many of
+    the topic's entries (its oldest ones, the dropped messages') when it meets them.
+    When skipped entries outnumber live ones, the queue is rebuilt without them:
+    amortised O(1) per message, and the queue never holds more than twice the
+    retained messages.
+
+    A topic with no messages, no parked polls and no activity (publish or poll) for
+    ``topic_idle_ms`` is dropped: a timer per topic on ``timer``, re-armed with
+    ``handle.reset`` on every activity.
+    """
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
         self.topics: dict[str, Topic] = {}
+        self.timer: Timer | None = None  # set while the server runs
+        self.waiting: dict[str, int] = {}  # topic name -> parked polls
+        self._queue: deque[Topic] = deque()
+        self._stale = 0  # skipped entries in the queue
+        self.retained_bytes = 0
+        self.retained_messages = 0
+        self.evicted = 0  # messages dropped by retention
+        self.dropped_topics = 0
 
-    def append(self, name: str, message: str, size: int) -> int:
+    # -- writing --
+
+    def append(self, name: str, body: bytes) -> tuple[int, list[Topic]]:
+        """Append ``body`` to topic ``name`` (created if new). Returns the message's
+        offset and the other topics whose log start offset moved."""
+        limits = self.limits
         topic = self.topics.get(name)
         if topic is None:
-            topic = self.topics[name] = Topic()
-        return topic.append(message, size, self.retention)
+            if len(self.topics) >= limits.max_topics:
+                raise BadRequest(
+                    429,
+                    "topic",
+                    f"the server holds its maximum of {limits.max_topics} topics: "
+                    f"topic {_shown(name)} is not created (idle empty topics are dropped "
+                    f"after {limits.topic_idle_ms} ms)",
+                    max_topics=limits.max_topics,
+                )
+            topic = self.topics[name] = Topic(name)
+            timer = self.timer
+            if timer is not None and not timer.closed:
+                topic.idle = timer.schedule_nowait(
+                    limits.topic_idle_ms / 1000, self._idle, topic, label="topic-idle"
+                )
+        else:
+            self.touch(topic)
+        offset = topic.append(body)
+        self._queue.append(topic)
+        self.retained_bytes += len(body) + RECORD_OVERHEAD
+        self.retained_messages += 1
+        # This topic's retention: never its newest message (Limits guarantees it fits).
+        while topic.count > limits.retention or topic.charged > limits.retention_bytes:
+            self._drop(topic)
+            topic.stale += 1
+            self._stale += 1
+        # The server's: the oldest messages first, whatever their topic.
+        moved: list[Topic] = []
+        queue = self._queue
+        while self.retained_bytes > limits.total_retention_bytes:
+            victim = queue.popleft()
+            if victim.stale:
+                victim.stale -= 1
+                self._stale -= 1
+                continue
+            self._drop(victim)
+            if victim is not topic and (not moved or moved[-1] is not victim):
+                moved.append(victim)
+            if not victim.count:
+                self.touch(victim)  # empty now: idle from now on
+        if self._stale > max(self.retained_messages, 1024):
+            self._rebuild_queue()
+        return offset, moved
 
-    def bytes_from(self, name: str, offset: int) -> int:
-        topic = self.topics.get(name)
-        return 0 if topic is None else topic.bytes_from(offset)
+    def _drop(self, topic: Topic) -> None:
+        self.retained_bytes -= topic.drop_oldest()
+        self.retained_messages -= 1
+        self.evicted += 1
 
-    def read(self, name: str, offset: int, limit: int) -> tuple[list[str], int]:
-        topic = self.topics.get(name)
-        if topic is None:
-            return [], offset
-        return topic.read(offset, limit)
+    def _rebuild_queue(self) -> None:
+        # Each topic's stale entries are its oldest ones: skip that many, in order.
+        fresh: deque[Topic] = deque()
+        for topic in self._queue:
+            if topic.stale:
+                topic.stale -= 1
+            else:
+                fresh.append(topic)
+        self._queue = fresh
+        self._stale = 0
 
-    def check_retained(self, name: str, offset: int) -> None:
+    # -- idle topics --
+
+    def touch(self, topic: Topic) -> None:
+        """Activity on ``topic``: its idle time starts again (O(1) on the wheel)."""
+        handle = topic.idle
+        timer = self.timer
+        if handle is not None and timer is not None and not timer.closed:
+            handle.reset(self.limits.topic_idle_ms / 1000)
+
+    def touch_name(self, name: str) -> None:
         topic = self.topics.get(name)
-        if topic is not None and offset < topic.base:
+        if topic is not None:
+            self.touch(topic)
+
+    def _idle(self, topic: Topic) -> None:
+        # The topic's idle timer fired: nothing happened on it for topic_idle_ms.
+        if self.topics.get(topic.name) is not topic:
+            return
+        if topic.count or self.waiting.get(topic.name):
+            return  # re-armed when it empties or its last poll leaves
+        del self.topics[topic.name]
+        topic.idle = None
+        self.dropped_topics += 1
+
+    def park(self, name: str) -> None:
+        self.waiting[name] = self.waiting.get(name, 0) + 1
+
+    def unpark(self, name: str) -> None:
+        left = self.waiting[name] - 1
+        if left:
+            self.waiting[name] = left
+        else:
+            del self.waiting[name]
+            self.touch_name(name)
+
+    # -- reading --
+
+    def bounds(self, name: str) -> tuple[int, int]:
+        """``(log start offset, log end offset)``; ``(0, 0)`` for an unknown topic."""
+        topic = self.topics.get(name)
+        return (0, 0) if topic is None else (topic.start, topic.end)
+
+    def check_offset(self, name: str, offset: int) -> None:
+        """410 below the log start offset, 409 past the log end offset."""
+        start, end = self.bounds(name)
+        if offset < start:
             raise BadRequest(
                 410,
                 "offset",
-                f"offset {offset} of topic {name!r} is no longer retained",
-                earliest=topic.base,
+                f"offset {offset} of topic {_shown(name)} is no longer retained; "
+                f"the earliest is {start}",
+                earliest=start,
+                latest=end,
             )
+        if offset > end:
+            raise BadRequest(
+                409,
+                "offset",
+                f"offset {offset} is past the end of topic {_shown(name)}; "
+                f"the next message will get {end}",
+                earliest=start,
+                latest=end,
+            )
+
+    def ready(self, name: str, offset: int, min_bytes: int) -> bool:
+        """Can a poll be answered now: ``min_bytes`` are there, or its offset is no
+        longer retained (answered 410)?"""
+        topic = self.topics.get(name)
+        if topic is None:
+            return min_bytes <= 0
+        return offset < topic.start or topic.bytes_from(offset) >= min_bytes
+
+    def read(self, name: str, offset: int, max_bytes: int) -> tuple[list[bytes], int]:
+        self.check_offset(name, offset)
+        topic = self.topics.get(name)
+        if topic is None:
+            return [], offset
+        return topic.read(offset, max_bytes, self.limits.max_messages)
+
+
+# -- bodies being received -----------------------------------------------------------------
+
+
+class ByteBudget:
+    """At most ``limit`` bytes reserved at once; reservations wait in arrival order
+    (Kafka's ``queued.max.request.bytes``). A request that waits is not read, so
+    the server reads no more of its body than the HTTP server's own buffer."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._queue: deque[tuple[int, anyio.Event]] = deque()
+
+    @asynccontextmanager
+    async def reserve(self, size: int) -> AsyncIterator[None]:
+        if size > self.limit:
+            raise ValueError(f"cannot reserve {size} of {self.limit} bytes")
+        if not self._queue and self.used + size <= self.limit:
+            self.used += size
+        else:
+            entry = (size, anyio.Event())
+            self._queue.append(entry)
+            try:
+                await entry[1].wait()
+            except BaseException:
+                if entry[1].is_set():
+                    self._release(size)  # granted as we were cancelled
+                else:
+                    self._queue.remove(entry)
+                    self._grant()  # the next one may fit now
+                raise
+        try:
+            yield
+        finally:
+            self._release(size)
+
+    def _release(self, size: int) -> None:
+        self.used -= size
+        self._grant()
+
+    def _grant(self) -> None:
+        queue = self._queue
+        while queue and self.used + queue[0][0] <= self.limit:
+            size, event = queue.popleft()
+            self.used += size
+            event.set()
+
+    def waiting(self) -> int:
+        return len(self._queue)
+
+
+# How much of an oversized body we still read (and drop) before answering 413.
+DRAIN_BYTES = 1 << 20
+
+
+class IncomingBody:
+    """Receives one request body within the limits: ``async with
+    IncomingBody(request, limit, budget).receive() as body``.
+
+    The body is streamed: never more than ``limit`` bytes of it are kept, and the
+    bytes kept are reserved in ``budget`` first (the declared Content-Length, or
+    ``limit`` for a chunked body) until the block ends. A 413 is raised as soon as
+    the body is known to exceed ``limit``: at once when Content-Length says so, or
+    when the streamed size passes it.
+
+    An answer sent while the client is still sending its body is often lost: the
+    server closes a connection that has unread data, the kernel resets it, and the
+    client's kernel drops the answer the client has not read yet ("server disconnected
+    without sending a response"). So the rest of a body that is only moderately too
+    large (up to ``DRAIN_BYTES`` more) is read and dropped, not kept, before the 413
+    goes out; beyond that we answer at once and let the connection go. ``oversized``
+    tells the caller that a deadline which cut the reading short cut that drain: the
+    answer is still 413.
+    """
+
+    __slots__ = ("budget", "limit", "oversized", "request")
+
+    def __init__(self, request: Request, limit: int, budget: ByteBudget) -> None:
+        self.request = request
+        self.limit = limit
+        self.budget = budget
+        self.oversized = False
+
+    def too_large(self) -> BadRequest:
+        # Connection: close, as the rest of the body may still be on its way.
+        return BadRequest(
+            413,
+            "body",
+            f"the body exceeds {self.limit} bytes",
+            headers={"Connection": "close"},
+        )
+
+    @asynccontextmanager
+    async def receive(self) -> AsyncIterator[bytes]:
+        limit = self.limit
+        header = self.request.headers.get("content-length")
+        declared = int(header) if header and header.isascii() and header.isdigit() else None
+        if declared is not None and declared > limit:
+            self.oversized = True
+            if declared <= limit + DRAIN_BYTES:
+                async for _ in self.request.stream():
+                    pass  # dropped as it comes
+            raise self.too_large()
+        async with self.budget.reserve(limit if declared is None else declared):
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in self.request.stream():
+                size += len(chunk)
+                if size <= limit:
+                    chunks.append(chunk)
+                    continue
+                self.oversized = True
+                chunks.clear()  # chunked and too large: keep nothing
+                if size > limit + DRAIN_BYTES:
+                    break
+            if self.oversized:
+                raise self.too_large()
+            body = b"".join(chunks)
+            chunks.clear()
+            yield body
 
 
 # -- a poll in the purgatory ---------------------------------------------------------------
@@ -177,38 +606,46 @@ class Fetch(DelayedOperation):
     __slots__ = (
         "abandoned",
         "expired",
-        "limit",
         "log",
+        "max_bytes",
         "min_bytes",
         "offset",
         "result",
         "scope",
+        "service",
         "topic",
     )
 
     def __init__(
-        self, log: MessageLog, topic: str, offset: int, min_bytes: int, timeout: float, limit: int
+        self,
+        service: LongPollService,
+        topic: str,
+        offset: int,
+        min_bytes: int,
+        max_bytes: int,
+        timeout: float,
     ) -> None:
         super().__init__(timeout)
-        self.log = log
+        self.service = service
+        self.log = service.log
         self.topic = topic
         self.offset = offset
         self.min_bytes = min_bytes
-        self.limit = limit
-        self.result: tuple[list[str], int] | None = None
+        self.max_bytes = max_bytes
+        self.result: Response | None = None
         self.scope: anyio.CancelScope | None = None
         self.abandoned = False  # the client went away: nothing to build
         self.expired = False
 
     def try_complete(self) -> bool:
-        if self.log.bytes_from(self.topic, self.offset) >= self.min_bytes:
+        if self.log.ready(self.topic, self.offset, self.min_bytes):
             return self.force_complete()
         return False
 
     def on_complete(self) -> None:
         if self.abandoned:
             return
-        self.result = self.log.read(self.topic, self.offset, self.limit)
+        self.result = self.service.answer(self.topic, self.offset, self.max_bytes)
         if self.scope is not None:
             self.scope.cancel()
 
@@ -220,31 +657,26 @@ class Fetch(DelayedOperation):
 
 
 class LongPollService:
-    """The message log, the parking strategy and the counters behind ``/stats``."""
+    """The message log, the parking strategy, the limits and the counters behind
+    ``/stats``."""
 
     def __init__(
         self,
         mode: str = "purgatory",
         *,
-        max_body_bytes: int = 1 << 20,
-        max_messages: int = 1000,
-        retention: int = 100_000,
+        limits: Limits | None = None,
         tick: float = 0.001,
     ) -> None:
         if mode not in ("purgatory", "wait_for"):
             raise ValueError(f"mode must be 'purgatory' or 'wait_for', got {mode!r}")
-        for name, value in (
-            ("max_body_bytes", max_body_bytes),
-            ("max_messages", max_messages),
-            ("retention", retention),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not (isinstance(tick, (int, float)) and tick > 0 and math.isfinite(tick)):
+            raise ValueError(f"tick must be a positive number of seconds, got {tick!r}")
         self.mode = mode
-        self.max_body_bytes = max_body_bytes
-        self.max_messages = max_messages
+        self.limits = limits if limits is not None else Limits()
         self.tick = tick
-        self.log = MessageLog(retention)
+        self.log = MessageLog(self.limits)
+        self.inflight = ByteBudget(self.limits.max_inflight_bytes)
+        self.timer: Timer | None = None
         self.purgatory: Purgatory | None = None
         self.backend = ""
         # wait_for mode: one event per topic with waiters, replaced on each publish.
@@ -255,24 +687,39 @@ class LongPollService:
         self.expired = 0  # parked, answered empty-handed or short at max_wait_ms
         self.disconnected = 0  # parked, client went away first
         self.published = 0
+        self.refused: dict[int, int] = {}  # status -> requests refused by a limit
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.limits.max_body_bytes
+
+    @property
+    def max_messages(self) -> int:
+        return self.limits.max_messages
 
     # -- lifecycle (the app's lifespan) --
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         self.backend = current_backend()
-        if self.mode == "wait_for":
-            if self.backend == "trio":
-                raise RuntimeError("--mode wait_for parks polls on asyncio.wait_for: not on trio")
-            yield
-            return
+        if self.mode == "wait_for" and self.backend == "trio":
+            raise RuntimeError("--mode wait_for parks polls on asyncio.wait_for: not on trio")
+        # One timer for the polls' timeouts (purgatory mode), the topics' idle times and
+        # the body deadlines.
         async with Timer(tick=self.tick) as timer:
-            with Purgatory(timer, name="fetch") as purgatory:
-                self.purgatory = purgatory
-                try:
+            self.timer = self.log.timer = timer
+            try:
+                if self.mode == "wait_for":
                     yield
-                finally:
-                    self.purgatory = None
+                    return
+                with Purgatory(timer, name="fetch") as purgatory:
+                    self.purgatory = purgatory
+                    try:
+                        yield
+                    finally:
+                        self.purgatory = None
+            finally:
+                self.log.timer = None
 
     # -- counters --
 
@@ -281,8 +728,13 @@ class LongPollService:
             return self.purgatory.delayed()
         return self._waiting
 
+    def refuse(self, error: BadRequest) -> Response:
+        self.refused[error.status] = self.refused.get(error.status, 0) + 1
+        return error.response()
+
     def stats(self) -> dict[str, Any]:
         answered = self.immediate + self.completed + self.expired
+        log = self.log
         return {
             "mode": self.mode,
             "backend": self.backend,
@@ -293,50 +745,102 @@ class LongPollService:
             "disconnected": self.disconnected,
             "answered": answered,
             "published": self.published,
+            "refused": {str(status): n for status, n in sorted(self.refused.items())},
             "watched": self.purgatory.watched() if self.purgatory is not None else None,
             # How late the wheel fired expiries at worst: tells server-side lateness
             # from the HTTP round trip and the scheduling of a busy machine.
             "timer_lateness_max_ms": (
-                self.purgatory.timer.stats().lateness_max * 1000
-                if self.purgatory is not None
-                else None
+                self.timer.stats().lateness_max * 1000 if self.timer is not None else None
             ),
-            "topics": len(self.log.topics),
+            "topics": len(log.topics),
+            "retained_bytes": log.retained_bytes,
+            "retained_messages": log.retained_messages,
+            "evicted_messages": log.evicted,
+            "dropped_topics": log.dropped_topics,
+            "inflight_bytes": self.inflight.used,
+            "inflight_waiting": self.inflight.waiting(),
+            "limits": self.limits.as_dict(),
             "cpu_time": time.process_time(),
         }
 
     # -- publishing --
 
-    def publish(self, topic: str, message: str, size: int) -> int:
-        offset = self.log.append(topic, message, size)
+    def publish(self, topic: str, body: bytes) -> int:
+        offset, moved = self.log.append(topic, body)
         self.published += 1
+        self._wake(topic)
+        # Polls parked below a log start offset that just moved: answer them (410) now.
+        for other in moved:
+            if other.name in self.log.waiting:
+                self._wake(other.name)
+        return offset
+
+    def _wake(self, topic: str) -> None:
         if self.purgatory is not None:
             self.purgatory.check_and_complete(topic)
         else:
             event = self._events.pop(topic, None)
             if event is not None:
                 event.set()
-        return offset
 
     # -- polling --
 
-    def answer(self, result: tuple[list[str], int]) -> Response:
-        messages, next_offset = result
-        return _json({"messages": messages, "next_offset": next_offset})
+    def answer(self, topic: str, offset: int, max_bytes: int) -> Response:
+        try:
+            messages, next_offset = self.log.read(topic, offset, max_bytes)
+        except BadRequest as error:
+            return error.response()
+        return answer_messages(messages, next_offset)
+
+    def admit(self, topic: str, offset: int, max_wait_ms: int, min_bytes: int) -> None:
+        """Refuse (503) a poll that would park while ``max_waiters`` polls are parked."""
+        if self.parked() < self.limits.max_waiters:
+            return
+        if max_wait_ms == 0 or self.log.ready(topic, offset, min_bytes):
+            return  # answered without parking
+        raise BadRequest(
+            503,
+            None,
+            f"the server has {self.limits.max_waiters} polls waiting already; retry later",
+            headers={"Retry-After": "1"},
+        )
+
+    async def poll(
+        self,
+        request: Request,
+        topic: str,
+        offset: int,
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
+    ) -> Response:
+        self.log.touch_name(topic)
+        if self.mode == "purgatory":
+            return await self.poll_purgatory(
+                request, topic, offset, max_wait_ms, min_bytes, max_bytes
+            )
+        return await self.poll_wait_for(request, topic, offset, max_wait_ms, min_bytes, max_bytes)
 
     async def poll_purgatory(
-        self, request: Request, topic: str, offset: int, max_wait_ms: int, min_bytes: int
+        self,
+        request: Request,
+        topic: str,
+        offset: int,
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
     ) -> Response:
         purgatory = self.purgatory
         assert purgatory is not None
-        op = Fetch(self.log, topic, offset, min_bytes, max_wait_ms / 1000, self.max_messages)
+        op = Fetch(self, topic, offset, min_bytes, max_bytes, max_wait_ms / 1000)
         if purgatory.try_complete_else_watch(op, (topic,)):
             self.immediate += 1
             assert op.result is not None
-            return self.answer(op.result)
+            return op.result
         # Parked. Wait for whichever comes first: the operation completes (on_complete
         # cancels this scope) or the client disconnects (receive() says so). Reading
         # receive() ourselves is what lets a dropped poll leave the purgatory at once.
+        self.log.park(topic)
         try:
             with anyio.CancelScope() as scope:
                 op.scope = scope
@@ -352,6 +856,7 @@ class LongPollService:
                 op.abandoned = True
                 if op.force_complete():
                     self.disconnected += 1
+            self.log.unpark(topic)
         if op.abandoned:
             return Response(status_code=204)  # nobody is listening
         if op.expired:
@@ -359,15 +864,21 @@ class LongPollService:
         else:
             self.completed += 1
         assert op.result is not None
-        return self.answer(op.result)
+        return op.result
 
     async def poll_wait_for(
-        self, request: Request, topic: str, offset: int, max_wait_ms: int, min_bytes: int
+        self,
+        request: Request,
+        topic: str,
+        offset: int,
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
     ) -> Response:
         log = self.log
-        if log.bytes_from(topic, offset) >= min_bytes:
+        if log.ready(topic, offset, min_bytes):
             self.immediate += 1
-            return self.answer(log.read(topic, offset, self.max_messages))
+            return self.answer(topic, offset, max_bytes)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         task = asyncio.current_task()
@@ -385,9 +896,10 @@ class LongPollService:
 
         watcher = loop.create_task(watch_disconnect())
         self._waiting += 1
+        log.park(topic)
         expired = False
         try:
-            while log.bytes_from(topic, offset) < min_bytes:
+            while not log.ready(topic, offset, min_bytes):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     expired = True
@@ -405,6 +917,9 @@ class LongPollService:
                 raise
         finally:
             self._waiting -= 1
+            log.unpark(topic)
+            if topic not in log.waiting:
+                self._events.pop(topic, None)  # nobody waits on it any more
             watcher.cancel()
             if gone and task.cancelling():
                 task.uncancel()  # our own cancellation, from watch_disconnect
@@ -415,7 +930,7 @@ class LongPollService:
             self.expired += 1
         else:
             self.completed += 1
-        return self.answer(log.read(topic, offset, self.max_messages))
+        return self.answer(topic, offset, max_bytes)
 
 
 def current_backend() -> str:
@@ -433,20 +948,125 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(data, status_code=status, media_type="application/json")
 
 
+# -- answers -------------------------------------------------------------------------------
+
+# Bytes JSON writes as they are (ensure_ascii=False): all but '"', '\\' and the C0
+# controls. A UTF-8 body's escaped length follows from the bytes JSON escapes.
+_PLAIN_BYTES = bytes(b for b in range(0x20, 0x100) if b not in b'"\\')
+_SHORT_ESCAPES = tuple(bytes([b]) for b in b'"\\\b\f\n\r\t')  # 2 bytes each; others 6
+# Answers larger than ANSWER_PIECE bytes are written in pieces of about that size: a
+# piece is complete once it reaches ANSWER_PIECE, after escaping up to ANSWER_SLICE
+# more bytes of a message (at most 6 bytes each), so no piece exceeds 40 KiB.
+ANSWER_PIECE = 16 << 10
+ANSWER_SLICE = 4 << 10
+
+
+def escaped_length(body: bytes) -> int:
+    """``len(json.dumps(body.decode(), ensure_ascii=False).encode())``, without
+    building it (two passes in C over ``body``)."""
+    special = body.translate(None, _PLAIN_BYTES)
+    short = sum(special.count(escape) for escape in _SHORT_ESCAPES)
+    return len(body) + 2 + short + 5 * (len(special) - short)
+
+
+def answer_messages(messages: list[bytes], next_offset: int) -> Response:
+    """``{"messages": [...], "next_offset": n}``: built at once when small, else
+    written in pieces of about ``ANSWER_PIECE`` bytes (``StreamedAnswer``)."""
+    size = (
+        len('{"messages":[],"next_offset":}')
+        + len(str(next_offset))
+        + sum(escaped_length(message) for message in messages)
+        + max(len(messages) - 1, 0)
+    )
+    if size <= ANSWER_PIECE:
+        texts = [message.decode() for message in messages]
+        return _json({"messages": texts, "next_offset": next_offset})
+    return StreamedAnswer(messages, next_offset, size)
+
+
+class StreamedAnswer(Response):
+    """A large answer, written piece by piece with its exact Content-Length.
+
+    The HTTP server waits before each piece while the client is not reading (uvicorn
+    and hypercorn apply flow control to every ``send``), so a client that never reads
+    its answer makes the server hold two pieces of it and its own write buffer (64 KiB
+    on asyncio), not the whole escaped answer: JSON writes a control character as six
+    bytes, so a 1 MiB message of them would be a 6 MiB answer per connection. The
+    messages themselves are the log's own objects, not copies.
+    """
+
+    def __init__(self, messages: list[bytes], next_offset: int, size: int) -> None:
+        # Not Response.__init__: it would render a body.
+        self.status_code = 200
+        self.background = None
+        self.body = b""
+        self.raw_headers = [
+            (b"content-length", str(size).encode()),
+            (b"content-type", b"application/json"),
+        ]
+        self.messages = messages
+        self.next_offset = next_offset
+        self.size = size
+
+    def pieces(self) -> Iterator[bytes]:
+        buffer = bytearray(b'{"messages":[')
+        for index, message in enumerate(self.messages):
+            buffer += b',"' if index else b'"'
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            view = memoryview(message)
+            for start in range(0, len(view), ANSWER_SLICE):
+                end = start + ANSWER_SLICE
+                text = decoder.decode(view[start:end], final=end >= len(view))
+                buffer += json.dumps(text, ensure_ascii=False)[1:-1].encode()
+                if len(buffer) >= ANSWER_PIECE:
+                    yield bytes(buffer)
+                    buffer.clear()
+            buffer += b'"'
+        buffer += b'],"next_offset":%d}' % self.next_offset
+        yield bytes(buffer)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        for piece in self.pieces():
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 # -- request parsing ------------------------------------------------------------------------
 
 
-def parse_topic(request: Request) -> str:
-    name: str = request.path_params.get("topic", "")
+def route_path(request: Request) -> str:
+    """The request's path below the app's root path, as the server decoded it."""
+    path: str = request.scope["path"]
+    root: str = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path
+
+
+def check_topic_name(name: str) -> str:
+    """Kafka's rule: 1 to 249 of ``A-Z a-z 0-9 . _ -``, and neither ``.`` nor ``..``."""
     if not name:
         raise BadRequest(400, "topic", "the topic name must not be empty")
+    if name in (".", ".."):
+        raise BadRequest(400, "topic", f"{name!r} is not a topic name")
     if not TOPIC_NAME.fullmatch(name):
         raise BadRequest(
             400,
             "topic",
-            "a topic name is 1 to 249 characters from A-Z, a-z, 0-9, '.', '_' and '-'",
+            "a topic name is 1 to 249 characters from A-Z, a-z, 0-9, '.', '_' and '-', "
+            f"got {_shown(name)}",
         )
     return name
+
+
+def parse_topic(request: Request) -> str:
+    # The decoded path, not the route's path parameter: the router's pattern ends in
+    # "$", which also matches before a final newline, so "/topics/t%0A" would come out
+    # as "t". The name is checked as sent, never normalised.
+    path = route_path(request)
+    name = path.removeprefix("/topics").removeprefix("/")
+    return check_topic_name(name)
 
 
 def _integer(parameter: str, raw: str | None, default: int | None, low: int, high: int) -> int:
@@ -457,7 +1077,11 @@ def _integer(parameter: str, raw: str | None, default: int | None, low: int, hig
     if not _DIGITS.fullmatch(raw):
         if raw.startswith("-") and _DIGITS.fullmatch(raw[1:]):
             raise BadRequest(400, parameter, f"{parameter} must not be negative, got {raw!r}")
-        raise BadRequest(400, parameter, f"{parameter} must be an integer, got {raw!r}")
+        if raw.isascii() and raw.isdigit():  # too many digits
+            raise BadRequest(
+                400, parameter, f"{parameter} must be between {low} and {high}, got {raw}"
+            )
+        raise BadRequest(400, parameter, f"{parameter} must be an integer, got {_shown(raw)}")
     value = int(raw)
     if not low <= value <= high:
         raise BadRequest(
@@ -466,53 +1090,23 @@ def _integer(parameter: str, raw: str | None, default: int | None, low: int, hig
     return value
 
 
-def parse_poll(request: Request) -> tuple[int, int, int]:
-    """``(offset, max_wait_ms, min_bytes)`` from the query string, validated by hand so
-    that every error names its parameter."""
+def parse_poll(request: Request, max_fetch_bytes: int) -> tuple[int, int, int, int]:
+    """``(offset, max_wait_ms, min_bytes, max_bytes)`` from the query string, validated
+    by hand so that every error names its parameter."""
     seen: dict[str, str] = {}
     for name, value in request.query_params.multi_items():
         if name not in POLL_PARAMETERS:
-            raise BadRequest(400, name, f"unknown query parameter {name!r}")
+            raise BadRequest(400, name, f"unknown query parameter {_shown(name)}")
         if name in seen:
             raise BadRequest(400, name, f"query parameter {name!r} given more than once")
         seen[name] = value
-    offset = _integer("offset", seen.get("offset"), 0, 0, 2**62)
+    offset = _integer("offset", seen.get("offset"), 0, 0, MAX_OFFSET)
     max_wait_ms = _integer(
         "max_wait_ms", seen.get("max_wait_ms"), DEFAULT_MAX_WAIT_MS, 0, MAX_WAIT_MS_LIMIT
     )
     min_bytes = _integer("min_bytes", seen.get("min_bytes"), DEFAULT_MIN_BYTES, 0, MIN_BYTES_LIMIT)
-    return offset, max_wait_ms, min_bytes
-
-
-# How much of an oversized body we still read (and drop) before answering 413.
-DRAIN_BYTES = 1 << 20
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or a 413 once it is known to exceed ``limit``.
-
-    An answer sent while the client is still sending its body is often lost: the
-    server closes a connection that has unread data, the kernel resets it, and the
-    client's kernel drops the answer the client has not read yet ("server disconnected
-    without sending a response"). So a body that is only moderately too large (up to
-    ``DRAIN_BYTES`` more) is read to its end and dropped before the 413 goes out;
-    beyond that we answer at once and let the connection go.
-    """
-    too_large = BadRequest(413, "body", f"the body exceeds {limit} bytes")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit + DRAIN_BYTES:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit + DRAIN_BYTES:
-            break
-        if size <= limit:
-            chunks.append(chunk)
-    if size > limit:
-        raise too_large
-    return b"".join(chunks)
+    max_bytes = _integer("max_bytes", seen.get("max_bytes"), max_fetch_bytes, 1, max_fetch_bytes)
+    return offset, max_wait_ms, min_bytes, max_bytes
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -521,48 +1115,80 @@ async def read_body(request: Request, limit: int) -> bytes:
 def create_app(
     mode: str = "purgatory",
     *,
-    max_body_bytes: int = 1 << 20,
-    max_messages: int = 1000,
-    retention: int = 100_000,
+    limits: Limits | None = None,
     tick: float = 0.001,
+    **limit_options: int,
 ) -> Starlette:
-    """The ASGI app. ``app.state.longpoll`` is its ``LongPollService``."""
-    service = LongPollService(
-        mode,
-        max_body_bytes=max_body_bytes,
-        max_messages=max_messages,
-        retention=retention,
-        tick=tick,
-    )
-    park = service.poll_purgatory if mode == "purgatory" else service.poll_wait_for
+    """The ASGI app. ``app.state.longpoll`` is its ``LongPollService``.
+
+    The limits come as a ``Limits`` or as its keyword arguments
+    (``create_app(max_topics=10)``), not both.
+    """
+    if limits is not None and limit_options:
+        raise TypeError("pass limits=Limits(...) or the limits as keywords, not both")
+    if limits is None:
+        limits = Limits(**limit_options)
+    service = LongPollService(mode, limits=limits, tick=tick)
 
     async def poll(request: Request) -> Response:
         try:
             topic = parse_topic(request)
-            offset, max_wait_ms, min_bytes = parse_poll(request)
-            service.log.check_retained(topic, offset)
+            offset, max_wait_ms, min_bytes, max_bytes = parse_poll(request, limits.max_fetch_bytes)
+            service.log.check_offset(topic, offset)
+            service.admit(topic, offset, max_wait_ms, min_bytes)
         except BadRequest as error:
-            return error.response()
-        return await park(request, topic, offset, max_wait_ms, min_bytes)
+            return service.refuse(error)
+        return await service.poll(request, topic, offset, max_wait_ms, min_bytes, max_bytes)
 
     async def publish(request: Request) -> Response:
+        timer = service.timer
+        assert timer is not None
         try:
             topic = parse_topic(request)
             for name, _ in request.query_params.multi_items():
-                raise BadRequest(400, name, f"unknown query parameter {name!r}")
-            body = await read_body(request, service.max_body_bytes)
-            if not body:
-                raise BadRequest(400, "body", "the message (request body) must not be empty")
+                raise BadRequest(400, name, f"unknown query parameter {_shown(name)}")
+            incoming = IncomingBody(request, limits.max_body_bytes, service.inflight)
             try:
-                message = body.decode()
-            except UnicodeDecodeError:
-                raise BadRequest(400, "body", "the message must be UTF-8 text") from None
+                # The whole body (waiting for the in-flight budget included) within
+                # body_timeout_ms: a client that trickles cannot hold a reservation.
+                with timer.timeout(limits.body_timeout_ms / 1000):
+                    async with incoming.receive() as body:
+                        if not body:
+                            raise BadRequest(
+                                400, "body", "the message (request body) must not be empty"
+                            )
+                        try:
+                            body.decode()
+                        except UnicodeDecodeError:
+                            raise BadRequest(
+                                400, "body", "the message must be UTF-8 text"
+                            ) from None
+                        offset = service.publish(topic, body)
+            except TimeoutError:
+                if incoming.oversized:
+                    raise incoming.too_large() from None
+                raise BadRequest(
+                    408,
+                    "body",
+                    f"the body did not arrive within {limits.body_timeout_ms} ms",
+                    headers={"Connection": "close"},  # the rest of it may still come
+                ) from None
         except BadRequest as error:
-            return error.response()
-        return _json({"offset": service.publish(topic, message, len(body))})
+            return service.refuse(error)
+        return _json({"offset": offset})
 
     async def stats(request: Request) -> Response:
         return _json(service.stats())
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        # A path under /topics that the routes do not match (a newline inside the
+        # name): a bad topic name, not a missing page.
+        if route_path(request).startswith("/topics/"):
+            try:
+                parse_topic(request)
+            except BadRequest as error:
+                return service.refuse(error)
+        return JSONResponse({"error": "not found", "parameter": None}, status_code=404)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -577,7 +1203,7 @@ def create_app(
         Route("/topics", publish, methods=["POST"]),
         Route("/stats", stats, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
     app.state.longpoll = service
     return app
 
@@ -670,27 +1296,94 @@ def _uvicorn_config(app: Starlette, loop: str) -> Any:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1, or a one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {value}")
+    return value
+
+
+def _positive_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+# (flag, Limits field, help). The defaults are Limits' own.
+LIMIT_FLAGS = (
+    ("--max-body-bytes", "max_body_bytes", "largest message; larger publishes get 413"),
+    ("--retention-bytes", "retention_bytes", "bytes retained per topic, oldest dropped first"),
+    (
+        "--total-retention-bytes",
+        "total_retention_bytes",
+        "bytes retained by all topics together, oldest dropped first",
+    ),
+    ("--retention", "retention", "messages retained per topic"),
+    ("--max-topics", "max_topics", "topics at once; a publish creating one more gets 429"),
+    ("--topic-idle-ms", "topic_idle_ms", "an empty topic with no polls is dropped after this"),
+    (
+        "--max-fetch-bytes",
+        "max_fetch_bytes",
+        "largest max_bytes a poll may ask for, and its default",
+    ),
+    ("--max-messages", "max_messages", "messages per answer"),
+    ("--max-waiters", "max_waiters", "parked polls at once; more get 503"),
+    ("--max-inflight-bytes", "max_inflight_bytes", "request bodies being received at once"),
+    ("--body-timeout-ms", "body_timeout_ms", "time to receive a body; slower clients get 408"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument("--port", type=_port, default=8080, help="0 picks a free port")
     parser.add_argument("--backend", choices=("asyncio", "uvloop", "trio"), default="asyncio")
     parser.add_argument("--mode", choices=("purgatory", "wait_for"), default="purgatory")
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    parser.add_argument("--max-messages", type=int, default=1000, help="per answer")
-    parser.add_argument("--retention", type=int, default=100_000, help="messages per topic")
-    parser.add_argument("--tick-ms", type=float, default=1.0, help="the timer's tick")
+    defaults = Limits()
+    for flag, field, text in LIMIT_FLAGS:
+        parser.add_argument(flag, type=_positive_int, default=getattr(defaults, field), help=text)
+    parser.add_argument("--tick-ms", type=_positive_ms, default=1.0, help="the timer's tick")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.mode == "wait_for" and args.backend == "trio":
         parser.error("--mode wait_for uses asyncio.wait_for: choose --backend asyncio or uvloop")
-    app = create_app(
-        args.mode,
-        max_body_bytes=args.max_body_bytes,
-        max_messages=args.max_messages,
-        retention=args.retention,
-        tick=args.tick_ms / 1000,
-    )
-    sock = _listening_socket(args.host, args.port)
+    try:
+        limits = Limits(**{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS})
+    except ValueError as error:
+        # The limits that depend on each other, in the flags' words.
+        flags = {field: flag for flag, field, _ in LIMIT_FLAGS}
+        names = "|".join(sorted(flags, key=len, reverse=True))
+        parser.error(re.sub(rf"\b({names})\b", lambda m: flags[m[1]], str(error)))
+    app = create_app(args.mode, limits=limits, tick=args.tick_ms / 1000)
+    try:
+        sock = _listening_socket(args.host, args.port)
+    except OSError as error:
+        parser.error(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}")
     announce: Callable[[], None] = lambda: print(f"listening on {_url(sock)}", flush=True)  # noqa: E731
     if args.backend == "trio":
         import hypercorn.config

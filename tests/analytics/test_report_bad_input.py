@@ -306,3 +306,268 @@ def test_a_java_that_cannot_start_spark_is_one_line_and_exit_1(
     assert not out.exists()
     (log,) = tmp_path.glob("aiowheel-report-*.spark.log")  # kept, and named, on failure
     assert str(log) in lines[0]
+
+
+# -- issue 10: places and files the report must refuse, in one line ---------------------
+
+
+@pytest.fixture
+def no_java_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pass the Java check, so the test reaches what it tests without Spark."""
+    monkeypatch.setattr(report, "java_problem", lambda: None)
+
+
+def _spark_must_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(report, "_spark_session", refuse)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.timeout(60)
+def test_a_fifo_named_parquet_is_refused_not_waited_on(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows, "a.parquet")
+    fifo = trace.parent / "b.parquet"
+    os.mkfifo(fifo)  # opening it would wait for a writer for ever
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(trace.parent), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, str(fifo), "not a regular file (a FIFO)")
+    _assert_nothing_written(out)
+    # Named on its own, and behind a symbolic link, too.
+    link = tmp_path / "link.parquet"
+    link.symlink_to(fifo)
+    for path in (fifo, link):
+        status, err = _run(capsys, str(path), "--out", str(out))
+        assert status == 2
+        _assert_one_line(err, str(path), "not a regular file (a FIFO)")
+
+
+def test_a_dangling_symbolic_link_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "gone.parquet").symlink_to(tmp_path / "nowhere.parquet")
+    status, err = _run(capsys, str(traces), "--out", str(tmp_path / "report"))
+    assert status == 2
+    _assert_one_line(err, "gone.parquet", "a symbolic link to nothing")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_out_where_no_directory_can_be_made(
+    make_trace: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+    monkeypatch: pytest.MonkeyPatch,
+    no_java_check: None,
+) -> None:
+    _spark_must_not_start(monkeypatch)
+    trace = make_trace(good_rows)
+    for out in ("/proc/out", "/proc/self/deeper/out"):
+        status, err = _run(capsys, str(trace), "--out", out)
+        assert status == 2
+        _assert_one_line(err, f"--out {out}", "cannot create a directory in")
+        assert "Traceback" not in err
+
+
+def test_out_read_only_parent(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+    monkeypatch: pytest.MonkeyPatch,
+    no_java_check: None,
+) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    _spark_must_not_start(monkeypatch)
+    trace = make_trace(good_rows)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    status, err = _run(capsys, str(trace), "--out", str(locked / "report"))
+    assert status == 2
+    _assert_one_line(err, "cannot create a directory in", "Permission denied")
+
+
+def test_out_through_a_symbolic_link_loop(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    status, err = _run(capsys, str(trace), "--out", str(loop / "report"))
+    assert status == 2
+    _assert_one_line(err, f"--out {loop / 'report'}: cannot be resolved")
+
+
+def test_out_empty(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trace = make_trace(good_rows)
+    monkeypatch.chdir(tmp_path)  # "" would otherwise mean the current directory
+    status, err = _run(capsys, str(trace), "--out", "")
+    assert status == 2
+    _assert_one_line(err, "--out is empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["traces"]
+
+
+@pytest.mark.parametrize("where", ["the directory", "inside it", "deep inside it"])
+def test_out_in_the_trace_directory(
+    where: str,
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+    no_java_check: None,
+) -> None:
+    trace = make_trace(good_rows)
+    traces = trace.parent
+    out = {
+        "the directory": traces,
+        "inside it": traces / "report",
+        "deep inside it": traces / "a" / ".." / "a" / "b",
+    }[where]
+    status, err = _run(capsys, str(traces), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, f"--out {out}", f"the trace directory {traces}: the next report")
+    assert sorted(p.name for p in traces.iterdir()) == ["trace.parquet"]
+
+
+def test_out_in_the_trace_directory_through_a_symbolic_link(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+    no_java_check: None,
+) -> None:
+    trace = make_trace(good_rows)
+    alias = tmp_path / "alias"
+    alias.symlink_to(trace.parent)
+    status, err = _run(capsys, str(trace.parent), "--out", str(alias / "report"))
+    assert status == 2
+    _assert_one_line(err, "inside the trace directory")
+
+
+def test_out_beside_a_trace_file_given_by_name(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+    no_java_check: None,
+) -> None:
+    trace = make_trace(good_rows)
+    status, err = _run(capsys, str(trace), "--out", str(trace.parent))
+    assert status == 2
+    _assert_one_line(err, "is the directory of the trace", str(trace))
+
+
+def test_a_report_left_among_traces_is_named_as_such(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    # What an older report, written into its trace directory, leaves behind.
+    trace = make_trace(good_rows)
+    old = trace.parent / "report"
+    old.mkdir()
+    pq.write_table(pa.table({"run_id": ["r"], "scheduled": [1]}), old / "summary.parquet")
+    status, err = _run(capsys, str(trace.parent), "--out", str(tmp_path / "new"))
+    assert status == 2
+    _assert_one_line(err, "summary.parquet", "a report's own table")
+
+
+def test_an_output_name_taken_by_a_directory(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows)
+    out = tmp_path / "report"
+    (out / "summary.csv").mkdir(parents=True)
+    status, err = _run(capsys, str(trace), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, str(out / "summary.csv"), "is a directory")
+
+
+@pytest.mark.parametrize("module", ["rich", "pyarrow", "pandas", "matplotlib", "pyspark"])
+def test_a_missing_library_is_one_line(
+    module: str,
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows)
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now fails
+    out = tmp_path / "report"
+    status, err = _run(capsys, str(trace), "--out", str(out))
+    assert status == 2
+    _assert_one_line(err, f"needs {module},", "pip install 'aiowheel[analytics]'")
+    _assert_nothing_written(out)
+
+
+@pytest.mark.parametrize("module", ["rich", "pyarrow"])
+def test_a_missing_library_from_the_command(
+    module: str, make_trace: Callable[..., Path], tmp_path: Path, good_rows: list[dict[str, object]]
+) -> None:
+    # In a fresh process, as a user meets it: `aiowheel report` without the library.
+    trace = make_trace(good_rows)
+    code = (
+        f"import sys; sys.modules[{module!r}] = None; "
+        "from aiowheel.__main__ import main; main(sys.argv[1:])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "report", str(trace), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    _assert_one_line(done.stderr, f"needs {module},")
+    assert "Traceback" not in done.stderr
+
+
+def test_bench_results_given_but_bad(
+    make_trace: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    good_rows: list[dict[str, object]],
+) -> None:
+    trace = make_trace(good_rows)
+    out = tmp_path / "report"
+    bad = tmp_path / "results.json"
+    cases = {
+        "[1, 2": "not JSON (Expecting ',' delimiter at line 1 column 6)",
+        '{"version": 2, "results": []}': "version 2, but this report reads version 1",
+        '{"version": 1}': 'no "results" list',
+        '{"version": 1, "results": [{"workload": "fire"}]}': "result 0: variant is missing",
+    }
+    for text, message in cases.items():
+        bad.write_text(text)
+        status, err = _run(capsys, str(trace), "--out", str(out), "--bench-results", str(bad))
+        assert status == 2
+        _assert_one_line(err, str(bad), message)
+    status, err = _run(capsys, str(trace), "--out", str(out), "--bench-results", "")
+    assert status == 2
+    _assert_one_line(err, "--bench-results is empty")
+    status, err = _run(capsys, str(trace), "--out", str(out), "--bench-results", str(tmp_path))
+    assert status == 2
+    _assert_one_line(err, str(tmp_path), "a directory, not a file")
+    _assert_nothing_written(out)

@@ -1,25 +1,39 @@
-"""The report's presentation on hand-made aggregates: no Spark, no JVM."""
+"""The report's presentation on hand-made aggregates: no Spark, no JVM.
+
+The figures are checked as a reader would read them: one panel per workload, every
+contender in its fixed colour in every panel and figure, the 1x line and the log
+scale of the headline, and a note instead of a traceback when there is nothing to
+draw.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aiowheel.analytics import plots, report
+from aiowheel.analytics import plots, render, schema
+from aiowheel.analytics.bench_results import headline, load_bench_results
 from aiowheel.analytics.inputs import TraceFiles
-from aiowheel.analytics.job import CDF_QUANTILES
+from aiowheel.analytics.render import Headline
+from aiowheel.analytics.schema import CDF_QUANTILES
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
 pytest.importorskip("rich")
+from matplotlib.colors import to_hex  # noqa: E402 - after the importorskip
 
 PNG = b"\x89PNG\r\n\x1a\n"
+BENCH = Path(__file__).with_name("data") / "bench-results-quick.json"
+STAMP = "bench-20261121T151509-3609"
 
 
 def _summary(runs: list[tuple[str, str, str, str | None, int, int]]) -> Any:
+    """Rows as job.run_job returns them, named (contender, workload) the same way."""
     rows = []
     for run_id, implementation, backend, label, fired, cancelled in runs:
         cdf = [q / 100 for q in CDF_QUANTILES] if fired else None
@@ -43,103 +57,433 @@ def _summary(runs: list[tuple[str, str, str, str | None, int, int]]) -> Any:
                 "lateness_cdf": cdf,
             }
         )
-    return pd.DataFrame(rows)
+    return _named(pd.DataFrame(rows))
 
 
-def _windows(run_ids: list[str], seconds: int = 3) -> Any:
+def _windows(summary: Any, seconds: int = 3) -> Any:
     rows = [
         {
-            "run_id": run,
-            "implementation": "aiowheel",
-            "backend": "asyncio",
+            "run_id": run.run_id,
+            "implementation": run.implementation,
+            "backend": run.backend,
             "host": "h",
             "second": pd.Timestamp(1_700_000_000 + s, unit="s", tz="UTC"),
             "elapsed_s": s,
             "scheduled": 10,
-            "fired": 5,
-            "cancelled": 5,
-            "lateness_p99_ms": 1.0 + s if s != 1 else math.nan,
+            "fired": 5 if run.fired else 0,
+            "cancelled": 5 if run.cancelled else 0,
+            "lateness_p99_ms": (1.0 + s if s != 1 else math.nan) if run.fired else math.nan,
         }
-        for run in run_ids
+        for run in summary.drop_duplicates("run_id").itertuples()
         for s in range(seconds)
     ]
-    return pd.DataFrame(rows)
+    return _named(pd.DataFrame(rows))
+
+
+def _named(frame: Any) -> Any:
+    frame.insert(
+        0,
+        "contender",
+        [
+            schema.contender_name(i, b)
+            for i, b in zip(frame["implementation"], frame["backend"], strict=True)
+        ],
+    )
+    runs = dict(zip(frame["run_id"], frame["contender"], strict=True))
+    names = schema.workload_names(runs.items())
+    frame.insert(0, "workload", [names[run] for run in frame["run_id"]])
+    return frame
+
+
+def _bench_runs(workloads: list[str], fired: int = 100) -> Any:
+    """Every contender of a bench on each workload, with bench-style run ids."""
+    runs = []
+    for workload in workloads:
+        for kind, backend in (
+            ("aiowheel", "asyncio"),
+            ("aiowheel", "trio"),
+            ("call_later", "asyncio"),
+            ("trio", "trio"),
+        ):
+            name = schema.contender_name(kind, backend)
+            runs.append((f"{STAMP}-{workload}-{name}", kind, backend, None, fired, 3))
+    return _summary(runs)
+
+
+def _colours(ax: Any) -> set[str]:
+    return {to_hex(line.get_color()) for line in ax.get_lines()}
+
+
+def _panel_titles(figure: Any) -> list[str]:
+    return [ax.get_title(loc="left") for ax in figure.axes if ax.get_visible()]
+
+
+# -- naming runs -------------------------------------------------------------------------
 
 
 def test_short_run_ids_drop_the_shared_prefix() -> None:
     ids = ["bench-20261121T1-42-fire-aiowheel", "bench-20261121T1-42-churn-aiowheel"]
-    assert plots.short_run_ids(ids) == {
+    assert schema.short_run_ids(ids) == {
         ids[0]: "fire-aiowheel",
         ids[1]: "churn-aiowheel",
     }
-    assert plots.short_run_ids(["only"]) == {"only": "only"}
-    assert plots.short_run_ids(["abc-1", "abd-2"]) == {"abc-1": "abc-1", "abd-2": "abd-2"}
+    assert schema.short_run_ids(["only"]) == {"only": "only"}
+    assert schema.short_run_ids(["abc-1", "abd-2"]) == {"abc-1": "abc-1", "abd-2": "abd-2"}
 
 
-def test_legend_names_add_the_run_only_when_needed() -> None:
-    summary = _summary(
-        [
-            ("x-1", "aiowheel", "asyncio", None, 10, 0),
-            ("x-2", "aiowheel", "asyncio", None, 10, 0),
-            ("x-3", "call_later", "asyncio", None, 10, 0),
-        ]
-    )
-    assert plots.run_names(summary) == {
-        "x-1": "aiowheel/asyncio (1)",
-        "x-2": "aiowheel/asyncio (2)",
-        "x-3": "call_later/asyncio",
+def test_contender_names_are_the_benchs() -> None:
+    assert schema.contender_name("aiowheel", "uvloop") == "aiowheel-uvloop"
+    assert schema.contender_name("call_later", "asyncio") == "call_later-asyncio"
+    assert schema.contender_name("trio", "trio") == "trio-native"
+    assert schema.contender_name("deadline", "uvloop") == "deadline-uvloop"
+
+
+def test_workloads_come_from_bench_run_ids() -> None:
+    runs = [
+        (f"{STAMP}-churn-aiowheel-asyncio", "aiowheel-asyncio"),
+        (f"{STAMP}-churn-trio-native", "trio-native"),
+        (f"{STAMP}-idle-N10000-call_later-uvloop", "call_later-uvloop"),
+    ]
+    assert schema.workload_names(runs) == {
+        runs[0][0]: "churn",
+        runs[1][0]: "churn",
+        runs[2][0]: "idle-N10000",
     }
+    # One bench workload alone is still named, not left as the whole run id.
+    assert schema.workload_names(runs[:1]) == {runs[0][0]: "churn"}
 
 
-def test_plots_are_pngs_even_when_nothing_fired(tmp_path: Path) -> None:
-    summary = _summary([("r", "aiowheel", "trio", "idle", 0, 7)])
-    windows = _windows(["r"]).assign(fired=0, lateness_p99_ms=math.nan)
-    plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
-    plots.plot_lateness_p99(windows, tmp_path / "p99.png")
-    plots.plot_rates(windows, tmp_path / "rates.png")
+def test_other_runs_are_their_own_workloads() -> None:
+    runs = [
+        ("20261121T1515-101-ab12", "aiowheel-asyncio"),
+        ("20261121T1515-102-cd34", "aiowheel-asyncio"),
+        ("api-eu-aiowheel-trio", "aiowheel-trio"),  # the contender at the end is dropped
+    ]
+    assert schema.workload_names(runs) == {
+        "20261121T1515-101-ab12": "20261121T1515-101-ab12",
+        "20261121T1515-102-cd34": "20261121T1515-102-cd34",
+        "api-eu-aiowheel-trio": "api-eu",
+    }
+    assert schema.workload_names([("e2e", "aiowheel-asyncio")]) == {"e2e": "e2e"}
+
+
+# -- colours -------------------------------------------------------------------------------
+
+
+def test_every_contender_has_its_own_fixed_colour() -> None:
+    assert tuple(plots.CONTENDER_COLOURS) == schema.CONTENDERS
+    colours = list(plots.CONTENDER_COLOURS.values())
+    assert len(set(colours)) == len(colours)
+    for name, colour in plots.CONTENDER_COLOURS.items():
+        assert plots.contender_colour(name) == colour
+
+
+def test_an_unknown_contender_gets_a_stable_colour() -> None:
+    first = plots.contender_colour("twisted-reactor")
+    assert first == plots.contender_colour("twisted-reactor")
+    assert first not in plots.CONTENDER_COLOURS.values()
+    # crc32, not Python's salted hash: the same in every process (fixed here).
+    assert first == "#393b79"
+
+
+def test_every_figure_has_a_panel_per_workload_and_the_fixed_colours(tmp_path: Path) -> None:
+    summary = _bench_runs(["fire", "spread"])
+    windows = _windows(summary)
+    expected = {plots.contender_colour(name) for name in summary["contender"]}
+    assert len(expected) == 4
+
+    cdf = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
+    assert _panel_titles(cdf) == [
+        "fire: lateness CDF",
+        "fire: tail (p99 at 1e-2)",
+        "spread: lateness CDF",
+        "spread: tail (p99 at 1e-2)",
+    ]
+    p99 = plots.plot_lateness_p99(windows, tmp_path / "p99.png")
+    assert _panel_titles(p99) == ["fire", "spread"]
+    rates = plots.plot_rates(windows, tmp_path / "rates.png")
+    assert _panel_titles(rates) == [
+        "fire: fired per second",
+        "fire: cancelled per second",
+        "spread: fired per second",
+        "spread: cancelled per second",
+    ]
+    for figure in (cdf, p99, rates):
+        for ax in figure.axes:
+            assert _colours(ax) == expected  # every contender, in its colour, everywhere
+        legend = figure.legends[0]
+        shown = {
+            text.get_text(): to_hex(handle.get_color())
+            for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=True)
+        }
+        assert shown == {name: plots.CONTENDER_COLOURS[name] for name in summary["contender"]}
     for name in ("cdf.png", "p99.png", "rates.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
 
 
-def test_plots_draw_the_busiest_series_only(tmp_path: Path) -> None:
-    many = [(f"run-{i:02d}", "aiowheel", "asyncio", None, 100 + i, 1) for i in range(15)]
-    plots.plot_lateness_cdf(_summary(many), tmp_path / "cdf.png")
-    plots.plot_lateness_p99(_windows([r[0] for r in many]), tmp_path / "p99.png")
+def test_labels_are_line_styles_and_named_in_the_legend(tmp_path: Path) -> None:
+    summary = _summary(
+        [
+            ("e2e", "aiowheel", "asyncio", "req", 10, 0),
+            ("e2e", "aiowheel", "asyncio", "idle", 10, 0),
+            ("e2e", "aiowheel", "asyncio", None, 10, 0),
+        ]
+    )
+    figure = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
+    styles = {line.get_linestyle() for line in figure.axes[0].get_lines()}
+    assert len(styles) == 3
+    texts = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert texts == ["aiowheel-asyncio", "no label", "label idle", "label req"]
+
+
+def test_workloads_beyond_the_limit_are_named_under_the_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plots, "MAX_PANELS", 2)  # 12 in earnest: the same code, faster
+    names = ["w0", "w1", "w2", "w3"]
+    summary = _summary(
+        [
+            (f"{STAMP}-{w}-aiowheel-asyncio", "aiowheel", "asyncio", None, 100 + i, 0)
+            for i, w in enumerate(names)
+        ]
+    )
+    figure = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
+    assert _panel_titles(figure)[::2] == ["w2: lateness CDF", "w3: lateness CDF"]  # busiest
+    assert figure.get_supxlabel() == "not shown (more than a figure holds): w0, w1"
+
+
+def test_nothing_fired_is_said_not_drawn(tmp_path: Path) -> None:
+    summary = _summary([("r", "aiowheel", "trio", "idle", 0, 7)])
+    windows = _windows(summary)
+    cdf = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
+    assert "no timer fired" in cdf.get_supxlabel()
+    assert "no lateness to show" in cdf.axes[0].texts[0].get_text()
+    p99 = plots.plot_lateness_p99(windows, tmp_path / "p99.png")
+    assert "no timer fired" in p99.get_supxlabel()
+    rates = plots.plot_rates(windows, tmp_path / "rates.png")
+    assert rates.axes[0].texts[0].get_text() == "no timer fired"
+    for name in ("cdf.png", "p99.png", "rates.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+
+
+def test_a_lateness_that_is_all_nan_is_a_note_not_a_traceback(tmp_path: Path) -> None:
+    # Fired timers whose lateness is NaN (or null) in the trace: Spark's percentiles
+    # are then NaN (or null) too.
+    summary = _bench_runs(["fire", "spread"])
+    nan = [math.nan] * len(CDF_QUANTILES)
+    summary["lateness_cdf"] = [
+        nan if w == "fire" else [None] * len(CDF_QUANTILES) for w in summary["workload"]
+    ]
+    windows = _windows(summary).assign(lateness_p99_ms=math.nan)
+    cdf = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
+    assert cdf.get_supxlabel() == "not shown (no lateness recorded): fire, spread"
+    p99 = plots.plot_lateness_p99(windows, tmp_path / "p99.png")
+    assert "no lateness recorded" in p99.get_supxlabel()
     assert (tmp_path / "cdf.png").read_bytes()[:8] == PNG
-    assert (tmp_path / "p99.png").read_bytes()[:8] == PNG
+
+
+def test_early_timers_are_drawn_at_the_floor(tmp_path: Path) -> None:
+    summary = _summary([("r", "call_later", "uvloop", None, 10, 0)])
+    summary["lateness_cdf"] = [[-0.002 + q / 100 for q in CDF_QUANTILES]]
+    figure = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
+    xs = figure.axes[0].get_lines()[0].get_xdata()
+    assert min(xs) == pytest.approx(1e-3)  # 1 us, not a negative number on a log axis
+
+
+# -- the headline ----------------------------------------------------------------------
+
+
+def test_the_headline_figure_reads_as_ratios_around_one(tmp_path: Path) -> None:
+    bench = load_bench_results(BENCH)
+    ratios = headline(bench)
+    figure = plots.plot_headline(ratios, tmp_path / "headline.png", "quick sizes")
+    titles = _panel_titles(figure)
+    assert titles == ["churn (N=100,000)", "fire (N=50,000)", "spread (N=20,000)"]
+    for ax in figure.axes:
+        assert ax.get_xscale() == "log"
+        assert any(list(line.get_xdata()) == [1.0, 1.0] for line in ax.get_lines())  # 1x
+        bars = ax.patches
+        assert {to_hex(bar.get_facecolor()) for bar in bars} == {
+            plots.CONTENDER_COLOURS[p]
+            for p in ("call_later-asyncio", "call_later-uvloop", "trio-native")
+        }
+        for bar in bars:  # every bar starts at 1x
+            assert min(bar.get_x(), bar.get_x() + bar.get_width()) == pytest.approx(
+                min(1.0, bar.get_x() + bar.get_width())
+            )
+    fire = figure.axes[1]
+    values = {text.get_text().strip() for text in fire.texts}
+    assert "26\u00d7" in values  # fire callbacks/s: trio-native vs aiowheel-trio
+    assert (tmp_path / "headline.png").read_bytes()[:8] == PNG
+
+
+def test_ratio_formatting() -> None:
+    assert plots.times(2.2676) == "2.3\u00d7"
+    assert plots.times(0.5615) == "0.56\u00d7"
+    assert plots.times(75.39) == "75\u00d7"
+    assert plots.times(1234.0) == "1,234\u00d7"
+    assert plots.times(0.0034) == "0.003\u00d7"
+    assert plots.times(math.nan) == "-"
+
+
+# -- tables and report.md ----------------------------------------------------------------
 
 
 def test_the_table_narrows_by_leaving_columns_out() -> None:
     from rich.console import Console
 
-    summary = _summary(
-        [
-            ("bench-1-fire-aiowheel-asyncio", "aiowheel", "asyncio", None, 10, 5),
-            ("bench-1-churn-aiowheel-asyncio", "aiowheel", "asyncio", None, 10, 5),
-        ]
-    )
-    wide = summary_headers(report.summary_table(summary))
-    assert wide[0] == "run"  # two runs share aiowheel/asyncio
+    summary = _bench_runs(["fire", "churn"])
+    wide = _headers(render.summary_table(summary))
+    assert wide[:2] == ["workload", "contender"]
     assert "lifetime p50 s" in wide
     assert "label" not in wide  # no run has labels
-    narrow_table = report.summary_table(summary, 110)
-    narrow = summary_headers(narrow_table)
+    assert "run" not in wide  # one run per workload and contender
+    narrow_table = render.summary_table(summary, 100)
+    narrow = _headers(narrow_table)
     assert "lifetime p50 s" not in narrow
-    assert {"run", "p50 ms", "p99 ms", "p99.9 ms"} <= set(narrow)
-    assert Console(width=10_000).measure(narrow_table).maximum <= 110
+    assert {"workload", "contender", "p50 ms", "p99 ms", "p99.9 ms"} <= set(narrow)
+    assert Console(width=10_000).measure(narrow_table).maximum <= 100
 
 
-def summary_headers(table: Any) -> list[str]:
+def test_two_runs_of_one_contender_on_one_workload_get_a_run_column() -> None:
+    summary = _summary(
+        [
+            ("bench-20261121T151509-1-fire-aiowheel-asyncio", "aiowheel", "asyncio", None, 9, 0),
+            ("bench-20261122T151509-2-fire-aiowheel-asyncio", "aiowheel", "asyncio", None, 9, 0),
+        ]
+    )
+    headers, cells = render.summary_cells(summary)
+    assert headers[0] == "run"
+    assert [row[0] for row in cells] == [
+        "20261121T151509-1-fire-aiowheel-asyncio",
+        "20261122T151509-2-fire-aiowheel-asyncio",
+    ]
+
+
+def _headers(table: Any) -> list[str]:
     return [str(column.header) for column in table.columns]
 
 
-def test_markdown_report_embeds_the_plots_and_the_table() -> None:
-    summary = _summary([("r", "aiowheel", "uvloop", "req|x", 3, 1)])
-    files = TraceFiles(local=("/t/a.parquet",), remote=("hdfs:///t",), rows=4)
-    text = report.render_markdown(summary, files, 4, "local[2]", "4.3.0")
-    assert text.startswith("# aiowheel timer report\n")
-    assert "4 timers from 2 trace file(s), analysed with Spark 4.3.0 (local[2])" in text
-    for name in (plots.CDF_PNG, plots.P99_PNG, plots.RATES_PNG):
+def _files() -> TraceFiles:
+    return TraceFiles(local=("/t/a.parquet",), remote=("hdfs:///t",), rows=4)
+
+
+def test_report_md_opens_with_the_headline_figure_and_its_table() -> None:
+    bench = load_bench_results(BENCH)
+    summary = _bench_runs(["fire"])
+    text = render.render_markdown(
+        summary.drop(columns=["lateness_cdf"]),
+        _files(),
+        4,
+        "local[2]",
+        "4.3.0",
+        Headline(bench, headline(bench), ""),
+    )
+    assert text.startswith("# aiowheel timer report\n\n## Headline: aiowheel against each peer\n")
+    first_figure = text.index("](")
+    assert text[first_figure:].startswith(f"]({schema.HEADLINE_PNG})")
+    table = [line for line in text.splitlines() if line.startswith("| fire N=50,000 |")]
+    assert table[0] == (
+        "| fire N=50,000 | callbacks/s (1/s, higher is better) | 3\u00d7 | 1.9\u00d7 | 26\u00d7 |"
+    )
+    assert text.index("## Headline") < text.index("## The traces")
+    for name in (schema.CDF_PNG, schema.P99_PNG, schema.RATES_PNG):
         assert f"]({name})" in text
+    assert "quick sizes, median of 1 repetition" in text
+
+
+def test_report_md_says_what_the_headline_needs_without_bench_results() -> None:
+    summary = _summary([("r", "aiowheel", "uvloop", "req|x", 3, 1)])
+    text = render.render_markdown(
+        summary.drop(columns=["lateness_cdf"]),
+        _files(),
+        4,
+        "local[2]",
+        "4.3.0",
+        Headline(None, None, "no bench-results.json was found next to the traces"),
+    )
+    assert "No headline: no bench-results.json was found next to the traces" in text
+    assert "--bench-results PATH" in text
+    assert schema.HEADLINE_PNG not in text
+    assert "4 timers from 2 trace file(s), analysed with Spark 4.3.0 (local[2])" in text
     assert "| req\\|x |" in text  # a | in a label does not break the table
     assert "- `hdfs:///t`" in text
+
+
+def test_the_fixture_is_a_copy_of_a_real_quick_run(tmp_path: Path) -> None:
+    # The fixture came from `aiowheel bench --quick --json -w churn -w fire -w spread`,
+    # its result lines wrapped in the bench-results.json object (version 1).
+    copy = Path(shutil.copy(BENCH, tmp_path / "bench-results.json"))
+    bench = load_bench_results(copy)
+    assert {r["workload"] for r in bench.results} == {"churn", "fire", "spread"}
+    assert bench.settings["quick"] is True
+
+
+def test_the_modules_depend_one_way() -> None:
+    """report -> job -> inputs -> schema; plots -> schema; nothing imports report but
+    the spark-submit entry, and schema imports none of its siblings."""
+    import ast
+
+    package = Path(schema.__file__).parent
+    imports: dict[str, set[str]] = {}
+    for source in package.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "aiowheel.analytics."
+            ):
+                found.add(str(node.module).rsplit(".", 1)[1])
+        imports[source.stem] = found
+    assert imports["schema"] == set()
+    assert imports["plots"] == {"schema"}
+    assert imports["job"] == {"inputs", "schema"}
+    assert imports["submit"] == {"report"}
+    assert [name for name, found in imports.items() if "report" in found] == ["submit"]
+
+
+def test_bench_results_are_found_next_to_the_traces(tmp_path: Path) -> None:
+    from aiowheel.analytics.bench_results import BenchResultsError, find_bench_results
+
+    traces = tmp_path / "traces"
+    (traces / "day2").mkdir(parents=True)
+    files = TraceFiles(local=(str(traces / "day2" / "a.parquet"),), remote=(), rows=1)
+    assert find_bench_results([str(traces)], files) == []
+    shutil.copy(BENCH, traces / "day2" / schema.BENCH_RESULTS)
+    assert find_bench_results([str(traces)], files) == [traces / "day2" / schema.BENCH_RESULTS]
+    shutil.copy(BENCH, traces / schema.BENCH_RESULTS)  # the directory given comes first
+    assert find_bench_results([str(traces)], files) == [
+        traces / schema.BENCH_RESULTS,
+        traces / "day2" / schema.BENCH_RESULTS,
+    ]
+    # A FIFO by that name is found, and refused when read: never opened, never waited on.
+    (traces / schema.BENCH_RESULTS).unlink()
+    os.mkfifo(traces / schema.BENCH_RESULTS)
+    (found, _) = find_bench_results([str(traces)], files)
+    with pytest.raises(
+        BenchResultsError, match=r"bench-results.json: not a regular file \(a FIFO\)"
+    ):
+        load_bench_results(found)
+
+
+def test_the_headline_pairs_each_peer_with_aiowheel_on_its_backend() -> None:
+    bench = load_bench_results(BENCH)
+    ratios = headline(bench)
+    pairs = set(zip(ratios["peer"], ratios["aiowheel"], strict=True))
+    assert pairs == {
+        ("call_later-asyncio", "aiowheel-asyncio"),
+        ("call_later-uvloop", "aiowheel-uvloop"),
+        ("trio-native", "aiowheel-trio"),
+    }
+    assert "early_pct" not in set(ratios["metric"])  # no ratios: not in the headline
+    for row in ratios.itertuples():
+        (source,) = [
+            r
+            for r in bench.results
+            if (r["workload"], r["variant"], r["metric"], r["contender"])
+            == (row.workload, row.variant, row.metric, row.peer)
+        ]
+        assert row.ratio == pytest.approx(source["ratios"][row.aiowheel])
+        assert row.peer_median == pytest.approx(source["median"])

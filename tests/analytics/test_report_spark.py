@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import anyio
 import pytest
 
 from aiowheel import Timer
-from aiowheel.analytics import job, plots, report
+from aiowheel.analytics import job, plots, report, schema, submit
 from aiowheel.analytics.inputs import TraceFiles, TraceInputError, find_traces
 from aiowheel.trace import ParquetRecorder
 
@@ -32,6 +33,9 @@ pq = pytest.importorskip("pyarrow.parquet")
 # unlabelled timers on other anchors, two fired 2 and 4 ms late, one cancelled.
 FIRED = 1000
 CANCELLED = 500
+PNG = b"\x89PNG\r\n\x1a\n"
+WITHOUT_HEADLINE = [name for name in schema.OUTPUTS if name != schema.HEADLINE_PNG]
+BENCH = Path(__file__).with_name("data") / "bench-results-quick.json"
 
 
 def nearest_rank(values: list[float], q: float) -> float:
@@ -110,7 +114,7 @@ def test_summary_counts(summary: Any) -> None:
 def test_lateness_percentiles_are_exact_on_small_data(summary: Any) -> None:
     req = _row(summary, run_id="run-a", label="req")
     lateness_ms = [float(i) for i in range(1, FIRED + 1)]
-    for name, q in job.SUMMARY_QUANTILES.items():
+    for name, q in schema.SUMMARY_QUANTILES.items():
         expected = nearest_rank(lateness_ms, q)
         assert req[f"lateness_{name}_ms"] == pytest.approx(expected, abs=1e-6), name
     assert (req.lateness_p50_ms, req.lateness_p999_ms) == pytest.approx((500.0, 999.0))
@@ -140,7 +144,7 @@ def test_lifetimes(summary: Any) -> None:
 def test_the_cdf_covers_all_quantiles(summary: Any) -> None:
     req = _row(summary, run_id="run-a", label="req")
     cdf = list(req.lateness_cdf)
-    assert len(cdf) == len(job.CDF_QUANTILES)
+    assert len(cdf) == len(schema.CDF_QUANTILES)
     assert cdf == sorted(cdf)
     assert cdf[0] == pytest.approx(0.001)  # q=0: the smallest value
     assert cdf[-1] == pytest.approx(1.0)  # q=1: the largest
@@ -212,7 +216,7 @@ def test_report_end_to_end_on_a_recorded_timer_run(
     printed = capsys.readouterr().out
     assert "Timer lateness" in printed
     assert "300 timers from 1 trace file(s)" in printed
-    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(WITHOUT_HEADLINE)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
     table = pd.read_csv(out / "summary.csv")
@@ -225,13 +229,14 @@ def test_report_end_to_end_on_a_recorded_timer_run(
     windows = pq.read_table(out / "windows.parquet").to_pandas()
     assert windows["fired"].sum() == 200
     assert windows["scheduled"].sum() == 300
-    for name in (plots.CDF_PNG, plots.P99_PNG, plots.RATES_PNG):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in (schema.CDF_PNG, schema.P99_PNG, schema.RATES_PNG):
+        assert (out / name).read_bytes()[:8] == PNG
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("# aiowheel timer report")
-    for name in (plots.CDF_PNG, plots.P99_PNG, plots.RATES_PNG):
+    assert "No headline: no bench-results.json was found next to the traces" in markdown
+    for name in (schema.CDF_PNG, schema.P99_PNG, schema.RATES_PNG):
         assert f"]({name})" in markdown
-    assert "| idle |" in markdown
+    assert "| e2e | aiowheel-asyncio | idle |" in markdown
 
 
 def test_a_second_report_replaces_ours_and_keeps_other_files(
@@ -245,7 +250,7 @@ def test_a_second_report_replaces_ours_and_keeps_other_files(
     capsys.readouterr()
     assert (out / "notes.txt").read_text() == "keep me"
     assert (out / "summary.csv").read_text() != "stale"
-    assert sorted(p.name for p in out.iterdir()) == sorted([*report.OUTPUTS, "notes.txt"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*WITHOUT_HEADLINE, "notes.txt"])
 
 
 def test_a_failure_midway_leaves_dir_untouched(
@@ -262,20 +267,20 @@ def test_a_failure_midway_leaves_dir_untouched(
 
 
 def test_spark_submit_runs_the_same_job(known: SimpleNamespace, tmp_path: Path) -> None:
-    submit = Path(sys.executable).with_name("spark-submit")
-    if not submit.exists():
+    spark_submit = Path(sys.executable).with_name("spark-submit")
+    if not spark_submit.exists():
         pytest.skip("spark-submit is not next to the Python interpreter")
     out = tmp_path / "report"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     command = [
-        str(submit),
+        str(spark_submit),
         "--master",
         "local[2]",
         "--conf",
         "spark.ui.enabled=false",
         "--conf",
         "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        job.__file__,
+        submit.__file__,
         str(known.folder),
         "--out",
         str(out),
@@ -288,4 +293,120 @@ def test_spark_submit_runs_the_same_job(known: SimpleNamespace, tmp_path: Path) 
     req = table[table["label"] == "req"].iloc[0]
     assert (req.scheduled, req.fired) == (FIRED, FIRED)
     assert req.lateness_p99_ms == pytest.approx(990.0)
-    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(WITHOUT_HEADLINE)
+
+
+# -- the headline and small multiples, end to end ----------------------------------------
+
+STAMP = "bench-20261123T115151-5933"
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory: pytest.TempPathFactory, tracegen: SimpleNamespace) -> Path:
+    """What `aiowheel bench --trace DIR` leaves: one trace per workload and contender,
+    named as the bench names them, and the bench's results."""
+    folder = tmp_path_factory.mktemp("bench") / "traces"
+    folder.mkdir()
+    contenders = {
+        "aiowheel-asyncio": ("aiowheel", "asyncio"),
+        "aiowheel-trio": ("aiowheel", "trio"),
+        "call_later-asyncio": ("call_later", "asyncio"),
+        "trio-native": ("trio", "trio"),
+    }
+    for w, workload in enumerate(("fire", "spread")):
+        for c, (name, (kind, backend)) in enumerate(contenders.items()):
+            late = 0.001 * (1 + c) * (1 + w)
+            rows = [
+                tracegen.row(
+                    i,
+                    scheduled_at=100.0,
+                    deadline=100.1,
+                    fired_at=100.1 + late * (1 + i / 50),
+                    run_id=f"{STAMP}-{workload}-{name}",
+                    implementation=kind,
+                    backend=backend,
+                )
+                for i in range(50)
+            ]
+            tracegen.write(folder / f"{workload}-{name}.parquet", rows)
+    (folder / schema.BENCH_RESULTS).write_text(BENCH.read_text())
+    return folder
+
+
+def test_a_bench_directory_gets_its_headline_first(
+    spark: Any, bench_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    assert report.main([str(bench_dir), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("How many times better aiowheel is") < printed.index("Timer lateness")
+    assert sorted(p.name for p in out.iterdir()) == sorted(schema.OUTPUTS)
+    for name in (schema.HEADLINE_PNG, schema.CDF_PNG, schema.P99_PNG, schema.RATES_PNG):
+        assert (out / name).read_bytes()[:8] == PNG
+    markdown = (out / "report.md").read_text()
+    assert markdown.index(f"]({schema.HEADLINE_PNG})") < markdown.index(f"]({schema.CDF_PNG})")
+    assert "| fire N=50,000 | lateness p99 (ms, lower is better) |" in markdown
+    table = pd.read_csv(out / "summary.csv")
+    assert list(dict.fromkeys(table["workload"])) == ["fire", "spread"]
+    assert list(table["contender"][:4]) == [
+        "aiowheel-asyncio",
+        "aiowheel-trio",
+        "call_later-asyncio",
+        "trio-native",
+    ]
+
+    # The bench's results given elsewhere, and then a report without them: the
+    # headline of the first report does not linger in DIR.
+    elsewhere = tmp_path / "results.json"
+    elsewhere.write_text(BENCH.read_text())
+    (bench_dir / schema.BENCH_RESULTS).rename(tmp_path / "moved.json")
+    try:
+        traces = [str(p) for p in sorted(bench_dir.glob("*.parquet"))]
+        args = [*traces, "--out", str(out), "--no-progress"]
+        assert report.main([*args, "--bench-results", str(elsewhere)]) == 0
+        assert (out / schema.HEADLINE_PNG).exists()
+        assert report.main(args) == 0
+        assert not (out / schema.HEADLINE_PNG).exists()
+        assert "No headline" in (out / "report.md").read_text()
+    finally:
+        (tmp_path / "moved.json").rename(bench_dir / schema.BENCH_RESULTS)
+    capsys.readouterr()
+
+
+def test_a_broken_bench_results_file_next_to_the_traces_is_a_warning(
+    spark: Any, bench_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    traces = tmp_path / "traces"
+    shutil.copytree(bench_dir, traces)
+    (traces / schema.BENCH_RESULTS).write_text('{"version": 1, "results": [')
+    out = tmp_path / "report"
+    assert report.main([str(traces), "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("aiowheel report: warning: no headline: ")
+    assert "not JSON" in err[0]
+    assert not (out / schema.HEADLINE_PNG).exists()
+    assert "not JSON" in (out / "report.md").read_text()
+
+
+def test_a_trace_whose_lateness_is_all_nan_still_gets_a_report(
+    spark: Any, tmp_path: Path, tracegen: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        tracegen.row(i, scheduled_at=1.0, deadline=1.5, fired_at=1.6, run_id="nan")
+        for i in range(20)
+    ]
+    for row in rows[:10]:
+        row["lateness"] = math.nan  # NaN in the file
+    for row in rows[10:]:
+        row["lateness"] = None  # and null, though fired_at is there
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    tracegen.write(traces / "nan.parquet", rows)
+    out = tmp_path / "report"
+    assert report.main([str(traces), "--out", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert (out / schema.CDF_PNG).read_bytes()[:8] == PNG
+    table = pd.read_csv(out / "summary.csv")
+    assert table["fired"].sum() == 20

@@ -5,42 +5,23 @@ The server runs in the test's own event loop on 127.0.0.1 port 0: uvicorn on asy
 parking modes run on asyncio and uvloop; the ``wait_for`` baseline is asyncio-only.
 Functional requests go through httpx; many concurrent polls and dropped connections
 use a few lines of raw HTTP/1.1 over anyio streams (httpx's pool is not made for a
-thousand requests in flight).
+thousand requests in flight); tests/longpoll/longpoll_helpers.py has both. The limits that keep
+a hostile client from exhausting the server are tested in test_longpoll_limits.py and
+test_longpoll_memory.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from pathlib import Path
-from types import ModuleType
+from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
-import httpx
 import pytest
+from longpoll_helpers import EXAMPLE, running, server, until
 
 pytestmark = pytest.mark.anyio
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "longpoll"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"longpoll_{name}", EXAMPLE / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-server = _load("server")
 
 
 @pytest.fixture(params=["purgatory", "wait_for"])
@@ -48,60 +29,6 @@ def mode(request: pytest.FixtureRequest, backend: str) -> str:
     if request.param == "wait_for" and backend == "trio":
         pytest.skip("the wait_for baseline parks on asyncio.wait_for")
     return str(request.param)
-
-
-class Server:
-    def __init__(self, url: str, app: Any, http: httpx.AsyncClient) -> None:
-        self.url = url
-        parts = urlsplit(url)
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
-        self.app = app
-        self.service = app.state.longpoll
-        self.http = http
-
-    def parked(self) -> int:
-        return int(self.service.parked())
-
-    async def publish(self, topic: str, message: str) -> int:
-        response = await self.http.post(f"/topics/{topic}", content=message.encode())
-        assert response.status_code == 200, response.text
-        return int(response.json()["offset"])
-
-    async def raw(self, target: str, method: str = "GET", body: bytes = b"") -> tuple[int, Any]:
-        """One request on its own connection: (status, decoded JSON body or None)."""
-        async with await anyio.connect_tcp(self.host, self.port) as stream:
-            head = f"{method} {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
-            head += f"Content-Length: {len(body)}\r\n\r\n"
-            await stream.send(head.encode() + body)
-            data = b""
-            try:
-                while True:
-                    data += await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                pass
-        header, _, payload = data.partition(b"\r\n\r\n")
-        status = int(header.split()[1])
-        return status, json.loads(payload) if payload else None
-
-
-@asynccontextmanager
-async def running(mode: str = "purgatory", **options: Any) -> AsyncIterator[Server]:
-    app = server.create_app(mode, **options)
-    async with (
-        server.serving(app) as url,
-        httpx.AsyncClient(base_url=url, timeout=None) as http,
-    ):
-        yield Server(url, app, http)
-
-
-async def until(condition: Callable[[], bool], limit: float = 20.0) -> None:
-    """Wait for a condition of the in-process server. It changes on I/O, not on time:
-    polling it in 1 ms steps moves virtual clocks by as much, far below the 30 s
-    max_wait_ms the polls use while we wait."""
-    with anyio.fail_after(limit):
-        while not condition():  # noqa: ASYNC110 - the server exposes no event to await
-            await anyio.sleep(0.001)
 
 
 # -- the behaviour of a poll ---------------------------------------------------------------

@@ -1,0 +1,234 @@
+"""The benchmark's own results (``bench-results.json``) and the report's headline.
+
+``aiowheel bench`` saves its results next to the traces it records, as a JSON object
+``{"version": 1, "settings": {...}, "machine": {...}, "results": [...]}``; each result
+is one metric of one contender on one workload variant (its median over repetitions),
+and a peer's result (``kind`` other than ``"aiowheel"``) carries ``ratios``: aiowheel
+contender name -> how many times better aiowheel is than that peer (> 1: aiowheel is
+better, whichever way the metric is better; null when a ratio means nothing).
+
+The headline compares each peer with the aiowheel contender on the same backend
+(``call_later-uvloop`` with ``aiowheel-uvloop``, ``trio-native`` with ``aiowheel-trio``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from .inputs import TraceFiles, is_remote, not_regular
+from .schema import BENCH_RESULTS, BENCH_RESULTS_VERSION
+
+if TYPE_CHECKING:
+    import pandas as pd  # type: ignore[import-untyped]
+
+__all__ = [
+    "HEADLINE_COLUMNS",
+    "BenchResults",
+    "BenchResultsError",
+    "find_bench_results",
+    "headline",
+    "load_bench_results",
+]
+
+#: The headline frame's columns: one row per workload variant, metric and peer.
+HEADLINE_COLUMNS: Final = (
+    "workload",
+    "variant",
+    "metric",
+    "label",
+    "unit",
+    "better",
+    "peer",
+    "aiowheel",
+    "ratio",
+    "peer_median",
+    "aiowheel_median",
+    "note",
+)
+
+# Keys every result must have, with the types they must be (None: null allowed).
+_TEXT: Final = ("workload", "variant", "metric", "label", "unit", "contender", "kind", "backend")
+#: Larger files are not a bench's results (a full bench writes well under 1 MB).
+_MAX_BYTES: Final = 64 * 1024 * 1024
+
+
+class BenchResultsError(Exception):
+    """``bench-results.json`` is unusable: the message is one line naming the file."""
+
+
+@dataclass(frozen=True)
+class BenchResults:
+    path: Path
+    settings: dict[str, Any]
+    machine: dict[str, Any]
+    results: tuple[dict[str, Any], ...]
+
+
+def find_bench_results(traces: Sequence[str], files: TraceFiles) -> list[Path]:
+    """The ``bench-results.json`` files in the trace directories given and in the
+    directories of the trace files found, in that order, each once."""
+    directories: dict[Path, None] = {}
+    for raw in traces:
+        if not is_remote(raw):
+            path = Path(raw.removeprefix("file://"))
+            if path.is_dir():
+                directories[path.resolve()] = None
+    for file in files.local:
+        directories[Path(file).parent] = None
+    # Anything by that name, a FIFO or a dangling link too: load_bench_results says
+    # what is wrong with it rather than the report saying there is none.
+    return [
+        d / BENCH_RESULTS
+        for d in directories
+        if (d / BENCH_RESULTS).exists() or (d / BENCH_RESULTS).is_symlink()
+    ]
+
+
+def load_bench_results(path: str | os.PathLike[str]) -> BenchResults:
+    """Read and check a ``bench-results.json``; ``BenchResultsError`` if it is not one."""
+    path = Path(path)
+    problem = not_regular(path)
+    if problem:
+        raise BenchResultsError(f"{path}: {problem}")
+    try:
+        if path.stat().st_size > _MAX_BYTES:
+            raise BenchResultsError(f"{path}: too large for a bench's results")
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BenchResultsError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise BenchResultsError(f"{path}: not JSON (not UTF-8 text)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BenchResultsError(
+            f"{path}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise BenchResultsError(f'{path}: not a bench\'s results (no "results" list)')
+    version = data.get("version")
+    if not _is_number(version) or version != BENCH_RESULTS_VERSION:
+        raise BenchResultsError(
+            f"{path}: version {version!r}, but this report reads version "
+            f"{BENCH_RESULTS_VERSION}: use the aiowheel that wrote it"
+        )
+    results = tuple(data["results"])
+    for index, result in enumerate(results):
+        problem = _result_problem(result)
+        if problem:
+            raise BenchResultsError(f"{path}: result {index}: {problem}")
+    settings = data.get("settings")
+    machine = data.get("machine")
+    return BenchResults(
+        path=path,
+        settings=settings if isinstance(settings, dict) else {},
+        machine=machine if isinstance(machine, dict) else {},
+        results=results,
+    )
+
+
+def _result_problem(result: Any) -> str | None:
+    if not isinstance(result, dict):
+        return "not an object"
+    for key in _TEXT:
+        if not isinstance(result.get(key), str):
+            return f"{key} is {_json_type(result.get(key))}, expected a string"
+    if result.get("better") not in ("lower", "higher"):
+        return f'better is {result.get("better")!r}, expected "lower" or "higher"'
+    median = result.get("median")
+    if median is not None and not _is_number(median):
+        return f"median is {_json_type(median)}, expected a number or null"
+    ratios = result.get("ratios")
+    if ratios is not None:
+        if not isinstance(ratios, dict):
+            return f"ratios is {_json_type(ratios)}, expected an object"
+        for name, value in ratios.items():
+            if value is not None and not _is_number(value):
+                return f"ratios[{name!r}] is {_json_type(value)}, expected a number or null"
+    skipped = result.get("skipped")
+    if skipped is not None and not isinstance(skipped, str):
+        return f"skipped is {_json_type(skipped)}, expected a string or null"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "missing or null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if _is_number(value):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def headline(bench: BenchResults) -> pd.DataFrame:
+    """Each peer against the aiowheel contender on its backend, per workload variant
+    and metric, in the bench's order; metrics without ratios (counts that are the same
+    for everyone, say) are left out. ``ratio`` is NaN where there is none; ``note``
+    says why."""
+    import pandas as pd
+
+    ours_by_backend: dict[str, str] = {}
+    medians: dict[tuple[str, str, str, str], float] = {}
+    for r in bench.results:
+        if r["kind"] == "aiowheel":
+            ours_by_backend.setdefault(r["backend"], r["contender"])
+            medians[(r["workload"], r["variant"], r["metric"], r["contender"])] = _float(
+                r.get("median")
+            )
+    rows: list[dict[str, Any]] = []
+    for r in bench.results:
+        ratios = r.get("ratios") or {}
+        if r["kind"] == "aiowheel" or not ratios:
+            continue
+        ours = ours_by_backend.get(r["backend"], f"aiowheel-{r['backend']}")
+        value = _ratio(ratios.get(ours))
+        note = ""
+        if r.get("skipped"):
+            note = f"skipped: {r['skipped']}"
+        elif ours not in ratios:
+            note = f"no {ours} result"
+        elif math.isnan(value):
+            note = "no meaningful ratio"
+        rows.append(
+            {
+                "workload": r["workload"],
+                "variant": r["variant"],
+                "metric": r["metric"],
+                "label": r["label"],
+                "unit": r["unit"],
+                "better": r["better"],
+                "peer": r["contender"],
+                "aiowheel": ours,
+                "ratio": value,
+                "peer_median": _float(r.get("median")),
+                "aiowheel_median": medians.get(
+                    (r["workload"], r["variant"], r["metric"], ours), math.nan
+                ),
+                "note": note,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(HEADLINE_COLUMNS))
+
+
+def _float(value: Any) -> float:
+    return float(value) if _is_number(value) and math.isfinite(value) else math.nan
+
+
+def _ratio(value: Any) -> float:
+    number = _float(value)
+    return number if number > 0 else math.nan

@@ -1,0 +1,306 @@
+"""What a person reads: the tables (terminal and Markdown) and ``report.md``.
+
+Works on the collected frames only (pandas, rich); no Spark, no files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from .bench_results import BenchResults
+from .inputs import TraceFiles
+from .plots import metric_name, times
+from .schema import (
+    BENCH_RESULTS,
+    CDF_PNG,
+    HEADLINE_PNG,
+    P99_PNG,
+    RATES_PNG,
+    SUMMARY_CSV,
+    SUMMARY_PARQUET,
+    WINDOWS_PARQUET,
+    contender_order,
+    short_run_ids,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd  # type: ignore[import-untyped]
+
+__all__ = [
+    "Headline",
+    "headline_cells",
+    "headline_subtitle",
+    "headline_table",
+    "render_markdown",
+    "summary_cells",
+    "summary_table",
+]
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The headline's source: the bench's results and their ratios, or why there are none."""
+
+    bench: BenchResults | None
+    ratios: pd.DataFrame | None  #: bench_results.headline's frame
+    missing: str  #: why there is no headline (when ``ratios`` is None)
+
+
+# -- formatting ----------------------------------------------------------------------------
+
+
+def _ms(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{float(value):.3f}"
+
+
+def _seconds(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{float(value):.3g}"
+
+
+def _label(value: Any) -> str:
+    return value if isinstance(value, str) else "-"
+
+
+# -- the headline ------------------------------------------------------------------------
+
+
+def headline_subtitle(bench: BenchResults) -> str:
+    """Where the ratios come from, in one line: sizes, repetitions, machine."""
+    settings, machine = bench.settings, bench.machine
+    parts = []
+    if "quick" in settings:
+        parts.append("quick sizes" if settings["quick"] else "full sizes")
+    reps = settings.get("reps")
+    if isinstance(reps, int):
+        parts.append(f"median of {reps} repetition{'s' if reps != 1 else ''}")
+    if machine.get("python"):
+        parts.append(f"Python {machine['python']}")
+    if isinstance(machine.get("cpus"), int):
+        parts.append(f"{machine['cpus']} CPUs")
+    load = machine.get("loadavg")
+    if isinstance(load, list) and load and isinstance(load[0], int | float):
+        parts.append(f"load average {load[0]:.1f}")
+    return ", ".join(parts)
+
+
+def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The ratio table: one row per workload variant and metric, one column per peer."""
+    peers = contender_order(ratios["peer"])
+    headers = ["workload", "metric", *(f"vs {peer}" for peer in peers)]
+    rows: list[list[str]] = []
+    keys = dict.fromkeys(zip(ratios["workload"], ratios["variant"], ratios["metric"], strict=True))
+    for workload, variant, metric in keys:
+        part = ratios[
+            (ratios["workload"] == workload)
+            & (ratios["variant"] == variant)
+            & (ratios["metric"] == metric)
+        ]
+        first = part.iloc[0]
+        cells = [
+            f"{workload} {variant}".strip(),
+            metric_name(first),
+        ]
+        for peer in peers:
+            match = part[part["peer"] == peer]
+            if match.empty:
+                cells.append("")
+                continue
+            row = match.iloc[0]
+            ratio = float(row["ratio"])
+            cells.append(times(ratio) if not math.isnan(ratio) else (row["note"] or "-"))
+        rows.append(cells)
+    return headers, rows
+
+
+def headline_table(ratios: pd.DataFrame) -> Any:
+    """The ratio table as a rich Table."""
+    from rich.table import Table
+
+    headers, rows = headline_cells(ratios)
+    table = Table(title="How many times better aiowheel is than each peer (> 1\u00d7: aiowheel)")
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="right" if i >= 2 else "left")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+# -- the trace summary -------------------------------------------------------------------
+
+_COLUMNS: Final[tuple[tuple[str, str, Callable[[Any], str]], ...]] = (
+    ("workload", "workload", str),
+    ("contender", "contender", str),
+    ("label", "label", _label),
+    ("scheduled", "scheduled", lambda v: f"{int(v):,}"),
+    ("fired", "fired", lambda v: f"{int(v):,}"),
+    ("cancelled", "cancelled", lambda v: f"{int(v):,}"),
+    ("cancel_ratio", "cancel %", lambda v: f"{100 * float(v):.1f}"),
+    ("lateness_p50_ms", "p50 ms", _ms),
+    ("lateness_p90_ms", "p90 ms", _ms),
+    ("lateness_p99_ms", "p99 ms", _ms),
+    ("lateness_p999_ms", "p99.9 ms", _ms),
+    ("lateness_max_ms", "max ms", _ms),
+    ("lifetime_p50_s", "lifetime p50 s", _seconds),
+)
+_FIRST_NUMBER: Final = "scheduled"
+#: Dropped in this order, one by one, while the table is wider than the terminal
+#: (the full table is in summary.csv and report.md).
+_OPTIONAL_HEADERS: Final = ("lifetime p50 s", "p90 ms", "cancel %", "max ms", "scheduled")
+
+
+def summary_cells(summary: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the summary table (lateness in milliseconds)."""
+    columns = list(_COLUMNS)
+    if summary["label"].isna().all():
+        columns = [c for c in columns if c[0] != "label"]
+    if summary["workload"].nunique() == 1 and summary["run_id"].nunique() > 1:
+        columns = [c for c in columns if c[0] != "workload"]
+    shared = summary.groupby(["workload", "contender"])["run_id"].nunique().max()
+    if shared and shared > 1:
+        # Several runs of one contender on one workload: tell them apart by run id,
+        # without the prefix they all share (a benchmark's timestamp, say).
+        short = short_run_ids(summary["run_id"])
+        columns.insert(0, ("run_id", "run", lambda run: short[run]))
+    headers = [header for _, header, _ in columns]
+    cells = [[fmt(row[name]) for name, _, fmt in columns] for _, row in summary.iterrows()]
+    return headers, cells
+
+
+def summary_table(summary: pd.DataFrame, width: int | None = None) -> Any:
+    """The summary as a rich Table, narrowed to ``width`` columns by leaving out the
+    least important ones rather than cutting cells."""
+    from rich.console import Console
+    from rich.table import Table
+
+    headers, cells = summary_cells(summary)
+    keep = list(range(len(headers)))
+    first_number = headers.index(_FIRST_NUMBER)
+    measure = Console(width=10_000)
+    while True:
+        table = Table(title="Timer lateness (fired_at - deadline) per run and label")
+        for index in keep:
+            numeric = index >= first_number
+            table.add_column(headers[index], justify="right" if numeric else "left", no_wrap=True)
+        for row in cells:
+            table.add_row(*(row[index] for index in keep))
+        if width is None or measure.measure(table).maximum <= width:
+            return table
+        droppable = [i for i in keep if headers[i] in _OPTIONAL_HEADERS]
+        if not droppable:
+            return table
+        keep.remove(min(droppable, key=lambda i: _OPTIONAL_HEADERS.index(headers[i])))
+
+
+def _markdown_table(headers: Sequence[str], cells: Sequence[Sequence[str]], numeric: int) -> str:
+    """A Markdown table; columns from ``numeric`` on are right-aligned."""
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---:" if i >= numeric else "---" for i in range(len(headers))) + "|",
+    ]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+# -- report.md -------------------------------------------------------------------------------
+
+
+_X: Final = "\u00d7"  # the times sign
+
+
+def _headline_section(headline: Headline) -> str:
+    if headline.ratios is None or headline.bench is None:
+        return f"""## Headline: aiowheel against each peer
+
+No headline: {headline.missing}. The headline compares aiowheel with each peer on
+the benchmark's own measurements, which `aiowheel bench` saves as `{BENCH_RESULTS}`
+next to its traces (`aiowheel bench --report` does); give it with
+`--bench-results PATH` when it is elsewhere. The trace analysis follows.
+"""
+    if headline.ratios.empty:
+        return f"""## Headline: aiowheel against each peer
+
+`{headline.bench.path}` holds no ratios (no peer was measured next to aiowheel).
+"""
+    headers, cells = headline_cells(headline.ratios)
+    subtitle = headline_subtitle(headline.bench)
+    X = _X
+    return f"""## Headline: aiowheel against each peer
+
+![aiowheel against each peer, per workload]({HEADLINE_PNG})
+
+How many times better aiowheel is than each peer, each compared with aiowheel on the
+same backend (`call_later-uvloop` with `aiowheel-uvloop`, `trio-native` with
+`aiowheel-trio`): above 1{X} aiowheel is better, below 1{X} the peer is, whichever way
+the metric is better. The scale is logarithmic, so 2{X} and 0.5{X} are equally far from
+the 1{X} line. From `{headline.bench.path}`{f" ({subtitle})" if subtitle else ""}.
+
+{_markdown_table(headers, cells, 2)}
+"""
+
+
+def render_markdown(
+    summary: pd.DataFrame,
+    files: TraceFiles,
+    rows: int,
+    master: str,
+    version: str,
+    headline: Headline,
+) -> str:
+    """report.md: the headline (figure and ratio table), then the trace analysis."""
+    headers, cells = summary_cells(summary)
+    table = _markdown_table(headers, cells, headers.index(_FIRST_NUMBER))
+    paths = files.paths
+    shown = "\n".join(f"- `{p}`" for p in paths[:20])
+    if len(paths) > 20:
+        shown += f"\n- ... and {len(paths) - 20} more"
+    return f"""# aiowheel timer report
+
+{_headline_section(headline)}
+## The traces
+
+{rows:,} timers from {len(paths)} trace file(s), analysed with Spark {version} ({master}).
+Each figure has one panel per workload, and each contender has the same colour in
+every panel and every figure.
+
+### Summary
+
+Lateness is `fired_at - deadline` of fired timers, in milliseconds; percentiles are
+nearest-rank. The full table, with lifetimes (end minus schedule time), is in
+`{SUMMARY_CSV}` and `{SUMMARY_PARQUET}`; per-second counts are in `{WINDOWS_PARQUET}`.
+
+{table}
+
+### Lateness distribution
+
+![Lateness CDF per workload]({CDF_PNG})
+
+Left: the fraction of fired timers at most that late (x is logarithmic). A curve
+further left is better; a long flat top means a few timers were very late. Right: the
+tail (1 - CDF, both axes logarithmic): where a curve crosses 1e-2 is its p99, 1e-3 its
+p99.9, so the tails compare directly.
+
+### Lateness p99 over time
+
+![Lateness p99 per second]({P99_PNG})
+
+The p99 lateness of the timers that fired in each second. Spikes line up with loop
+stalls (a slow callback, a GC pause, a burst of expiries).
+
+### Timers fired and cancelled per second
+
+![Fired and cancelled per second]({RATES_PNG})
+
+A timeout that is cancelled before it fires (the usual fate of an idle or request
+timeout) shows up on the right; the cancel ratio is in the summary.
+
+### Inputs
+
+{shown}
+"""

@@ -1,0 +1,162 @@
+"""What the parts of ``aiowheel report`` share: names, quantiles, file names, and how a
+trace run is named (its contender and workload).
+
+No imports beyond the standard library: every other module of the package may import
+this one, and this one imports none of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = [
+    "ACCURACY",
+    "BENCH_RESULTS",
+    "BENCH_RESULTS_VERSION",
+    "CDF_PNG",
+    "CDF_QUANTILES",
+    "CONTENDERS",
+    "HEADLINE_PNG",
+    "LIFETIME_QUANTILES",
+    "OUTPUTS",
+    "P99_PNG",
+    "RATES_PNG",
+    "REPORT_MD",
+    "RUN_KEYS",
+    "SUMMARY_CSV",
+    "SUMMARY_KEYS",
+    "SUMMARY_PARQUET",
+    "SUMMARY_QUANTILES",
+    "WINDOWS_PARQUET",
+    "WINDOW_ACCURACY",
+    "contender_name",
+    "contender_order",
+    "short_run_ids",
+    "workload_names",
+]
+
+#: A run is one recorder: these columns are constant within it.
+RUN_KEYS: Final = ("run_id", "implementation", "backend", "host")
+#: The summary has one row per run and label.
+SUMMARY_KEYS: Final = (*RUN_KEYS, "label")
+#: Lateness percentiles in the summary: column suffix -> quantile.
+SUMMARY_QUANTILES: Final = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+#: Lifetime percentiles in the summary.
+LIFETIME_QUANTILES: Final = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+#: Points of the lateness CDF plot: fine where the tail is (p99 and beyond).
+CDF_QUANTILES: Final[tuple[float, ...]] = tuple(
+    sorted(
+        {round(i / 100, 6) for i in range(101)}
+        | {round(0.99 + i / 1000, 6) for i in range(10)}
+        | {round(0.999 + i / 10_000, 6) for i in range(10)}
+        | {round(0.9999 + i / 100_000, 6) for i in range(10)}
+        | set(SUMMARY_QUANTILES.values())
+    )
+)
+#: percentile_approx's default accuracy: relative rank error 1e-4 (exact on groups of
+#: up to 5,000 values). `aiowheel report --accuracy 100000` trades time for 1e-5
+#: (measured on 10M rows: about 2.5x the summary's time).
+ACCURACY: Final = 10_000
+#: Per-second lateness p99.
+WINDOW_ACCURACY: Final = 10_000
+
+# -- the report directory ----------------------------------------------------------------
+
+SUMMARY_PARQUET: Final = "summary.parquet"
+SUMMARY_CSV: Final = "summary.csv"
+WINDOWS_PARQUET: Final = "windows.parquet"
+HEADLINE_PNG: Final = "headline.png"
+CDF_PNG: Final = "lateness_cdf.png"
+P99_PNG: Final = "lateness_p99.png"
+RATES_PNG: Final = "fired_cancelled.png"
+REPORT_MD: Final = "report.md"
+#: Every file the report may write (headline.png only with the bench's results).
+OUTPUTS: Final = (
+    SUMMARY_PARQUET,
+    SUMMARY_CSV,
+    WINDOWS_PARQUET,
+    HEADLINE_PNG,
+    CDF_PNG,
+    P99_PNG,
+    RATES_PNG,
+    REPORT_MD,
+)
+
+# -- the bench's results -------------------------------------------------------------------
+
+#: Written by ``aiowheel bench`` next to its traces; the report's headline comes from it.
+BENCH_RESULTS: Final = "bench-results.json"
+BENCH_RESULTS_VERSION: Final = 1
+
+# -- naming runs ---------------------------------------------------------------------------
+
+#: The bench's contenders, in its order: aiowheel's first, then the peers.
+CONTENDERS: Final = (
+    "aiowheel-asyncio",
+    "aiowheel-uvloop",
+    "aiowheel-trio",
+    "call_later-asyncio",
+    "call_later-uvloop",
+    "trio-native",
+    "deadline-asyncio",
+    "deadline-uvloop",
+)
+
+#: ``bench-<YYYYmmddTHHMMSS>-<pid>-<workload>-<contender>``: the bench's trace run ids.
+_BENCH_RUN: Final = re.compile(r"^bench-\d{8}T\d{6}-\d+-(?P<rest>.+)$")
+
+
+def contender_name(implementation: str, backend: str) -> str:
+    """The bench's name for what made a run's timers: ``aiowheel-asyncio``,
+    ``call_later-uvloop``...; an implementation that is its own backend is
+    ``<name>-native`` (``trio-native``: trio's own deadlines)."""
+    if implementation == backend:
+        return f"{implementation}-native"
+    return f"{implementation}-{backend}"
+
+
+def contender_order(names: Iterable[str]) -> list[str]:
+    """The distinct names: the bench's contenders in its order, then others by name."""
+    unique = set(names)
+    return [n for n in CONTENDERS if n in unique] + sorted(unique - set(CONTENDERS))
+
+
+def short_run_ids(run_ids: Iterable[str]) -> dict[str, str]:
+    """run_id -> the run id without the prefix all runs share (up to a ``-``, ``_``,
+    ``.`` or ``/``): ``bench-20261121T151509-3609-fire-aiowheel-asyncio`` becomes
+    ``fire-aiowheel-asyncio`` when every run id starts with ``bench-20261121T151509-3609-``.
+    """
+    ids = sorted(set(run_ids))
+    if len(ids) < 2:
+        return {run: run for run in ids}
+    first, last = ids[0], ids[-1]  # sorted: their common prefix is everyone's
+    shared = 0
+    while shared < min(len(first), len(last)) and first[shared] == last[shared]:
+        shared += 1
+    prefix = first[:shared]
+    cut = max(prefix.rfind(sep) for sep in "-_./") + 1
+    return {run: run[cut:] or run for run in ids}
+
+
+def workload_names(runs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """(run_id, contender) pairs -> run_id -> the workload the run belongs to: what the
+    report draws one panel for.
+
+    A bench run id (``bench-<stamp>-<pid>-<workload>-<contender>``) names its workload.
+    Any other run is a workload of its own, named by its run id without the
+    contender at its end and without the prefix all such runs share.
+    """
+    found: dict[str, str] = {}
+    others: dict[str, str] = {}
+    for run_id, contender in runs:
+        stem = run_id.removesuffix(f"-{contender}") or run_id
+        match = _BENCH_RUN.match(stem)
+        if match:
+            found[run_id] = match["rest"]
+        else:
+            others[run_id] = stem
+    short = short_run_ids(others.values())
+    found.update({run: short[stem] for run, stem in others.items()})
+    return found

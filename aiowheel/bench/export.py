@@ -1,0 +1,76 @@
+"""``bench-results.json``: a traced run's figures, next to its traces, for the report.
+
+Whenever the bench traces (``--trace DIR``; ``--report`` traces into ``OUT/traces``)
+it writes ``DIR/bench-results.json`` after the run, before the report is built::
+
+    {"version": 1,
+     "settings": {...},   # the same object as the settings of the --json "run" line
+     "machine": {...},    # python, implementation, platform, cpus, loadavg (at the start)
+     "results": [...]}    # one Result.as_json() per result, skipped contenders included
+
+The file is replaced atomically (a temporary file in DIR, then a rename): a reader
+sees the previous run's file or this one's, never half of one. docs/benchmarks.md
+documents the format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .results import Result
+from .settings import Settings
+
+__all__ = ["RESULTS_FILE", "VERSION", "machine", "results_document", "write_results"]
+
+RESULTS_FILE = "bench-results.json"
+VERSION = 1
+
+
+def machine() -> dict[str, Any]:
+    """The machine a run measures on (the ``run`` line of ``--json`` has it too)."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loadavg": [round(x, 2) for x in load] if load else None,
+    }
+
+
+def results_document(
+    settings: Settings, machine_info: dict[str, Any], results: list[Result]
+) -> dict[str, Any]:
+    return {
+        "version": VERSION,
+        "settings": settings.as_json(),
+        "machine": machine_info,
+        "results": [r.as_json() for r in results],
+    }
+
+
+def write_results(
+    directory: Path, settings: Settings, machine_info: dict[str, Any], results: list[Result]
+) -> Path:
+    """Write ``directory/bench-results.json`` atomically; returns its path."""
+    text = json.dumps(
+        results_document(settings, machine_info, results), allow_nan=False, default=str, indent=1
+    )
+    path = directory / RESULTS_FILE
+    fd, temporary = tempfile.mkstemp(prefix=f".{RESULTS_FILE}.", dir=directory)
+    try:
+        os.chmod(temporary, 0o644)  # not mkstemp's 0600: other readers need it
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path

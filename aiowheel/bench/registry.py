@@ -1,0 +1,17 @@
+"""Every workload, by name, in the order ``aiowheel bench`` runs them by default.
+
+The only module that imports the workloads: they import their interfaces
+(``workload.py``) and never each other.
+"""
+
+from __future__ import annotations
+
+from .kafka import Kafka
+from .workload import AnyWorkload
+from .workloads import Churn, Fire, Idle, Memory, Rearm, Spread
+
+__all__ = ["WORKLOADS"]
+
+WORKLOADS: dict[str, AnyWorkload] = {
+    w.name: w for w in (Churn(), Rearm(), Fire(), Spread(), Kafka(), Memory(), Idle())
+}

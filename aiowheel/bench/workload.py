@@ -1,0 +1,161 @@
+"""What a workload is: the two interfaces the runner drives.
+
+* ``RepeatedWorkload`` (``workloads.py``: churn, rearm, fire, spread, memory, idle):
+  for each size N, repetition after repetition, every contender runs ``run()`` once
+  in a fresh event loop (A B C A B C ...) on data ``prepare()`` drew for that
+  repetition; a figure is the median over the repetitions.
+* ``SearchedWorkload`` (``kafka.py``): a search per contender for one figure (the
+  highest rate it sustains); it drives its own probes and returns its results.
+
+Both declare their metrics and the kinds of contender they apply to. ``registry.py``
+lists the workloads; this module imports none of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeAlias
+
+import aiowheel
+
+from .contenders import Contender
+from .env import Env
+from .results import Result
+from .settings import Settings
+
+__all__ = [
+    "AnyWorkload",
+    "Metric",
+    "Progress",
+    "RepeatedWorkload",
+    "SearchedWorkload",
+    "Trace",
+    "Workload",
+]
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    better: str  # "lower" | "higher"
+    #: False for figures where a ratio means nothing (counts that describe the input).
+    ratio: bool = True
+
+
+#: Announces the next step of a searched workload (drives the progress bar).
+Progress: TypeAlias = Callable[[str], None]
+#: ``trace(name, contender)``: a recorder for one traced run and its file, or None
+#: when the run is not traced.
+Trace: TypeAlias = Callable[[str, Contender], tuple[aiowheel.TraceRecorder, Path] | None]
+
+
+class Workload(ABC):
+    """What every workload declares."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    metrics: ClassVar[tuple[Metric, ...]]
+    kinds: ClassVar[frozenset[str]] = frozenset({"aiowheel", "call_later", "trio"})
+    #: Trace its timers with --trace (an extra, unmeasured run per contender).
+    traced: ClassVar[bool] = True
+
+    def applies_to(self, contender: Contender) -> bool:
+        return contender.kind in self.kinds
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        """What else a reader needs to reproduce a figure (goes into the JSON)."""
+        return {}
+
+    def result(
+        self,
+        metric: Metric,
+        contender: Contender,
+        samples: list[float],
+        *,
+        variant: str,
+        n: int | None,
+        params: dict[str, Any],
+        skipped: str | None = None,
+    ) -> Result:
+        """One figure of ``contender`` (``skipped``: why it has none)."""
+        return Result(
+            workload=self.name,
+            variant=variant,
+            n=n,
+            metric=metric.key,
+            label=metric.label,
+            unit=metric.unit,
+            better=metric.better,
+            contender=contender,
+            samples=samples,
+            has_ratio=metric.ratio,
+            params=params,
+            skipped=skipped,
+        )
+
+
+class RepeatedWorkload(Workload):
+    """Measured by repetitions at each size N (see the module docstring)."""
+
+    #: Count event-loop iterations (wraps the selector / adds a trio instrument).
+    count_iterations: ClassVar[bool] = False
+
+    def sizes(self, settings: Settings) -> list[int]:
+        if settings.n:
+            return list(settings.n)
+        return self.default_sizes(settings.quick)
+
+    @abstractmethod
+    def default_sizes(self, quick: bool) -> list[int]: ...
+
+    def skip_reason(self, contender: Contender, n: int, settings: Settings) -> str | None:
+        """Why ``contender``, which the workload applies to, sits out size ``n``."""
+        if contender.kind == "trio" and n > settings.trio_max_tasks:
+            return f"a task per timer: N > {settings.trio_max_tasks:,} tasks (~3 KB each)"
+        return None
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> Any:
+        """Data shared by every contender of one repetition."""
+        return None
+
+    @abstractmethod
+    async def run(
+        self, env: Env, n: int, data: Any, settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        """One repetition; returns metric key -> value (keys starting with ``_`` are
+        diagnostics). ``state`` persists across one contender's repetitions."""
+
+    def withhold_ratios(self, results: list[Result], settings: Settings) -> list[str]:
+        """Mark (``Result.withheld``) the figures of one measured variant whose ratio
+        means nothing in this run; returns one warning per mark."""
+        return []
+
+
+class SearchedWorkload(Workload):
+    """Searched per contender (see the module docstring)."""
+
+    @abstractmethod
+    def variants(self, settings: Settings) -> list[str]:
+        """The variants ``measure`` returns results for (kafka: its cases)."""
+
+    @abstractmethod
+    def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
+        """About how many ``progress`` calls ``measure`` makes (for the progress bar)."""
+
+    @abstractmethod
+    def measure(
+        self,
+        settings: Settings,
+        contenders: list[Contender],
+        progress: Progress,
+        trace: Trace,
+    ) -> list[Result]:
+        """Every figure of every contender (each of which the workload applies to)."""
+
+
+AnyWorkload: TypeAlias = RepeatedWorkload | SearchedWorkload

@@ -1,0 +1,171 @@
+"""The command line (aiowheel/bench/cli.py, aiowheel/__main__.py): parsing, the
+checks made before any measuring, exit statuses, and ``--report``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from bench_support import TINY, UVLOOP_MISSING, StandInRecorder, applicable, parse
+
+import aiowheel.__main__ as cli_main
+from aiowheel.bench import cli
+
+
+def _fake_report(monkeypatch: pytest.MonkeyPatch, status: int) -> list[list[str]]:
+    """Stand in for aiowheel.analytics.report (pyspark, Java) and record its argv."""
+    calls: list[list[str]] = []
+    fake = types.ModuleType("aiowheel.analytics.report")
+    fake.main = lambda argv: calls.append(list(argv)) or status  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "aiowheel.analytics.report", fake)
+    monkeypatch.setitem(sys.modules, "aiowheel.analytics", types.ModuleType("aiowheel.analytics"))
+    return calls
+
+
+def test_report_runs_traces_then_the_analytics_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fake_report(monkeypatch, 0)
+    out = tmp_path / "out"
+    args = ["-w", "fire", *TINY, "--report", "--out", str(out), "--json"]
+    assert cli.run(parse(args), args, trace_factory=StandInRecorder) == 0
+    capsys.readouterr()
+    (argv,) = calls
+    assert argv[-2:] == ["--out", str(out / "report")]
+    traces = [Path(p) for p in argv[:-2]]
+    assert {p.name for p in traces} == {f"fire-{n}.parquet" for n in applicable("fire")}
+    assert all(p.parent == out / "traces" for p in traces)
+    # Written before the report ran, next to the traces it reads.
+    document = json.loads((out / "traces" / "bench-results.json").read_text())
+    assert {r["workload"] for r in document["results"]} == {"fire"}
+
+
+def test_console_script_dispatches(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli_main.main(["--help"])
+    assert info.value.code == 0
+    assert "bench" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit) as info:
+        cli_main.main(["bench", "--help"])
+    assert info.value.code == 0
+    assert "--workload" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit) as info:
+        cli_main.main(["bench", "--workload", "nope"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+    with pytest.raises(SystemExit) as info:
+        cli_main.main(["bench", "-w", "churn", "--n", "50", "--ops", "100", "--reps", "1"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "churn" in out
+    assert "aiowheel-asyncio" in out
+    assert "call_later-uvloop" in out
+
+    # `report` hands everything after the word to aiowheel.analytics.report.main.
+    seen = _fake_report(monkeypatch, 3)
+    with pytest.raises(SystemExit) as info:
+        cli_main.main(["report", "a.parquet", "--out", "r", "--help"])
+    assert info.value.code == 3
+    assert seen == [["a.parquet", "--out", "r", "--help"]]
+
+
+def test_python_m_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["-w", "rearm", "--n", "50", "--ops", "100", "--reps", "1"]
+    assert cli.main([*args, "-c", "aiowheel-asyncio,call_later-asyncio"]) == 0
+    out = capsys.readouterr().out
+    assert "aiowheel-asyncio" in out
+    assert "call_later-asyncio" in out
+    assert "call_later-uvloop" not in out
+    assert "trio-native" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n", "0"], "positive"),
+        (["--n", "ten"], "expected N"),
+        (["--reps", "0"], "at least 1"),
+        (["--spread-window", "-1"], "positive"),
+        (["--kafka-rates", "5000,10"], "START <= MAX"),
+        (["--kafka-case", "medium"], "invalid choice"),
+        (["-w", "nope"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_are_rejected(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-c", "nope"], "unknown contender 'nope'; choose from aiowheel-asyncio"),
+        (["-c", ","], "no contender given"),
+        (["--full"], "--full goes with --report"),
+        (["--report", "--full", "--quick"], "--full and --quick contradict each other"),
+        (["--out", "x"], "--out goes with --report"),
+        (["--report", "--trace", "x"], "--report traces into OUT/traces"),
+    ],
+)
+def test_bad_combinations_give_one_line_and_status_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiowheel bench: error: {message}")
+    assert err.count("\n") == 1
+
+
+def test_a_requested_contender_whose_loop_is_missing_is_an_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    for spec in ("aiowheel-uvloop", "uvloop", "aiowheel-asyncio,call_later-uvloop"):
+        assert cli.main(["-w", "churn", "-c", spec]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("aiowheel bench: error: contender ")
+        assert err.endswith(f": {UVLOOP_MISSING}\n")
+        assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("option", ["--trace", "--out"])
+def test_an_unwritable_directory_is_refused_before_measuring(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = blocker / "below"  # below a regular file: no one can create it, root included
+    args = ["-w", "churn", option, str(target)]
+    if option == "--out":
+        args.append("--report")
+    assert cli.run(parse(args), args, trace_factory=StandInRecorder) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing was measured
+    assert captured.err == (
+        f"aiowheel bench: error: {option} {target}: cannot write there (Not a directory)\n"
+    )
+
+
+def test_report_runs_quick_sizes_unless_full() -> None:
+    # The README's main job (`aiowheel bench --report`) must finish in a few minutes.
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.settings_from(parser.parse_args(["--report"])).quick
+    assert not cli.settings_from(parser.parse_args(["--report", "--full"])).quick
+    assert not cli.settings_from(parser.parse_args([])).quick
+    settings = cli.settings_from(parser.parse_args(["--report", "--out", "o"]))
+    assert settings.trace_dir == Path("o") / "traces"
+    assert cli.settings_from(parser.parse_args(["--report"])).trace_dir == Path("bench-out/traces")

@@ -1,0 +1,90 @@
+"""The kafka workload (aiowheel/bench/kafka.py): the search, and one probe."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from bench_support import TINY, applicable, results_of, run_json
+
+from aiowheel.bench.contenders import CONTENDERS
+from aiowheel.bench.kafka import Kafka, ProbeResult, _Search
+from aiowheel.bench.registry import WORKLOADS
+from aiowheel.bench.settings import Settings
+from aiowheel.bench.workload import SearchedWorkload
+
+
+def test_kafka_search(capsys: pytest.CaptureFixture[str]) -> None:
+    results = results_of(run_json(capsys, "-w", "kafka", "--kafka-case", "both", *TINY))
+    metrics = [m.key for m in Kafka.metrics]
+    for case in ("high", "low"):
+        rows = [r for r in results if r["variant"] == case]
+        assert {(r["contender"], r["metric"]) for r in rows} == {
+            (c, m) for c in applicable("kafka") for m in metrics
+        }
+        for row in rows:
+            assert row["workload"] == "kafka"
+            assert row["n"] is None
+            assert row["skipped"] is None
+            params = row["params"]
+            assert params["case"] == case
+            assert params["aiowheel"] == "Purgatory"
+            probes = params["probes"]
+            assert probes, row["contender"]
+            assert probes[0]["rate"] == 2000
+            assert all(p["rate"] <= 4000 for p in probes)
+            if row["metric"] == "sustained_rps" and row["median"]:
+                # The sustained rate is one a probe of --kafka-seconds passed.
+                assert any(
+                    math.isclose(p["rate"], row["median"], rel_tol=1e-3)
+                    and p["ok"]
+                    and p["seconds"] == 0.1
+                    for p in probes
+                )
+            if row["metric"] == "sustained_rps":
+                # aiowheel always goes through the Purgatory (no fallback).
+                kind = next(c.kind for c in CONTENDERS if c.name == row["contender"])
+                expected = "purgatory" if kind == "aiowheel" else kind
+                assert params["implementation"] in (expected, None)
+
+
+def test_kafka_is_a_searched_workload() -> None:
+    kafka = WORKLOADS["kafka"]
+    assert isinstance(kafka, SearchedWorkload)
+    settings = Settings(workloads=["kafka"], kafka_cases=("high", "low"))
+    assert kafka.variants(settings) == ["high", "low"]
+    assert kafka.planned_steps(settings, list(CONTENDERS[:3])) == 8 * 2 * 3
+
+
+def test_probe_uses_the_purgatory_for_aiowheel() -> None:
+    settings = Settings(workloads=["kafka"], kafka_probe=0.05, kafka_max_rate=4000.0)
+    ours = next(c for c in CONTENDERS if c.name == "aiowheel-asyncio")
+    result = Kafka().probe_once(ours, 2000.0, 0.05, "high", settings)
+    assert result.implementation == "purgatory"
+    assert result.arrivals > 0
+    assert result.expired + result.completed <= result.arrivals
+
+
+def _probe(rate: float, ok: bool, seconds: float = 1.0) -> ProbeResult:
+    return ProbeResult(rate, seconds, ok, 0, rate, 0.0, 0.0, 0.0, 0, 0, 50.0, "purgatory")
+
+
+def test_search_doubles_bisects_then_confirms() -> None:
+    search = _Search(CONTENDERS[0], 25_000.0, 1.15, 1_600_000.0)
+    search.update(_probe(25_000.0, True))
+    assert (search.phase, search.rate) == ("double", 50_000.0)
+    search.update(_probe(50_000.0, False))
+    assert search.phase == "bisect"
+    assert search.rate == pytest.approx(math.sqrt(25_000.0 * 50_000.0))
+    while search.phase == "bisect":
+        search.update(_probe(search.rate, search.rate < 40_000.0))
+    assert search.phase == "confirm"
+    assert search.hi / search.lo <= 1.15
+    # A failed confirmation steps 20 % down and tries again.
+    first = search.rate
+    search.update(_probe(first, False, 10.0))
+    assert search.phase == "confirm"
+    assert search.rate == pytest.approx(first * 0.8)
+    search.update(_probe(search.rate, True, 10.0))
+    assert search.done
+    assert search.sustained == pytest.approx(first * 0.8)

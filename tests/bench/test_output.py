@@ -1,0 +1,117 @@
+"""What a run prints (aiowheel/bench/output.py): rich tables, or plain text without rich."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from aiowheel.bench.contenders import CONTENDERS
+from aiowheel.bench.output import Output, Table, fmt, fmt_ratio, render_plain, tables
+from aiowheel.bench.results import Result, fill_ratios
+from aiowheel.bench.settings import Settings
+
+
+def test_fmt() -> None:
+    assert fmt(1234567.8, "ns") == "1,234,568 ns"
+    assert fmt(12.345, "ms") == "12.3 ms"
+    assert fmt(0.012345) == "0.0123"
+    assert fmt(0.0) == "0"
+    assert fmt(float("nan")) == "\u2013"
+    assert fmt(5e5, "1/s") == "500,000"
+
+
+def test_fmt_ratio_never_rounds_a_small_ratio_to_zero() -> None:
+    assert fmt_ratio(2.345) == "2.35\u00d7"
+    assert fmt_ratio(0.1) == "0.10\u00d7"
+    assert fmt_ratio(0.0047169) == "0.0047\u00d7"
+    assert fmt_ratio(None) == "\u2013"
+
+
+def _results() -> list[Result]:
+    ours, peer, gone = CONTENDERS[0], CONTENDERS[3], CONTENDERS[4]
+    rows = [
+        Result("churn", "N=10", 10, "pair_ns", "pair", "ns", "lower", ours, [100.0, 120.0]),
+        Result("churn", "N=10", 10, "pair_ns", "pair", "ns", "lower", peer, [300.0, 360.0]),
+        Result("churn", "N=10", 10, "pair_ns", "pair", "ns", "lower", gone, [], skipped="no"),
+    ]
+    fill_ratios(rows)
+    return rows
+
+
+def test_render_plain() -> None:
+    (table,) = tables(_results())
+    text = render_plain(table)
+    lines = text.splitlines()
+    assert lines[0] == "churn: schedule + cancel with N pending"
+    assert lines[1].split() == [
+        "variant",
+        "metric",
+        "contender",
+        "median",
+        "min\u2013max",
+        "asyncio",
+        "\u00d7",
+    ]
+    assert set(lines[2]) <= {"-", " "}
+    assert lines[3].split() == ["N=10", "pair", "(ns)", "aiowheel-asyncio", "110", "100\u2013120"]
+    assert lines[4].split()[-3:] == ["330", "300\u2013360", "3.00\u00d7"]
+    # A contender that sat out: a note under the table, not a row per figure.
+    assert lines[5:] == ["skipped call_later-uvloop (N=10): no"]
+    # Right-justified columns line up: the medians end where their header does.
+    end = lines[1].index("median") + len("median")
+    assert lines[3][end - 3 : end] == "110"
+    assert lines[4][end - 3 : end] == "330"
+
+
+def test_render_plain_right_justifies() -> None:
+    table = Table(
+        "t", [("name", False), ("n", True)], [[(["a", "1"], False), (["bb", "100"], True)]]
+    )
+    assert render_plain(table).splitlines()[1:] == [
+        "name    n",
+        "----  ---",
+        "a       1",
+        "bb    100",
+    ]
+
+
+def test_console_output_without_rich_is_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A core-only install has no rich (issue 10): the same figures, as plain text.
+    monkeypatch.setitem(sys.modules, "rich", None)
+    settings = Settings(workloads=["churn"])
+    stdout, stderr = io.StringIO(), io.StringIO()
+    output = Output(settings, stdout=stdout, stderr=stderr, argv=["aiowheel", "bench"])
+    output.start(10, {"python": "3.x", "cpus": 2, "loadavg": [0.5, 0.5, 0.5]})
+    output.results(_results())
+    output.finish(_results())
+    text = stdout.getvalue()
+    assert text.startswith("aiowheel bench  Python 3.x on 2 CPUs, load average [0.5, 0.5, 0.5]")
+    assert "churn N=10\n  pair" in text
+    assert "call_later-asyncio" in text
+    assert "3.00\u00d7" in text
+    assert "\x1b[" not in text  # no terminal codes
+    assert stderr.getvalue() == ""
+
+
+def test_json_output_and_skipped_lines() -> None:
+    gone = CONTENDERS[1]
+    settings = Settings(workloads=["churn"], json=True, unavailable=[(gone, "uvloop is gone")])
+    stdout, stderr = io.StringIO(), io.StringIO()
+    output = Output(settings, stdout=stdout, stderr=stderr, argv=["x"])
+    output.start(1, {"python": "3.x"})
+    output.warn("careful")
+    output.results(_results())
+    output.finish(_results())
+    lines = stdout.getvalue().splitlines()
+    assert [line.split('"type": ')[1].split('"')[1] for line in lines] == [
+        "run",
+        "warning",
+        "result",
+        "result",
+        "result",
+        "end",
+    ]
+    assert '"unavailable": {"aiowheel-uvloop": "uvloop is gone"}' in lines[0]
+    assert stderr.getvalue() == "aiowheel bench: skipping aiowheel-uvloop: uvloop is gone\n"

@@ -1,0 +1,132 @@
+"""The runner (aiowheel/bench/runner.py): traced repetitions, bench-results.json, and
+contenders whose event loop is not installed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from bench_support import (
+    RESULT_KEYS,
+    TINY,
+    UVLOOP_MISSING,
+    StandInRecorder,
+    applicable,
+    parse,
+    results_of,
+    run_json,
+)
+
+from aiowheel.bench import cli
+from aiowheel.bench.contenders import CONTENDERS
+from aiowheel.bench.registry import WORKLOADS
+
+
+def test_trace_writes_one_file_per_contender_and_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    StandInRecorder.made = []
+    args = ["-w", "fire", "-w", "idle", "-w", "kafka", *TINY, "--trace", str(tmp_path), "--json"]
+    assert cli.run(parse(args), args, trace_factory=StandInRecorder) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_path = {r.path.name: r for r in StandInRecorder.made}
+    for name in applicable("fire"):
+        assert f"fire-{name}.parquet" in by_path
+    for name in applicable("idle"):
+        assert f"idle-{name}.parquet" in by_path
+    assert any(p.startswith("kafka-high-") for p in by_path)
+    for recorder in StandInRecorder.made:
+        assert recorder.closed == 1, recorder.path
+        assert recorder.opened is not None
+        contender = recorder.path.name.split("-", 1)[1].removesuffix(".parquet")
+        if recorder.path.name.startswith("fire-"):
+            spec = next(c for c in CONTENDERS if c.name == contender)
+            assert recorder.implementation == spec.kind
+            assert recorder.opened["backend"] == spec.backend
+            # The burst: every timer of the traced repetition fired, once.
+            fired = [row for row in recorder.rows if row[5] is not None]
+            assert len(fired) >= 300
+        for row in recorder.rows:
+            timer_id, _label, scheduled_at, deadline, level, fired_at, cancelled_at = row
+            assert (fired_at is None) != (cancelled_at is None)
+            assert isinstance(timer_id, int)
+            assert isinstance(deadline, float)
+            if recorder.implementation == "aiowheel":
+                assert level >= -1
+            else:
+                assert level == -1
+            # Where no callback re-arms its own handle (idle's do: the core then
+            # records the new period's scheduled_at/deadline for the firing that just
+            # ended), each row is ordered and aiowheel is never early.
+            if not recorder.path.name.startswith("idle-"):
+                assert scheduled_at <= (fired_at if fired_at is not None else cancelled_at)
+            fire = recorder.path.name.startswith("fire-")
+            if fire and fired_at is not None and recorder.implementation == "aiowheel":
+                assert fired_at >= deadline
+        assert recorder.path.exists()
+
+    # bench-results.json: the run's settings and every result, as the --json lines say.
+    document = json.loads((tmp_path / "bench-results.json").read_text())
+    assert set(document) == {"version", "settings", "machine", "results"}
+    assert document["version"] == 1
+    run_line = lines[0]
+    assert document["settings"] == run_line["settings"]
+    assert document["machine"] == {
+        key: run_line[key] for key in ("python", "implementation", "platform", "cpus", "loadavg")
+    }
+    assert document["results"] == results_of(lines)
+    assert all(set(r) == RESULT_KEYS for r in document["results"])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_missing_event_loops_are_skipped_in_every_variant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As after `pip install "aiowheel[analytics]"`: no uvloop (issue 10).
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    args = ["-w", "rearm", "-w", "kafka", *TINY, "--kafka-rates", "2000,2000", "--json"]
+    StandInRecorder.made = []
+    all_args = [*args, "--trace", str(tmp_path)]
+    assert cli.run(parse(all_args), all_args, trace_factory=StandInRecorder) == 0
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    uvloop = {c.name for c in CONTENDERS if c.backend == "uvloop"}
+    # One line per skipped contender, on stderr; stdout stays JSON.
+    assert sorted(captured.err.splitlines()) == sorted(
+        f"aiowheel bench: skipping {name}: {UVLOOP_MISSING}" for name in uvloop
+    )
+    assert set(lines[0]["settings"]["unavailable"]) == uvloop
+    assert not uvloop & set(lines[0]["settings"]["contenders"])
+    results = results_of(lines)
+    for workload in ("rearm", "kafka"):
+        for metric in WORKLOADS[workload].metrics:
+            rows = {
+                r["contender"]: r
+                for r in results
+                if r["workload"] == workload and r["metric"] == metric.key
+            }
+            assert set(rows) == applicable(workload), (workload, metric.key)
+            for name in applicable(workload) & uvloop:
+                assert rows[name]["skipped"] == UVLOOP_MISSING
+                assert rows[name]["samples"] == []
+                assert rows[name]["median"] is None
+            for name in applicable(workload) - uvloop:
+                assert rows[name]["skipped"] is None
+                assert rows[name]["samples"]
+                # Peers have ratios only against the aiowheel contenders that ran.
+                if metric.ratio and not name.startswith("aiowheel-"):
+                    assert set(rows[name]["ratios"]) == {"aiowheel-asyncio", "aiowheel-trio"}
+    assert not any("uvloop" in r.path.name for r in StandInRecorder.made)
+    document = json.loads((tmp_path / "bench-results.json").read_text())
+    skipped = {r["contender"] for r in document["results"] if r["skipped"]}
+    assert skipped == uvloop - {"deadline-uvloop"}  # deadline-* apply to idle only
+
+
+def test_default_run_without_trace_writes_no_results_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_json(capsys, "-w", "rearm", "--n", "50", "--ops", "100", "--reps", "1", "-c", "asyncio")
+    assert list(tmp_path.iterdir()) == []

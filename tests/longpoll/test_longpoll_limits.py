@@ -1,0 +1,687 @@
+"""The limits that keep a hostile client from exhausting the long-poll example
+(examples/longpoll/server.py; docs/longpoll.md has the table).
+
+Over real HTTP against a server in the test's event loop on 127.0.0.1 (see
+tests/longpoll/longpoll_helpers.py): topic names, offsets, the message size, the answer size,
+bodies received at once and their deadline, parked polls, the topic count, retention
+by bytes per topic and for the server, idle topics. Without HTTP: the message log
+against a plain model of its retention rules, and the memory the log's overhead
+constants stand for, measured with tracemalloc. In subprocesses: the command line's
+refusals. The memory bound under attack is test_longpoll_memory.py's.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import socket
+import subprocess
+import sys
+import tracemalloc
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from longpoll_helpers import EXAMPLE, Server, parse_response, running, server, until
+
+import aiowheel
+
+pytestmark = pytest.mark.anyio
+
+OVERHEAD = server.RECORD_OVERHEAD
+SIZE = 100  # max_body_bytes in the retention tests
+PER = SIZE + OVERHEAD  # what one full-size message counts for in retention
+
+
+@pytest.fixture(params=["purgatory", "wait_for"])
+def mode(request: pytest.FixtureRequest, backend: str) -> str:
+    if request.param == "wait_for" and backend == "trio":
+        pytest.skip("the wait_for baseline parks on asyncio.wait_for")
+    return str(request.param)
+
+
+def message(label: str) -> bytes:
+    """A full-size (SIZE bytes) message that starts with ``label``."""
+    return label.encode().ljust(SIZE, b".")
+
+
+async def fetch(s: Server, topic: str, **params: Any) -> tuple[int, Any]:
+    params.setdefault("max_wait_ms", 0)
+    response = await s.http.get(f"/topics/{topic}", params=params)
+    return response.status_code, response.json()
+
+
+# -- topic names -----------------------------------------------------------------------------
+
+BAD_NAMES = [
+    "t%0A",  # served as topic "t" before: the router's "$" matches before a final newline
+    "a%0Ab",  # a newline inside: the router does not match at all (was a plain 404)
+    "t%0D",
+    "t%00",
+    ".",
+    "..",
+    "%2E",
+    "%2e%2E",
+    "a%2Fb",
+    "a/b",
+    "a%20b",
+    "a+b",
+    "%C3%A9",  # é: a letter, not an ASCII one
+    "x" * 250,
+    "",
+]
+GOOD_NAMES = ["x" * 249, "...", "a.b_c-D9", "_", "-", "A"]
+
+
+async def test_topic_names_follow_kafkas_rule(backend: str) -> None:
+    async with running() as s:
+        for name in BAD_NAMES:
+            # Sent as is: httpx would resolve "." and ".." segments itself.
+            status, body = await s.raw(f"/topics/{name}", "POST", b"m")
+            assert (status, body["parameter"]) == (400, "topic"), (name, body)
+            status, body = await s.raw(f"/topics/{name}?offset=0&max_wait_ms=0")
+            assert (status, body["parameter"]) == (400, "topic"), (name, body)
+        # Rejected, not normalised: no topic was created, "t" and "a" included.
+        assert s.log.topics == {}
+        for name in GOOD_NAMES:
+            status, body = await s.raw(f"/topics/{name}", "POST", b"m")
+            assert (status, body) == (200, {"offset": 0}), name
+            status, body = await s.raw(f"/topics/{name}?offset=0&max_wait_ms=0")
+            assert (status, body) == (200, {"messages": ["m"], "next_offset": 1}), name
+        assert sorted(s.log.topics) == sorted(GOOD_NAMES)
+
+
+# -- offsets ---------------------------------------------------------------------------------
+
+
+async def test_offsets_are_64_bit(backend: str) -> None:
+    async with running() as s:
+        await s.publish("t", "m0")
+        # 19 digits are offsets: past the end of this topic, which says where it ends.
+        for offset in (10**18, 2**63 - 1):
+            status, body = await fetch(s, "t", offset=offset)
+            assert status == 409, body
+            assert body["parameter"] == "offset"
+            assert (body["earliest"], body["latest"]) == (0, 1)
+        # Beyond a signed 64-bit integer: not an offset.
+        for raw in (str(2**63), str(10**19), "9" * 40):
+            status, body = await fetch(s, "t", offset=raw)
+            assert status == 400, raw
+            assert body["parameter"] == "offset"
+            assert "between 0 and 9223372036854775807" in body["error"]
+        # A log whose offsets have reached 19 digits serves them. Nothing but 2**63
+        # messages gets a topic there, so its base is moved there by hand.
+        s.log.topics["t"].base = 2**63 - 3
+        assert await s.publish("t", "m1") == 2**63 - 2
+        status, body = await fetch(s, "t", offset=2**63 - 3)
+        assert (status, body) == (200, {"messages": ["m0", "m1"], "next_offset": 2**63 - 1})
+        status, body = await fetch(s, "t", offset=2**63 - 1)
+        assert (status, body) == (200, {"messages": [], "next_offset": 2**63 - 1})
+
+
+async def test_offsets_out_of_range(backend: str) -> None:
+    async with running(retention=2) as s:
+        for i in range(4):
+            await s.publish("t", f"m{i}")
+        status, body = await fetch(s, "t", offset=1)  # below the log start offset
+        assert status == 410
+        assert (body["parameter"], body["earliest"], body["latest"]) == ("offset", 2, 4)
+        status, body = await fetch(s, "t", offset=5)  # past the log end offset
+        assert status == 409
+        assert (body["parameter"], body["earliest"], body["latest"]) == ("offset", 2, 4)
+        assert await fetch(s, "t", offset=4) == (200, {"messages": [], "next_offset": 4})
+        # A topic that does not exist (yet, or any more) starts and ends at 0.
+        status, body = await fetch(s, "new", offset=1)
+        assert (status, body["earliest"], body["latest"]) == (409, 0, 0)
+        assert await fetch(s, "new", offset=0) == (200, {"messages": [], "next_offset": 0})
+
+
+# -- what one request may carry ------------------------------------------------------------
+
+
+async def test_max_bytes_bounds_an_answer(backend: str) -> None:
+    async with running(max_fetch_bytes=100) as s:
+        for label in "abc":
+            await s.publish("t", label * 40)
+        # The default is --max-fetch-bytes: two 40-byte messages fit in 100, three do not.
+        status, body = await fetch(s, "t", offset=0)
+        assert (status, body) == (200, {"messages": ["a" * 40, "b" * 40], "next_offset": 2})
+        status, body = await fetch(s, "t", offset=0, max_bytes=80)
+        assert body == {"messages": ["a" * 40, "b" * 40], "next_offset": 2}
+        status, body = await fetch(s, "t", offset=0, max_bytes=79)
+        assert body == {"messages": ["a" * 40], "next_offset": 1}
+        # A message larger than max_bytes still comes, alone: the consumer moves on.
+        status, body = await fetch(s, "t", offset=1, max_bytes=1)
+        assert body == {"messages": ["b" * 40], "next_offset": 2}
+        for bad in ("0", "101", "-1", "x"):
+            status, body = await fetch(s, "t", offset=0, max_bytes=bad)
+            assert (status, body["parameter"]) == (400, "max_bytes"), bad
+
+
+async def test_oversized_bodies_are_never_kept(backend: str) -> None:
+    limit = 64
+    async with running(max_body_bytes=limit) as s:
+        before = await s.stats()
+        r = await s.http.post("/topics/t", content=b"x" * (limit + 1))
+        assert (r.status_code, r.json()["parameter"]) == (413, "body")
+
+        # Chunked (no Content-Length): refused once the streamed size passes the limit.
+        async def chunks() -> Any:
+            for _ in range(10):
+                yield b"y" * 16
+
+        r = await s.http.post("/topics/t", content=chunks())
+        assert r.status_code == 413
+        # A declared size far beyond the limit: 413 at once, before any of the body.
+        status, _, body = await s.send(
+            b"POST /topics/t HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000000000\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        assert (status, body["parameter"]) == (413, "body")
+        after = await s.stats()
+        assert after["retained_bytes"] == before["retained_bytes"] == 0
+        assert after["inflight_bytes"] == 0
+        assert s.log.topics == {}
+        assert after["refused"] == {"413": 3}
+
+
+async def test_a_trickled_body_gets_408_at_its_deadline(backend: str, virtual: bool) -> None:
+    timeout = 0.5
+    async with running(body_timeout_ms=int(timeout * 1000)) as s:
+        async with await anyio.connect_tcp(s.host, s.port) as stream:
+            await stream.send(b"POST /topics/t HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n")
+            start = anyio.current_time()
+            answer = b""
+
+            async def trickle() -> None:
+                # One byte every 50 ms: alive, but never done within the deadline.
+                for _ in range(99):
+                    await stream.send(b"x")
+                    await anyio.sleep(0.05)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(trickle)
+                try:
+                    while True:
+                        answer += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    pass
+                tg.cancel_scope.cancel()
+            elapsed = anyio.current_time() - start
+        status, _, body = parse_response(answer)
+        assert (status, body["parameter"]) == (408, "body")
+        assert elapsed >= timeout
+        assert elapsed < timeout + (0.1 if virtual else 2.0)
+        stats = await s.stats()
+        assert stats["inflight_bytes"] == 0  # its reservation went with it
+        assert s.log.topics == {}
+
+
+async def test_bodies_received_at_once_are_bounded(backend: str) -> None:
+    async with running(max_body_bytes=100, max_inflight_bytes=150) as s:
+        service = s.service
+        answers: dict[str, Any] = {}
+
+        async def post(name: str, body: bytes) -> None:
+            head = f"POST /topics/{name} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+            head += f"Content-Length: {len(body)}\r\n\r\n"
+            answers[name] = await s.send(head.encode() + body)
+
+        async with await anyio.connect_tcp(s.host, s.port) as slow:
+            # A: 100 bytes announced, 50 sent: its 100 bytes are reserved while it sends.
+            await slow.send(b"POST /topics/a HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n")
+            await slow.send(b"a" * 50)
+            await until(lambda: service.inflight.used == 100)
+            async with anyio.create_task_group() as tg:
+                # B does not fit next to A: it waits, unread. C would fit, but comes
+                # after B: reservations are granted in order, so B is not starved.
+                tg.start_soon(post, "b", b"b" * 100)
+                await until(lambda: service.inflight.waiting() == 1)
+                tg.start_soon(post, "c", b"c" * 40)
+                await until(lambda: service.inflight.waiting() == 2)
+                assert s.log.topics == {}
+                await slow.send(b"a" * 50)  # A completes: B and C go through
+            head = await slow.receive()
+            assert head.startswith(b"HTTP/1.1 200")
+        assert answers["b"][:1] == (200,)
+        assert answers["c"][:1] == (200,)
+        assert sorted(s.log.topics) == ["a", "b", "c"]
+        assert service.inflight.used == 0
+
+
+# Characters JSON escapes in six bytes or two, and ones that take 2 to 4 bytes in UTF-8.
+AWKWARD = '\x00\x01\x1f\\"\n\t\x7fé中😀\u2028a'
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from(AWKWARD) | st.characters(blacklist_categories=["Cs"]),
+        max_size=300,
+    )
+)
+def test_escaped_length_is_the_length_of_the_json(text: str) -> None:
+    body = text.encode()
+    assert server.escaped_length(body) == len(json.dumps(text, ensure_ascii=False).encode())
+
+
+def test_a_large_answer_is_written_in_bounded_pieces() -> None:
+    rng = random.Random(7)
+    messages = ["".join(rng.choice(AWKWARD) for _ in range(n)).encode() for n in (1, 5000, 70_001)]
+    messages.append(b"\x01" * (1 << 20))  # 6 MiB once escaped
+    answer = server.answer_messages(messages, 2**63 - 1)
+    assert isinstance(answer, server.StreamedAnswer)
+    pieces = list(answer.pieces())
+    expected = json.dumps(
+        {"messages": [m.decode() for m in messages], "next_offset": 2**63 - 1},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    ).encode()
+    assert b"".join(pieces) == expected
+    assert answer.size == len(expected)
+    assert max(len(piece) for piece in pieces) <= server.ANSWER_PIECE + 6 * server.ANSWER_SLICE
+    # A small answer is built at once.
+    assert not isinstance(server.answer_messages([b"m"], 1), server.StreamedAnswer)
+
+
+async def test_large_answers_over_http(backend: str) -> None:
+    async with running(max_fetch_bytes=1 << 20) as s:
+        texts = ["\x01\x02" * 20_000, 'é中😀\\"' * 5000, "plain"]
+        for text in texts:
+            await s.publish("t", text)
+        # httpx checks that the body is exactly Content-Length long.
+        status, body = await fetch(s, "t", offset=0)
+        assert (status, body) == (200, {"messages": texts, "next_offset": 3})
+
+
+# -- what the server holds -------------------------------------------------------------------
+
+
+async def test_parked_polls_are_bounded(mode: str) -> None:
+    async with running(mode, max_waiters=2) as s:
+        answers: list[Any] = []
+
+        async def poll() -> None:
+            answers.append(await s.raw("/topics/t?offset=0&max_wait_ms=30000"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            tg.start_soon(poll)
+            await until(lambda: s.parked() == 2)
+            status, headers, body = await s.send(
+                b"GET /topics/t?offset=0&max_wait_ms=30000 HTTP/1.1\r\nHost: t\r\n"
+                b"Connection: close\r\n\r\n"
+            )
+            assert status == 503
+            assert headers["retry-after"] == "1"
+            assert body["parameter"] is None
+            # A poll that does not need to park is still answered.
+            assert await fetch(s, "t", offset=0) == (200, {"messages": [], "next_offset": 0})
+            await s.publish("u", "here")
+            assert await fetch(s, "u", offset=0, max_wait_ms=30000) == (
+                200,
+                {"messages": ["here"], "next_offset": 1},
+            )
+            await s.publish("t", "go")
+        assert answers == [(200, {"messages": ["go"], "next_offset": 1})] * 2
+        assert (await s.stats())["refused"] == {"503": 1}
+
+
+async def test_topic_count_is_bounded(backend: str) -> None:
+    async with running(max_topics=3) as s:
+        for name in "abc":
+            await s.publish(name, "m")
+        r = await s.http.post("/topics/d", content=b"m")
+        assert r.status_code == 429
+        assert (r.json()["parameter"], r.json()["max_topics"]) == ("topic", 3)
+        await s.publish("a", "m")  # existing topics still take messages
+        # A poll does not create a topic, and may wait for one that does not exist yet.
+        assert await fetch(s, "d", offset=0) == (200, {"messages": [], "next_offset": 0})
+        stats = await s.stats()
+        assert stats["topics"] == 3
+        assert stats["retained_messages"] == 4
+        assert stats["refused"] == {"429": 1}
+
+
+async def test_retention_by_bytes_per_topic(backend: str) -> None:
+    async with running(max_body_bytes=SIZE, retention_bytes=3 * PER) as s:
+        for i in range(5):
+            await s.publish("t", message(f"m{i}"))
+        status, body = await fetch(s, "t", offset=0)
+        assert (status, body["earliest"], body["latest"]) == (410, 2, 5)
+        status, body = await fetch(s, "t", offset=2)
+        assert [m[:2] for m in body["messages"]] == ["m2", "m3", "m4"]
+        # A small message makes room for itself only: the oldest full-size one goes.
+        await s.publish("t", "small")
+        status, body = await fetch(s, "t", offset=3)
+        assert [m[:2] for m in body["messages"]] == ["m3", "m4", "sm"]
+        assert (await fetch(s, "t", offset=2))[0] == 410
+        stats = await s.stats()
+        assert stats["retained_bytes"] == 2 * PER + len("small") + OVERHEAD
+        assert (stats["retained_messages"], stats["evicted_messages"]) == (3, 3)
+
+
+async def test_retention_by_bytes_for_the_server_drops_the_oldest_first(backend: str) -> None:
+    async with running(
+        max_body_bytes=SIZE, retention_bytes=2 * PER, total_retention_bytes=3 * PER
+    ) as s:
+
+        async def earliest(topic: str) -> int:
+            status, body = await fetch(s, topic, offset=0)
+            return 0 if status == 200 else int(body["earliest"])
+
+        for topic in "aba":
+            await s.publish(topic, message(topic))
+        assert [await earliest(t) for t in "ab"] == [0, 0]
+        await s.publish("c", message("c0"))  # 4 messages: the oldest (a's first) goes
+        assert [await earliest(t) for t in "abc"] == [1, 0, 0]
+        await s.publish("b", message("b1"))  # then b's first
+        assert [await earliest(t) for t in "abc"] == [1, 1, 0]
+        await s.publish("c", message("c1"))  # then a's second: a is empty, not gone
+        assert [await earliest(t) for t in "abc"] == [2, 1, 0]
+        assert await fetch(s, "a", offset=2) == (200, {"messages": [], "next_offset": 2})
+        # Per-topic retention and the server's together. c keeps two messages: its first
+        # ones go, and the server's total is within its limit.
+        await s.publish("c", message("c2"))
+        assert [await earliest(t) for t in "abc"] == [2, 1, 1]
+        await s.publish("c", message("c3"))
+        assert [await earliest(t) for t in "abc"] == [2, 1, 2]
+        # The server's oldest retained message now is b's second (c's first two, older,
+        # are gone already).
+        await s.publish("a", message("a2"))
+        assert [await earliest(t) for t in "abc"] == [2, 2, 2]
+        await s.publish("d", message("d0"))  # then c's third
+        assert [await earliest(t) for t in "abcd"] == [2, 2, 3, 0]
+        stats = await s.stats()
+        assert stats["retained_bytes"] == 3 * PER
+        assert stats["retained_messages"] == 3
+
+
+async def test_poll_below_a_moved_log_start_is_answered_at_once(mode: str) -> None:
+    async with running(
+        mode, max_body_bytes=SIZE, retention_bytes=PER, total_retention_bytes=2 * PER
+    ) as s:
+        await s.publish("a", "x" * 10)
+        answer: list[Any] = []
+
+        async def poll() -> None:
+            # Waits for 50 bytes from offset 0; has 10.
+            answer.append(await s.raw("/topics/a?offset=0&min_bytes=50&max_wait_ms=30000"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await until(lambda: s.parked() == 1)
+            start = anyio.current_time()
+            await s.publish("b", message("b0"))
+            assert answer == []  # a's message is still there
+            await s.publish("b", message("b1"))
+            await s.publish("c", message("c0"))  # the server drops a's message
+        assert anyio.current_time() - start < 5  # not the 30 s of max_wait_ms
+        status, body = answer[0]
+        assert status == 410
+        assert (body["parameter"], body["earliest"], body["latest"]) == ("offset", 1, 1)
+        assert s.parked() == 0
+
+
+@pytest.mark.virtual_time
+async def test_idle_empty_topics_are_dropped(mode: str) -> None:
+    idle = 1.0
+    async with running(
+        mode,
+        max_body_bytes=SIZE,
+        retention_bytes=PER,
+        total_retention_bytes=PER,
+        topic_idle_ms=int(idle * 1000),
+    ) as s:
+        await s.publish("a", message("a"))
+        await s.publish("b", message("b"))  # the server drops a's message: a is empty
+        emptied = anyio.current_time()
+        assert sorted(s.log.topics) == ["a", "b"]
+        # A poll is activity: it starts the idle time again (this one is answered without
+        # parking, min_bytes=0).
+        await anyio.sleep(idle / 2)
+        before = anyio.current_time()
+        assert await fetch(s, "a", offset=1, min_bytes=0) == (
+            200,
+            {"messages": [], "next_offset": 1},
+        )
+        after = anyio.current_time()
+        await until(lambda: "a" not in s.log.topics)
+        dropped = anyio.current_time()
+        assert dropped - before >= idle  # never early: the poll came at or after `before`
+        assert dropped - after <= idle + 0.01  # the tick (1 ms) and until()'s steps
+        assert dropped - emptied >= 1.5 * idle
+        # b has a message: kept however idle.
+        await anyio.sleep(5 * idle)
+        stats = await s.stats()
+        assert (stats["topics"], stats["dropped_topics"]) == (1, 1)
+        # A consumer still at a's old offset learns that the topic starts again at 0.
+        status, body = await fetch(s, "a", offset=1)
+        assert (status, body["earliest"], body["latest"]) == (409, 0, 0)
+        assert await s.publish("a", "again") == 0
+
+
+@pytest.mark.virtual_time
+async def test_parked_polls_keep_an_empty_topic(mode: str) -> None:
+    idle = 1.0
+    async with running(
+        mode,
+        max_body_bytes=SIZE,
+        retention_bytes=PER,
+        total_retention_bytes=PER,
+        topic_idle_ms=int(idle * 1000),
+    ) as s:
+        await s.publish("a", message("a"))
+        await s.publish("b", message("b"))  # a is empty
+        stream = await anyio.connect_tcp(s.host, s.port)
+        await stream.send(b"GET /topics/a?offset=1&max_wait_ms=30000 HTTP/1.1\r\nHost: t\r\n\r\n")
+        await until(lambda: s.parked() == 1)
+        await anyio.sleep(10 * idle)
+        assert "a" in s.log.topics  # its poll keeps it
+        await stream.aclose()
+        await until(lambda: s.parked() == 0)
+        left = anyio.current_time()
+        await until(lambda: "a" not in s.log.topics)
+        # Never early: the poll left at most one of until()'s 1 ms steps before `left`.
+        assert anyio.current_time() - left >= idle - 0.002
+        assert s.log.waiting == {}
+        if mode == "wait_for":
+            assert s.service._events == {}
+
+
+async def test_polls_on_many_topics_leave_nothing_behind(mode: str) -> None:
+    async with running(mode) as s:
+        for i in range(50):
+            status, body = await s.raw(f"/topics/t{i}?offset=0&max_wait_ms=1")
+            assert (status, body) == (200, {"messages": [], "next_offset": 0})
+        assert s.log.topics == {}
+        assert s.log.waiting == {}
+        assert s.service._events == {}
+        if mode == "purgatory":
+            assert s.service.purgatory.delayed() == 0
+
+
+# -- the message log without HTTP ------------------------------------------------------------
+
+
+class ModelLog:
+    """Retention as docs/longpoll.md states it, written the obvious way: a list of
+    every retained message in age order."""
+
+    def __init__(self, limits: Any) -> None:
+        self.limits = limits
+        self.retained: list[tuple[str, int, int]] = []  # (topic, offset, size), oldest first
+        self.ends: dict[str, int] = {}
+
+    def charged(self, topic: str | None = None) -> int:
+        return sum(size + OVERHEAD for t, _, size in self.retained if topic in (None, t))
+
+    def count(self, topic: str) -> int:
+        return sum(1 for t, _, _ in self.retained if t == topic)
+
+    def append(self, topic: str, size: int) -> None:
+        offset = self.ends.get(topic, 0)
+        self.ends[topic] = offset + 1
+        self.retained.append((topic, offset, size))
+        limits = self.limits
+        while self.count(topic) > limits.retention or self.charged(topic) > limits.retention_bytes:
+            oldest = next(m for m in self.retained if m[0] == topic)
+            self.retained.remove(oldest)
+        while self.charged() > limits.total_retention_bytes:
+            del self.retained[0]
+
+    def bounds(self, topic: str) -> tuple[int, int]:
+        offsets = [offset for t, offset, _ in self.retained if t == topic]
+        end = self.ends[topic]
+        return (min(offsets) if offsets else end, end)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_message_log_retention_matches_the_model(seed: int) -> None:
+    rng = random.Random(seed)
+    max_body = rng.choice([1, 10, 300])
+    retention_bytes = max_body + OVERHEAD + rng.randrange(0, 4000)
+    limits = server.Limits(
+        max_body_bytes=max_body,
+        retention_bytes=retention_bytes,
+        total_retention_bytes=retention_bytes * rng.choice([1, 2, 5]),
+        retention=rng.choice([1, 3, 50, 100_000]),
+        max_inflight_bytes=max_body,
+    )
+    log = server.MessageLog(limits)
+    model = ModelLog(limits)
+    topics = [f"t{i}" for i in range(rng.choice([1, 3, 12]))]
+    for step in range(3000):
+        topic = rng.choice(topics)
+        size = rng.randint(1, max_body)
+        offset, _ = log.append(topic, b"x" * size)
+        assert offset == model.ends.get(topic, 0)
+        model.append(topic, size)
+        if step % 37 == 0 or step > 2950:
+            for name in model.ends:
+                assert log.bounds(name) == model.bounds(name), (step, name)
+            assert log.retained_bytes == model.charged()
+            assert log.retained_messages == len(model.retained)
+            # The age queue holds each retained message once, plus entries of dropped
+            # messages not skipped yet: never more than the retained ones (and 1024).
+            assert len(log._queue) <= 2 * log.retained_messages + 1024 + 1
+            assert len(log._queue) == log.retained_messages + sum(
+                t.stale for t in log.topics.values()
+            )
+
+
+async def test_memory_costs_stay_below_the_charged_overheads(backend: str) -> None:
+    """RECORD_OVERHEAD and TOPIC_OVERHEAD, which the memory bound in docs/longpoll.md
+    is made of, against what tracemalloc sees the log allocate."""
+    async with aiowheel.Timer() as timer:
+        limits = server.Limits(max_topics=10**6, total_retention_bytes=1 << 40)
+        # Topics with the longest names, one 1-byte message each, idle timers armed.
+        log = server.MessageLog(limits)
+        log.timer = timer
+        names = [f"{i:08d}".ljust(249, "n") for i in range(2000)]
+        bodies = [bytes([i % 256]) for i in range(len(names))]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for name, body in zip(names, bodies, strict=True):
+                log.append(name, body)
+            gc.collect()
+            used = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        per_topic = used / len(names) - OVERHEAD
+        assert per_topic <= server.TOPIC_OVERHEAD, per_topic
+        # One topic under count retention: the worst moment is just before the list
+        # of dropped slots is compacted.
+        kept = 1000
+        log = server.MessageLog(server.Limits(retention=kept))
+        payload = b"y" * 99
+        gc.collect()
+        tracemalloc.start()
+        try:
+            worst = 0
+            for i in range(4 * kept):
+                log.append("t", payload + bytes([i % 256]))  # a new object each
+                if i >= kept:
+                    worst = max(worst, tracemalloc.get_traced_memory()[0])
+        finally:
+            tracemalloc.stop()
+        per_message = worst / kept - len(payload) - 1
+        assert per_message <= OVERHEAD, per_message
+
+
+# -- the command line ------------------------------------------------------------------------
+
+BAD_COMMAND_LINES = [
+    (["--port", "99999"], "argument --port: a port is 0 to 65535, got 99999"),
+    (["--port", "http"], "argument --port: 'http' is not a port number"),
+    (["--max-body-bytes", "0"], "argument --max-body-bytes: must be at least 1, got 0"),
+    (["--max-topics", "-5"], "argument --max-topics: must be at least 1, got -5"),
+    (["--topic-idle-ms", "1.5"], "argument --topic-idle-ms: '1.5' is not an integer"),
+    (["--tick-ms", "nan"], "argument --tick-ms: must be a positive number, got 'nan'"),
+    (
+        ["--retention-bytes", "1000"],
+        "--retention-bytes (1000) must hold one message of --max-body-bytes (1048576) "
+        f"plus {OVERHEAD} bytes of overhead",
+    ),
+    (
+        ["--total-retention-bytes", "2000000"],
+        "--total-retention-bytes (2000000) must be at least --retention-bytes (16777216)",
+    ),
+    (
+        ["--max-inflight-bytes", "1000"],
+        "--max-inflight-bytes (1000) must be at least --max-body-bytes (1048576)",
+    ),
+    (
+        ["--mode", "wait_for", "--backend", "trio"],
+        "--mode wait_for uses asyncio.wait_for: choose --backend asyncio or uvloop",
+    ),
+]
+
+
+def test_bad_command_lines_are_usage_errors() -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cases = [
+        *BAD_COMMAND_LINES,
+        (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+    ]
+    try:
+        # All at once: each one starts a Python.
+        processes = [
+            subprocess.Popen(
+                [sys.executable, str(EXAMPLE / "server.py"), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for args, _ in cases
+        ]
+        for process, (args, error) in zip(processes, cases, strict=True):
+            out, err = process.communicate(timeout=60)
+            assert process.returncode == 2, (args, out, err)
+            assert "Traceback" not in err, err
+            lines = err.strip().splitlines()
+            assert lines[0].startswith("usage: server.py"), err
+            assert lines[-1] == f"server.py: error: {error}", err
+            assert out == ""
+    finally:
+        busy.close()
+
+
+def test_limits_refuse_what_the_command_line_refuses() -> None:
+    with pytest.raises(ValueError, match="max_topics must be a positive int"):
+        server.Limits(max_topics=0)
+    with pytest.raises(ValueError, match="max_waiters must be a positive int"):
+        server.Limits(max_waiters=True)
+    with pytest.raises(ValueError, match="retention_bytes"):
+        server.Limits(retention_bytes=100)
+    with pytest.raises(TypeError, match="not both"):
+        server.create_app(limits=server.Limits(), max_topics=3)
+    with pytest.raises(ValueError, match="tick"):
+        server.create_app(tick=float("nan"))
