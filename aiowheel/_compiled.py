@@ -112,9 +112,11 @@ def _build_problem(directory: Path) -> tuple[str, bool] | None:
     manifest = _manifest(directory)
     built = [name for name in MODULES if _extension(directory, name) is not None]
     if not built:
-        if manifest is not None and manifest.get("compiled") is False:
+        if manifest is None:
+            return _NOT_BUILT, False
+        if manifest.get("compiled") is False:
             return f"the compiled core failed to build ({manifest.get('reason')})", True
-        return _NOT_BUILT, False
+        return "the compiled core was built for another Python", True
     missing = [name for name in MODULES if name not in built]
     if missing:
         return f"the compiled core is incomplete (no extension for {', '.join(missing)})", True

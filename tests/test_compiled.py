@@ -181,6 +181,15 @@ def test_no_build_is_silent_but_a_failed_build_warns(tmp_path: Path) -> None:
         "the compiled core failed to build (no C compiler (gcc not found))",
         True,
     )
+    # Built, but the extensions are for another interpreter (an editable install built
+    # by Python 3.11 and run by 3.12): no extension suffix of this one matches.
+    built = {"compiled": True, "modules": {"_wheel": "..."}}
+    (tmp_path / _compiled.MANIFEST).write_text(json.dumps(built), encoding="utf-8")
+    (tmp_path / "_wheel.cpython-27-other.so").write_bytes(b"")
+    assert _compiled._build_problem(tmp_path) == (
+        "the compiled core was built for another Python",
+        True,
+    )
 
 
 @pytest.mark.parametrize(("value", "pure"), [("", False), ("0", False), ("1", True), ("yes", True)])
