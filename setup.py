@@ -153,11 +153,17 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return "mypyc rejected the source (run `mypy --strict aiowheel` to see why)"
     text = " ".join(str(exc).split())
-    # distutils/setuptools: "command 'gcc' failed: No such file or directory", or
-    # "Command '['gcc', ...]' returned non-zero exit status 1."
-    missing = re.search(r"command '([^']+)' failed: No such file or directory", text, re.I)
+    # distutils/setuptools: "command 'gcc' failed: No such file or directory" (or
+    # "[Errno 2] No such file or directory: 'gcc'"), or "Command '['gcc', ...]' returned
+    # non-zero exit status 1."
+    missing = re.search(
+        r"command '([^']+)' failed: No such file or directory"
+        r"|No such file or directory: '([^']+)'",
+        text,
+        re.I,
+    )
     if missing:
-        return f"no C compiler ({missing[1]} not found)"
+        return f"no C compiler ({missing[1] or missing[2]} not found)"
     failed = re.search(r"Command '\['([^']+)'.*returned non-zero exit status (\d+)", text)
     if failed:
         return f"the C compiler failed ({failed[1]} exited with status {failed[2]})"

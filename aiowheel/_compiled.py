@@ -60,6 +60,7 @@ REASON = ""
 # the pure core was asked for.
 _NOT_BUILT = "no compiled extension was built"
 _ASKED = f"{PURE_ENV} is set"
+_FAILED = "the compiled core failed to build"
 
 
 def pure_requested(environ: Mapping[str, str] = os.environ) -> bool:
@@ -115,7 +116,7 @@ def _build_problem(directory: Path) -> tuple[str, bool] | None:
         if manifest is None:
             return _NOT_BUILT, False
         if manifest.get("compiled") is False:
-            return f"the compiled core failed to build ({manifest.get('reason')})", True
+            return f"{_FAILED} ({manifest.get('reason')})", True
         return "the compiled core was built for another Python", True
     missing = [name for name in MODULES if name not in built]
     if missing:
@@ -156,9 +157,14 @@ def select_core(package: str, directory: Path) -> bool:
         return True
     REASON, warn = problem
     if warn:
+        advice = (
+            "install a C compiler and reinstall aiowheel"
+            if REASON.startswith(_FAILED)
+            else "rebuild it with `pip install .` (or `pip install -e .`)"
+        )
         warnings.warn(
-            f"aiowheel: running the pure-Python core: {REASON}; rebuild it with "
-            f"`pip install .` (or `pip install -e .`), or set {PURE_ENV}=1",
+            f"aiowheel: running the pure-Python core: {REASON}; for the compiled one, "
+            f"{advice}; to run pure Python without this warning, set {PURE_ENV}=1",
             stacklevel=3,
         )
     _use_pure(package, directory)
