@@ -62,19 +62,30 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Final, TypeVar
+
+_T = TypeVar("_T")
+
+try:  # mypyc reads its class options from this decorator (aiowheel/_compiled.py)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy installed: the decorator does nothing
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_T], _T]:
+        return lambda cls: cls
+
 
 __all__ = ["HORIZON", "Bucket", "Wheel", "WheelEntry", "deadline_of"]
 
-_INF = math.inf
-_ceil = math.ceil
-_floor = math.floor
-_heappush = heapq.heappush
-_heappop = heapq.heappop
+# Final: compiled, these are C constants, not module-dict lookups; and math.ceil and
+# math.floor are called directly, which mypyc turns into C (docs/design.md, "Compiled
+# core").
+_INF: Final = math.inf
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
 
 #: Ticks ahead of the wheel's clock past which entries are filed at the horizon.
-HORIZON = 1 << 48
+HORIZON: Final = 1 << 48
 
 
 def deadline_of(entry: WheelEntry) -> float:
@@ -113,6 +124,9 @@ class Bucket(dict["WheelEntry", None]):
         return f"<Bucket level={self.level} tick={self.tick} entries={len(self)}>"
 
 
+# Compiled, a class accepts Python subclasses only when told so: TimerHandle (while
+# aiowheel/_handle.py is not compiled) and the tests' entries subclass this one.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class WheelEntry:
     """Anything the wheel can hold: it only needs a deadline and a bucket slot.
 
@@ -178,7 +192,7 @@ class Wheel:
 
     def due_tick(self, deadline: float) -> int:
         """The first tick at or after ``deadline`` (rounded up: never early)."""
-        return _ceil((deadline - self.origin) / self.tick)
+        return math.ceil((deadline - self.origin) / self.tick)
 
     def tick_time(self, tick: int) -> float:
         return self.origin + tick * self.tick
@@ -221,7 +235,7 @@ class Wheel:
         the entry is already due, and ``inf`` when the bucket was already scheduled.
         """
         try:
-            e = _ceil((deadline - self.origin) / self.tick)
+            e = math.ceil((deadline - self.origin) / self.tick)
         except (OverflowError, ValueError):
             e = self._far_tick(deadline)  # before any change: it may raise
         entry._deadline = deadline
@@ -230,7 +244,7 @@ class Wheel:
     def due_tick_of(self, deadline: float) -> int:
         """``due_tick``, safe for any finite deadline (not on the hot paths)."""
         try:
-            return _ceil((deadline - self.origin) / self.tick)
+            return math.ceil((deadline - self.origin) / self.tick)
         except (OverflowError, ValueError):
             return self._far_tick(deadline)
 
@@ -392,7 +406,7 @@ class Wheel:
                     fired.append(self._chunk(self._take_due(now)))
         if early:
             fired.append(self._chunk(early))
-        target = _floor((now - self.origin) / self.tick)
+        target = math.floor((now - self.origin) / self.tick)
         if target > self._now:
             self._set_now(target)
         return fired

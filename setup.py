@@ -1,0 +1,179 @@
+"""Build aiowheel: the pure-Python package, plus the compiled core wherever it builds.
+
+Everything else is declared in pyproject.toml; this file only adds the compiled core.
+The modules listed in ``aiowheel/_compiled.py`` (``MODULES``) are compiled by mypyc into
+extension modules of the same names, next to their ``.py`` sources, which stay in the
+package (``AIOWHEEL_PURE=1`` runs them). ``pip install .`` and ``pip install -e .`` both
+come here (an editable install builds the extensions in place).
+
+If the compiled core cannot be built, for any reason (no C compiler, mypyc rejects a
+source, the compiler or linker fails), the build prints one warning line, removes
+whatever it half-built, and installs the pure-Python package, which is complete on its
+own. Two environment variables change that:
+
+* ``AIOWHEEL_PURE=1``: build no extension (and remove extensions built in place before);
+* ``AIOWHEEL_REQUIRE_COMPILED=1``: a failed compile fails the build (release wheels, CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import sys
+from typing import Any
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = "aiowheel"
+# aiowheel/_compiled.py imports only the standard library, so it runs here without the
+# package's dependencies; it holds the one list of modules to compile.
+CORE: dict[str, Any] = runpy.run_path(os.path.join(HERE, PACKAGE, "_compiled.py"))
+MODULES: tuple[str, ...] = CORE["MODULES"]
+REQUIRE_ENV = "AIOWHEEL_REQUIRE_COMPILED"
+# The setup.py commands that build extensions (the PEP 517 hooks run these).
+BUILDING = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop"}
+
+
+def _source(name: str) -> str:
+    return os.path.join(PACKAGE, f"{name}.py")
+
+
+def mypyc_extensions(target_dir: str) -> list[Extension]:
+    """Generate the C of the compiled core and describe its extension modules: one
+    shared library (``aiowheel/_core__mypyc``) and one small module per source."""
+    from mypyc.build import mypycify
+
+    return list(
+        mypycify(
+            [
+                # mypyc type-checks with the [tool.mypy] settings. It also reads the
+                # modules the compiled ones import (the package's __init__ imports them
+                # all), whose own imports (anyio, pyarrow...) the build environment
+                # lacks: their errors are not the build's business (CI runs mypy).
+                "--follow-imports=silent",
+                # Its cache stays in the build tree, out of the project's .mypy_cache.
+                "--cache-dir",
+                os.path.join(target_dir, "mypy_cache"),
+                *(_source(name) for name in MODULES),
+            ],
+            opt_level="3",
+            group_name=f"{PACKAGE}._core",
+            target_dir=target_dir,
+        )
+    )
+
+
+class build_core(build_ext):
+    """``build_ext`` that builds the compiled core, or falls back to pure Python."""
+
+    def finalize_options(self) -> None:
+        # mypyc generates the C here, so that setuptools sees the real extensions
+        # (an editable install asks for their outputs before it runs the build), but
+        # only for a command that builds: metadata and sdist commands finalize this
+        # one too, to list its sources.
+        self.fallback: str | None = "build_ext ran under a command that does not build"
+        if CORE["pure_requested"](os.environ):
+            self.fallback = f"{CORE['PURE_ENV']} is set"
+        elif BUILDING.intersection(self.distribution.commands):
+            target = os.path.join(self.get_finalized_command("build").build_temp, "mypyc")
+            try:
+                self.distribution.ext_modules = mypyc_extensions(target)
+                self.fallback = None
+            except (Exception, SystemExit) as exc:
+                self.fallback = self._failed(exc)
+        super().finalize_options()
+        if self.fallback is not None:
+            self.extensions = []
+
+    def run(self) -> None:
+        if self.fallback is None:
+            try:
+                super().run()
+                self._write_manifest({"compiled": True, "modules": self._digests()})
+                return
+            except (Exception, SystemExit) as exc:
+                self.fallback = self._failed(exc)
+        self._discard()
+        print(
+            f"WARNING: aiowheel: installing the pure-Python core: {self.fallback}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not CORE["pure_requested"](os.environ):
+            # Said once more by the first import (aiowheel/_compiled.py): pip shows a
+            # build's output only when the build fails or with -v.
+            self._write_manifest({"compiled": False, "reason": self.fallback})
+
+    def _failed(self, exc: BaseException) -> str:
+        if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
+            raise exc
+        return _one_line(exc)
+
+    def _outputs(self) -> list[str]:
+        # Every file a build of the core may leave: in the build tree (reused by the
+        # next build), and in place for an editable install (never otherwise: a
+        # `pip install .` must not touch the extensions of an editable one).
+        paths = []
+        inplace = self.inplace
+        try:
+            for where in {False, inplace}:
+                self.inplace = where
+                for name in [*MODULES, "_core__mypyc"]:
+                    path = self.get_ext_fullpath(f"{PACKAGE}.{name}")
+                    paths += [path, os.path.join(os.path.dirname(path), CORE["MANIFEST"])]
+        finally:
+            self.inplace = inplace
+        return paths
+
+    def _discard(self) -> None:
+        for path in self._outputs():
+            if os.path.exists(path):
+                os.remove(path)
+
+    def _digests(self) -> dict[str, str]:
+        digest = CORE["source_digest"]
+        return {name: digest(os.path.join(HERE, _source(name))) for name in MODULES}
+
+    def _write_manifest(self, content: dict[str, object]) -> None:
+        # Next to the extensions (in the build tree, or in place for an editable
+        # install), checked at import: the digest of each compiled source, or why the
+        # compiled core was not built.
+        directory = os.path.dirname(self.get_ext_fullpath(f"{PACKAGE}.{MODULES[0]}"))
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, CORE["MANIFEST"]), "w", encoding="utf-8") as f:
+            json.dump({"compiler": "mypyc", **content}, f, indent=1, sort_keys=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    """Why the build fell back, in a few words."""
+    if isinstance(exc, SystemExit):
+        return "mypyc rejected the source (run `mypy --strict aiowheel` to see why)"
+    text = " ".join(str(exc).split())
+    # distutils/setuptools: "command 'gcc' failed: No such file or directory" (or
+    # "[Errno 2] No such file or directory: 'gcc'"), or "Command '['gcc', ...]' returned
+    # non-zero exit status 1."
+    missing = re.search(
+        r"command '([^']+)' failed: No such file or directory"
+        r"|No such file or directory: '([^']+)'",
+        text,
+        re.I,
+    )
+    if missing:
+        return f"no C compiler ({missing[1] or missing[2]} not found)"
+    failed = re.search(r"Command '\['([^']+)'.*returned non-zero exit status (\d+)", text)
+    if failed:
+        return f"the C compiler failed ({failed[1]} exited with status {failed[2]})"
+    text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+setup(
+    # A placeholder per module, so that the wheel is platform-specific and build_ext
+    # runs; build_core replaces them with mypyc's extensions (or builds none).
+    ext_modules=[Extension(f"{PACKAGE}.{name}", sources=[_source(name)]) for name in MODULES],
+    cmdclass={"build_ext": build_core},
+)
