@@ -18,13 +18,14 @@ float nothing.
 from __future__ import annotations
 
 import numbers
+import operator
 from datetime import timedelta
 from decimal import Decimal
-from typing import NoReturn
+from typing import NoReturn, SupportsIndex, cast
 
 from ._exceptions import TimerFull
 
-__all__ = ["check_callable", "check_int", "full", "seconds", "too_far"]
+__all__ = ["check_callable", "check_int", "check_label", "full", "seconds", "too_far"]
 
 
 def seconds(value: object, what: str = "delay") -> float:
@@ -54,13 +55,20 @@ def too_far(what: str, value: float) -> NoReturn:
 
 
 def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as an ``int`` (anything with ``__index__`` but a bool) in bounds."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name} must be an int, got {value!r}")
+    value = operator.index(cast("SupportsIndex", value))
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
     return value
+
+
+def check_label(label: object) -> None:
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"label must be a str or None, got {label!r}")
 
 
 def check_callable(callback: object) -> None:

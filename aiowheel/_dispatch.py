@@ -28,18 +28,15 @@ settle the handle first and then propagate (docs/design.md, guarantee 5).
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Awaitable, Coroutine
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ._handle import _RUNNING, _Failure, without_frame
-
-if TYPE_CHECKING:
-    from ._handle import TimerHandle
+from ._handle import _RUNNING, TimerHandle, _Failure, without_frame
+from ._wheel import Bucket
 
 __all__ = ["JobHost", "RunQueue", "WorkerPool", "inside"]
 
@@ -70,16 +67,18 @@ class JobHost(Protocol):
         """The job was cancelled while running (the timer is closing)."""
 
 
-class RunQueue(OrderedDict["TimerHandle[Any]", None]):
+class RunQueue(Bucket):
     """Expired async callbacks waiting for a worker, oldest first.
 
-    It is the container (``handle._bucket``) of the handles it holds, like a wheel
-    bucket, and answers ``tick is None`` as a detached bucket does, so the handle's
-    lazy re-arm check treats it as "not in the wheel"."""
+    It is a bucket (a linked list: ``add`` at the end, ``pop_first``, ``remove`` in
+    O(1)) and the container (``handle._bucket``) of the handles it holds; it is never
+    scheduled (``tick is None``), as a detached bucket, so the handle's lazy re-arm
+    check treats it as "not in the wheel"."""
 
-    tick = None
-    time = float("inf")
-    level = -2
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(-2)
 
 
 class WorkerPool:
@@ -123,8 +122,7 @@ class WorkerPool:
     def submit(self, handle: TimerHandle[Any], awaitable: Awaitable[Any]) -> None:
         """Queue an expired async callback (the host counts it pending again)."""
         handle._result = awaitable
-        self.queue[handle] = None
-        handle._bucket = self.queue  # type: ignore[assignment]
+        self.queue.add(handle)
         if self._parked:
             self._parked.pop().set()
         elif self.workers < self._limit:
@@ -132,16 +130,15 @@ class WorkerPool:
 
     def discard(self, handle: TimerHandle[Any], awaitable: object) -> None:
         """``handle`` left the queue (cancelled or re-armed): its job never runs."""
-        self.queue.pop(handle, None)
+        if handle._bucket is self.queue:
+            self.queue.remove(handle)
         close_awaitable(awaitable)
 
     def take_queue(self) -> list[TimerHandle[Any]]:
         """Empty the queue (the timer is closing): the handles, their jobs closed."""
-        handles = list(self.queue)
+        handles = [_as_handle(entry) for entry in self.queue.take_all()]
         for handle in handles:
-            handle._bucket = None
             close_awaitable(handle._result)
-        self.queue.clear()
         return handles
 
     def current(self) -> object:
@@ -195,7 +192,7 @@ class WorkerPool:
         finally:
             self._scopes.discard(scope)
             self.workers -= 1
-            if self.queue and not self._closed and not self._parked:
+            if not self.queue.empty() and not self._closed and not self._parked:
                 # Died of SystemExit/KeyboardInterrupt with jobs still queued: if the
                 # loop goes on, they must not wait for the next submit.
                 self._spawn()
@@ -206,8 +203,9 @@ class WorkerPool:
         # awaitable or result: memory is released at once.
         queue = self.queue
         while not self._closed:
-            if queue:
-                await self._run(queue.popitem(last=False)[0], scope)
+            entry = queue.pop_first()
+            if entry is not None:
+                await self._run(_as_handle(entry), scope)
                 continue
             parked = anyio.Event()
             self._parked.append(parked)
@@ -219,8 +217,7 @@ class WorkerPool:
 
     async def _run(self, handle: TimerHandle[Any], scope: anyio.CancelScope) -> None:
         host = self._host
-        awaitable = handle._result
-        handle._bucket = None
+        awaitable: Any = handle._result
         handle._result = _RUNNING
         self.running[handle] = self.running.get(handle, 0) + 1
         self.busy += 1
@@ -252,9 +249,11 @@ class WorkerPool:
         finally:
             # ...and the job is settled all the same.
             host._job_ended(handle, outcome, last=self._leave(handle))
-            # A failed job's traceback keeps this frame alive: it must not keep the
-            # handle, its awaitable or its result.
-            del handle, awaitable, outcome, failure
+            # A failed job's traceback may keep this frame alive (as Python code): it
+            # must not keep the awaitable or the result. (``del`` would be the natural
+            # spelling, but mypyc keeps a coroutine's locals as attributes, which it
+            # cannot delete.)
+            awaitable = outcome = failure = None
 
     def _leave(self, handle: TimerHandle[Any]) -> bool:
         """One run of ``handle`` ended; True when it was its last."""
@@ -276,3 +275,8 @@ def close_awaitable(awaitable: object) -> None:
     that a coroutine was never awaited."""
     if isinstance(awaitable, Coroutine):
         awaitable.close()
+
+
+def _as_handle(entry: object) -> TimerHandle[Any]:
+    """A queued entry is always a handle: only ``submit`` queues."""
+    return cast("TimerHandle[Any]", entry)

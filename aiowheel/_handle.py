@@ -1,14 +1,14 @@
 """Timer handles: what ``schedule`` returns.
 
-A handle is also the wheel's entry (Kafka's ``TimerTaskEntry``): it sits directly in
-a bucket, so cancelling it is one ``del`` from a dict. A handle has six slots and no
-``__dict__``; with its float deadline and its dict slot in a bucket a pending timer
-costs about 150 bytes.
+A handle is also the wheel's entry (Kafka's ``TimerTaskEntry``): it is the node of
+its bucket's linked list, so cancelling it is an unlink. A handle has eight slots
+(four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
+(docs/benchmarks.md gives the bytes per pending timer on each core).
 
 A handle talks to its timer through four methods, ``Timer._cancel``,
 ``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a periodic handle adds
 ``_periodic_next`` and ``_periodic_stop``), and reads two attributes, ``Timer._now``
-(the loop clock) and ``Timer._thread`` (the loop's thread), for the one path it keeps
+(the loop clock) and ``Timer._loop_thread`` (the loop's thread), for the one path it keeps
 inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every read of
 every connection and would pay a third of its cost for a method call. The timer owns
 every counter and every state change; the handle owns its two state slots below,
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from _thread import get_ident
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, SupportsFloat, TypeVar
 
 from ._exceptions import TimerCancelled
 from ._wheel import WheelEntry
@@ -95,6 +95,7 @@ class TimerHandle(WheelEntry, Generic[T]):
         self._args = args
         self._result = _PENDING
         self._bucket = None
+        self._prev = self._next = None
 
     # -- state ----------------------------------------------------------------------
 
@@ -155,7 +156,7 @@ class TimerHandle(WheelEntry, Generic[T]):
             return False
         return self._timer._cancel(self)
 
-    def reset(self, delay: float) -> None:
+    def reset(self, delay: SupportsFloat) -> None:
         """Re-arm to ``timer.time() + delay``: pending, fired or cancelled alike.
 
         Moving a pending timer later only records the new deadline (O(1), no bucket
@@ -170,12 +171,12 @@ class TimerHandle(WheelEntry, Generic[T]):
             # and a call from a foreign thread included, goes to the timer.
             timer = self._timer
             deadline = timer._now() + delay
-            if _INF > deadline >= bucket.time and get_ident() == timer._thread:
+            if _INF > deadline >= bucket.time and get_ident() == timer._loop_thread:
                 self._deadline = deadline
                 return
         self._timer._reset(self, delay)
 
-    def reset_at(self, deadline: float) -> None:
+    def reset_at(self, deadline: SupportsFloat) -> None:
         """Re-arm to the absolute ``deadline`` (same rules as ``reset``)."""
         self._timer._reset_at(self, deadline)
 
@@ -189,15 +190,15 @@ class TimerHandle(WheelEntry, Generic[T]):
         if outcome is _CANCELLED:
             raise TimerCancelled(f"{self!r} was cancelled")
         if type(outcome) is _Failure:
-            # A raised exception's traceback keeps this frame alive; were it to hold
-            # the handle, handle -> result -> exception -> frame -> handle would be a
-            # cycle that only the garbage collector frees.
             exc, tb = outcome.exc, outcome.tb
-            del self, outcome
             try:
                 raise exc.with_traceback(tb)
             finally:
-                del exc, tb
+                # Raising added this frame to the exception's traceback, and the
+                # handle keeps the exception: handle -> result -> exception -> frame ->
+                # handle would be a cycle that only the garbage collector frees. So the
+                # exception leaves with its stored traceback (callers add theirs).
+                exc.__traceback__ = tb
         return outcome  # type: ignore[no-any-return]
 
 
@@ -271,12 +272,12 @@ class PeriodicHandle(TimerHandle[Any]):
             return False
         return self._timer._periodic_stop(self)
 
-    def reset(self, delay: float) -> None:
+    def reset(self, delay: SupportsFloat) -> None:
         """Move the next run to ``time() + delay`` (re-activating a stopped timer);
         later runs follow from there."""
         self._timer._reset(self, delay)  # no lazy path: the grid restarts
 
-    def reset_at(self, deadline: float) -> None:
+    def reset_at(self, deadline: SupportsFloat) -> None:
         """Move the next run to the absolute ``deadline`` (see ``reset``)."""
         self._timer._reset_at(self, deadline)
 

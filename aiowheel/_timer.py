@@ -54,12 +54,12 @@ from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ._checks import check_callable, check_int, full, seconds, too_far
+from ._checks import check_callable, check_int, check_label, full, seconds, too_far
 from ._dispatch import WorkerPool, close_awaitable, inside
 from ._driver import Driver, backend_name, current_clock, loop_clock, make_driver
 from ._exceptions import TimerCancelled, TimerClosed
@@ -195,26 +195,25 @@ class Timer:
     def __init__(
         self,
         *,
-        tick: float = 0.001,
-        wheel_size: int = 64,
-        max_pending: int | None = None,
-        max_concurrency: int = 256,
+        tick: SupportsFloat = 0.001,
+        wheel_size: SupportsIndex = 64,
+        max_pending: SupportsIndex | None = None,
+        max_concurrency: SupportsIndex = 256,
         on_error: Callable[[TimerHandle[Any], BaseException], object] | None = None,
         recorder: TraceRecorder | None = None,
     ) -> None:
-        tick = seconds(tick, "tick")
-        if not MIN_TICK <= tick <= MAX_TICK:
+        tick_ = seconds(tick, "tick")
+        if not MIN_TICK <= tick_ <= MAX_TICK:
             raise ValueError(f"tick must be from {MIN_TICK} to {MAX_TICK:g} seconds, got {tick!r}")
-        check_int("wheel_size", wheel_size, 2, MAX_WHEEL_SIZE)
-        if max_pending is not None:
-            check_int("max_pending", max_pending, 1)
-        check_int("max_concurrency", max_concurrency, 1)
+        size = check_int("wheel_size", wheel_size, 2, MAX_WHEEL_SIZE)
+        limit = sys.maxsize if max_pending is None else check_int("max_pending", max_pending, 1)
+        concurrency = check_int("max_concurrency", max_concurrency, 1)
         if on_error is not None and not callable(on_error):
             raise TypeError(f"on_error must be callable, got {on_error!r}")
-        self._tick = tick
-        self._wheel_size = wheel_size
-        self._limit = sys.maxsize if max_pending is None else max_pending
-        self._max_concurrency = max_concurrency
+        self._tick = tick_
+        self._wheel_size = size
+        self._limit = limit
+        self._max_concurrency = concurrency
         self._on_error = on_error if on_error is not None else _log_error
         self._recorder = recorder
 
@@ -224,7 +223,7 @@ class Timer:
         self._outer_tg: TaskGroup | None = None
         self._parts: _Running | None = None  # the running parts, kept for __aexit__
         # What handles read (see _handle.py): the loop's thread and clock, once started.
-        self._thread = 0
+        self._loop_thread = 0
         self._now: Callable[[], float] = _not_started_clock
         self._levels = 0  # the wheel's levels when it closed
         self._broken: BaseException | None = None  # what stopped the timer, if not aclose
@@ -268,7 +267,7 @@ class Timer:
         if self._recorder is not None:
             self._recorder.open(backend=backend, clock=live.clock())
         self._state = _OPEN
-        self._thread = get_ident()
+        self._loop_thread = get_ident()
         self._now = live.clock
         self._live = self._parts = live
         return self
@@ -318,6 +317,8 @@ class Timer:
         callback, return the cancelled handles in deadline order. ``drain=True``: stop
         periodic timers, wait until everything pending has fired and every callback has
         finished (timers scheduled meanwhile included), return ``[]``. Idempotent."""
+        if not isinstance(drain, bool):
+            raise TypeError(f"drain must be a bool, got {drain!r}")
         if self._state is _NEW:
             self._state = _CLOSED
             return []
@@ -497,7 +498,7 @@ class Timer:
         return error
 
     def _check_owner(self, live: _Running) -> None:
-        if get_ident() != self._thread or (
+        if get_ident() != self._loop_thread or (
             live.loop is not None and asyncio._get_running_loop() is not live.loop
         ):
             raise self._foreign(live)
@@ -514,7 +515,7 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed()
-        if get_ident() != self._thread:
+        if get_ident() != self._loop_thread:
             raise self._foreign(live)
         return live
 
@@ -528,7 +529,11 @@ class Timer:
     # -- scheduling -----------------------------------------------------------------
 
     def schedule_nowait(
-        self, delay: float, callback: Callable[..., Any], *args: Any, label: str | None = None
+        self,
+        delay: SupportsFloat,
+        callback: Callable[..., Any],
+        *args: Any,
+        label: str | None = None,
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` ``delay`` seconds from now; ``TimerFull`` at
         ``max_pending``. ``delay <= 0`` fires on the driver's next pass."""
@@ -536,23 +541,25 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed()
-        if get_ident() != self._thread:
+        if get_ident() != self._loop_thread:
             raise self._foreign(live)
-        if type(delay) is not float or delay - delay != 0.0:
-            delay = seconds(delay)
+        # A finite float passes with two tests; anything else goes through the rule.
+        seconds_ = delay if type(delay) is float and delay - delay == 0.0 else seconds(delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
+        if label is not None and type(label) is not str:
+            check_label(label)
         if self._pending >= self._limit:
             raise full(self._pending, self._limit)
         now = live.clock()
         if self._recorder is not None:
-            return self._add_traced(live, now + delay, now, callback, args, label)
+            return self._add_traced(live, now + seconds_, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
-        if delay > 0:
-            when = live.wheel.insert(handle, now + delay)  # raises only before filing
+        if seconds_ > 0:
+            when = live.wheel.insert(handle, now + seconds_)  # raises only before filing
         else:
             # Due now: the next pass, not the next tick.
-            when = live.wheel.insert_due(handle, now + delay)
+            when = live.wheel.insert_due(handle, now + seconds_)
         self._pending += 1
         self._scheduled += 1
         if when < self._wake_at:
@@ -561,7 +568,11 @@ class Timer:
         return handle
 
     def schedule_at_nowait(
-        self, deadline: float, callback: Callable[..., Any], *args: Any, label: str | None = None
+        self,
+        deadline: SupportsFloat,
+        callback: Callable[..., Any],
+        *args: Any,
+        label: str | None = None,
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` at the absolute ``deadline`` (loop clock)."""
         live = self._here()
@@ -577,7 +588,11 @@ class Timer:
         return handle
 
     async def schedule(
-        self, delay: float, callback: Callable[..., Any], *args: Any, label: str | None = None
+        self,
+        delay: SupportsFloat,
+        callback: Callable[..., Any],
+        *args: Any,
+        label: str | None = None,
     ) -> TimerHandle[Any]:
         """Like ``schedule_nowait``, but waits for room while ``max_pending`` is reached;
         the deadline is computed when the timer is admitted."""
@@ -589,7 +604,11 @@ class Timer:
         return self.schedule_nowait(delay, callback, *args, label=label)
 
     async def schedule_at(
-        self, deadline: float, callback: Callable[..., Any], *args: Any, label: str | None = None
+        self,
+        deadline: SupportsFloat,
+        callback: Callable[..., Any],
+        *args: Any,
+        label: str | None = None,
     ) -> TimerHandle[Any]:
         """Like ``schedule_at_nowait``, waiting for room while ``max_pending`` is reached."""
         if self._pending >= self._limit and self._live is not None:
@@ -634,7 +653,7 @@ class Timer:
 
     def every(
         self,
-        interval: float,
+        interval: SupportsFloat,
         callback: Callable[..., Any],
         *args: Any,
         fixed_rate: bool = True,
@@ -650,17 +669,19 @@ class Timer:
         if self._state is not _OPEN:
             # Draining: aclose(drain=True) has cancelled the periodic timers.
             raise self._closed()
-        interval = seconds(interval, "interval")
-        if not interval > 0:
+        period = seconds(interval, "interval")
+        if not period > 0:
             raise ValueError(f"interval must be a positive finite number, got {interval!r}")
         check_callable(callback)
+        if not isinstance(fixed_rate, bool):
+            raise TypeError(f"fixed_rate must be a bool, got {fixed_rate!r}")
         if self._pending >= self._limit:
             raise full(self._pending, self._limit)
         now = live.clock()
-        if now + interval == _INF:
-            too_far("interval", interval)
-        handle = PeriodicHandle(self, callback, args, interval, bool(fixed_rate), now)
-        self._file(live, handle, now + interval, False, new=True)
+        if now + period == _INF:
+            too_far("interval", period)
+        handle = PeriodicHandle(self, callback, args, period, fixed_rate, now)
+        self._file(live, handle, now + period, False, new=True)
         self._periodic.add(handle)
         return handle
 
@@ -671,13 +692,12 @@ class Timer:
         live = self._live
         if live is None:
             return False
-        if get_ident() != self._thread:
+        if get_ident() != self._loop_thread:
             raise self._foreign(live)
         bucket = handle._bucket
         if bucket is None:
             return False
-        del bucket[handle]
-        handle._bucket = None
+        bucket.remove(handle)
         previous = handle._result
         handle._result = _CANCELLED
         self._pending -= 1
@@ -685,7 +705,7 @@ class Timer:
         # The rest is rare: the bucket the driver waits for emptied, an async callback
         # queued for a worker (its coroutine must be closed), someone waiting, or a
         # trace row to write.
-        if not bucket or previous is not _PENDING or self._notify_cancel:
+        if bucket._first is None or previous is not _PENDING or self._notify_cancel:
             self._after_cancel(live, handle, bucket, previous)
         return True
 
@@ -695,7 +715,7 @@ class Timer:
         queue: object = live.pool.queue  # also a handle's container (a RunQueue)
         if bucket is queue:
             close_awaitable(previous)
-        elif not bucket and bucket.time == self._wake_at:
+        elif bucket._first is None and bucket.time == self._wake_at:
             # The driver was armed for the bucket this cancel emptied: re-arm it for
             # the next occupied bucket instead of waking for nothing. On asyncio that
             # costs a handle cancel and a call_at, so the driver defers it to one check
@@ -714,12 +734,12 @@ class Timer:
             self._recorder is not None or self._waiters or self._room_waiters or self._idle_waiters
         )
 
-    def _reset(self, handle: TimerHandle[Any], delay: float) -> None:
+    def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
         # handle.reset() past its inline lazy path (which checks nothing but the
         # thread, and takes only floats).
         live = self._here()
-        delay = seconds(delay)
-        deadline = live.clock() + delay
+        delay_ = seconds(delay)
+        deadline = live.clock() + delay_
         bucket = handle._bucket
         if (
             bucket is not None
@@ -732,10 +752,10 @@ class Timer:
             handle._deadline = deadline
             return
         if deadline == _INF:
-            too_far("delay", delay)
+            too_far("delay", delay_)
         self._rearm(live, handle, deadline)
 
-    def _reset_at(self, handle: TimerHandle[Any], deadline: float) -> None:
+    def _reset_at(self, handle: TimerHandle[Any], deadline: SupportsFloat) -> None:
         self._rearm(self._here(), handle, seconds(deadline, "deadline"))
 
     def _rearm(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
@@ -870,11 +890,13 @@ class Timer:
         outcome: Any = None
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
-                # A snapshot: callbacks may cancel (del) later handles of this bucket.
-                for handle in list(bucket):
-                    if handle._bucket is not bucket:
-                        continue  # cancelled or re-armed by an earlier callback
-                    handle._bucket = None
+                # One at a time off the front: a callback may cancel or re-arm later
+                # handles of this bucket, which unlinks them.
+                while True:
+                    entry = bucket.pop_first()
+                    if entry is None:
+                        break
+                    handle = entry
                     self._pending -= 1
                     lateness = now - handle._deadline
                     if lateness > lateness_max:
@@ -927,7 +949,6 @@ class Timer:
                         self._settle(handle, outcome)
                     if recorder is not None:
                         recorder.record(*row, now, None)
-                bucket.clear()
         except BaseException as exc:
             # SystemExit/KeyboardInterrupt (from a callback or on_error), or a
             # recorder's failure: put back what this pass did not get to, so nothing
@@ -945,10 +966,8 @@ class Timer:
     def _refile(self, live: _Running, buckets: list[Bucket]) -> None:
         wheel = live.wheel
         for bucket in buckets:
-            for handle in list(bucket):
-                if handle._bucket is bucket:
-                    wheel.insert(handle, handle._deadline)
-            bucket.clear()
+            for entry in bucket.take_all():
+                wheel.insert(entry, entry._deadline)
 
     def _report(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         try:
@@ -1090,7 +1109,11 @@ class Timer:
         return future
 
     def schedule_threadsafe(
-        self, delay: float, callback: Callable[..., Any], *args: Any, label: str | None = None
+        self,
+        delay: SupportsFloat,
+        callback: Callable[..., Any],
+        *args: Any,
+        label: str | None = None,
     ) -> concurrent.futures.Future[TimerHandle[Any]]:
         """``schedule_nowait`` from any thread: a ``concurrent.futures.Future`` of the
         handle. The delay counts from when the loop runs the request."""
@@ -1099,18 +1122,21 @@ class Timer:
         return self.call_threadsafe(self._schedule_labelled, delay, callback, label, args)
 
     def _schedule_labelled(
-        self, delay: float, callback: Callable[..., Any], label: str | None, args: tuple[Any, ...]
+        self,
+        delay: SupportsFloat,
+        callback: Callable[..., Any],
+        label: str | None,
+        args: tuple[Any, ...],
     ) -> TimerHandle[Any]:
         return self.schedule_nowait(delay, callback, *args, label=label)
 
     # -- conveniences -------------------------------------------------------------------
 
-    async def sleep(self, delay: float) -> None:
+    async def sleep(self, delay: SupportsFloat) -> None:
         """Sleep ``delay`` seconds on this timer's wheel."""
-        delay = seconds(delay)
-        await self.sleep_until(self.time() + delay)
+        await self.sleep_until(self.time() + seconds(delay))
 
-    async def sleep_until(self, deadline: float) -> None:
+    async def sleep_until(self, deadline: SupportsFloat) -> None:
         """Sleep until ``deadline`` on the loop clock."""
         event = anyio.Event()
         handle = await self.schedule_at(deadline, event.set)
@@ -1119,7 +1145,7 @@ class Timer:
         finally:
             handle.cancel()
 
-    def timeout(self, delay: float) -> Timeout:
+    def timeout(self, delay: SupportsFloat) -> Timeout:
         """``with timer.timeout(delay) as t:`` cancels the block and raises
         ``TimeoutError`` when ``delay`` passes first; ``t.reset(delay)`` pushes the
         deadline out (an idle timeout)."""

@@ -42,16 +42,18 @@ next slot takes a rotate + lowest-bit on every level, where the heap answers wit
 ``heap[0]``. Buckets emptied by cancellation are left in the heap and skipped when
 they reach the top (``next_expiry``), so ``cancel`` never touches the heap.
 
-Buckets are ``dict`` subclasses used as insertion-ordered sets (``entry -> None``):
-insert, membership and removal are O(1) in C, iteration is in insertion order, and
-an entry costs one dict slot instead of the two pointers and a node object of a
-hand-made doubly-linked list.
+Buckets are intrusive doubly-linked lists (Kafka's ``TimerTaskList``): the entry is
+the node, so filing, removing and popping are a few pointer writes, with no
+allocation and no hashing, and iteration is in filing order. We used ``dict``
+buckets (insertion-ordered sets) while the callers were interpreted; compiled, the
+list files and removes three to four times faster and saves 28 bytes per pending
+timer (docs/design.md, "Data structures, compiled").
 
 Invariants kept here (``Wheel._check`` asserts them; the model test in
 ``tests/test_wheel_model.py`` calls it after every step):
 
-* an entry is pending exactly while ``entry._bucket`` is not ``None``, and then
-  ``entry in entry._bucket`` holds;
+* an entry is pending exactly while ``entry._bucket`` is not ``None``, and then it is
+  linked in that bucket's list; an entry in no bucket has no links;
 * a bucket with ``tick is not None`` is in the heap under that tick, and that tick is
   later than the wheel's current tick (``_now``);
 * a bucket's entries have due ticks inside its range, or later (a lazily extended
@@ -93,53 +95,138 @@ def deadline_of(entry: WheelEntry) -> float:
     return entry._deadline
 
 
-class Bucket(dict["WheelEntry", None]):
-    """The entries filed for one slot of one wheel: an insertion-ordered set.
+class Bucket:
+    """The entries filed for one slot of one wheel: an intrusive doubly-linked list
+    (Kafka's ``TimerTaskList``), oldest first.
+
+    Each entry holds its own ``_prev``/``_next`` links, so filing and removing are a
+    few pointer writes, with no allocation and no hashing, and a pending entry costs
+    two pointers instead of a dict slot and its share of a hash table
+    (docs/design.md, "Data structures, compiled").
 
     ``tick`` is the tick at which the bucket comes due in its current revolution
     (``None`` while it is empty and unscheduled, or once it has been detached from the
     wheel for firing); ``time`` is the same instant on the loop clock; ``level`` is
-    the wheel the bucket belongs to (-1 for the "already due" bucket).
+    the wheel the bucket belongs to (-1 for the "already due" bucket; the worker
+    pool's run queue, a bucket too, is -2).
+
+    Invariant: ``entry._bucket is self`` exactly for the entries linked here, and an
+    entry in no bucket has ``_prev`` and ``_next`` ``None`` (a handle a user keeps must
+    not keep its old neighbours alive).
     """
 
-    __slots__ = ("level", "tick", "time")
+    __slots__ = ("_first", "_last", "level", "tick", "time")
 
     def __init__(self, level: int = 0) -> None:
-        super().__init__()
+        self._first: WheelEntry | None = None
+        self._last: WheelEntry | None = None
         self.level = level
         self.tick: int | None = None
         self.time = _INF
 
-    # dict's own __eq__/__hash__ would make two empty buckets equal; buckets are
-    # identities (an entry points at *its* bucket).
-    __hash__ = object.__hash__  # type: ignore[assignment]
+    def add(self, entry: WheelEntry) -> None:
+        """Link ``entry`` (in no bucket) at the end."""
+        last = self._last
+        entry._prev = last
+        if last is None:
+            self._first = entry
+        else:
+            last._next = entry
+        self._last = entry
+        entry._bucket = self
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    def remove(self, entry: WheelEntry) -> None:
+        """Unlink ``entry``, which is in this bucket."""
+        before = entry._prev
+        after = entry._next
+        if before is None:
+            self._first = after
+        else:
+            before._next = after
+            entry._prev = None
+        if after is None:
+            self._last = before
+        else:
+            after._prev = before
+            entry._next = None
+        entry._bucket = None
 
-    def __ne__(self, other: object) -> bool:
-        return self is not other
+    def pop_first(self) -> WheelEntry | None:
+        """Unlink and return the oldest entry; ``None`` when empty."""
+        entry = self._first
+        if entry is not None:
+            after = entry._next
+            self._first = after
+            if after is None:
+                self._last = None
+            else:
+                after._prev = None
+                entry._next = None
+            entry._bucket = None
+        return entry
+
+    def take_all(self) -> list[WheelEntry]:
+        """Unlink every entry; return them, oldest first."""
+        entries: list[WheelEntry] = []
+        entry = self._first
+        while entry is not None:
+            after = entry._next
+            entry._prev = entry._next = None
+            entry._bucket = None
+            entries.append(entry)
+            entry = after
+        self._first = self._last = None
+        return entries
+
+    def empty(self) -> bool:
+        return self._first is None
+
+    def __bool__(self) -> bool:
+        return self._first is not None
+
+    def __iter__(self) -> Iterator[WheelEntry]:
+        """The entries, oldest first (not safe against moving the one yielded)."""
+        entry = self._first
+        while entry is not None:
+            after = entry._next
+            yield entry
+            entry = after
+
+    def __len__(self) -> int:
+        """O(n): for introspection and tests, not for the hot paths."""
+        count = 0
+        entry = self._first
+        while entry is not None:
+            count += 1
+            entry = entry._next
+        return count
+
+    def __contains__(self, entry: object) -> bool:
+        return isinstance(entry, WheelEntry) and entry._bucket is self
 
     def __repr__(self) -> str:
         return f"<Bucket level={self.level} tick={self.tick} entries={len(self)}>"
 
 
-# Compiled, a class accepts Python subclasses only when told so: TimerHandle (while
-# aiowheel/_handle.py is not compiled) and the tests' entries subclass this one.
+# Compiled, a class accepts Python subclasses only when told so: the tests' entries
+# subclass this one.
 @mypyc_attr(allow_interpreted_subclasses=True)
 class WheelEntry:
-    """Anything the wheel can hold: it only needs a deadline and a bucket slot.
+    """Anything the wheel can hold: a deadline, a bucket slot and the bucket's links.
 
     ``_deadline`` is the entry's true deadline on the loop clock. ``_bucket`` is the
-    container that holds the entry while it is pending (a wheel bucket, or a bucket
-    the wheel has handed back as expired), ``None`` otherwise.
+    bucket that holds the entry while it is pending (a wheel bucket, a bucket the
+    wheel has handed back as expired, or the worker pool's run queue), ``None``
+    otherwise; ``_prev`` and ``_next`` are its neighbours there.
     """
 
-    __slots__ = ("_bucket", "_deadline")
+    __slots__ = ("_bucket", "_deadline", "_next", "_prev")
 
     def __init__(self, deadline: float = 0.0) -> None:
         self._deadline = deadline
         self._bucket: Bucket | None = None
+        self._prev: WheelEntry | None = None
+        self._next: WheelEntry | None = None
 
 
 class Wheel:
@@ -260,9 +347,7 @@ class Wheel:
         # or attribute lookup here is a measurable share of a ~1 us schedule).
         if e < self._limit0:
             if e <= self._now:
-                bucket = self._due
-                bucket[entry] = None
-                entry._bucket = bucket
+                self._due.add(entry)
                 return -_INF
             bucket = self._wheel0[e % self._size]
             start = e
@@ -288,11 +373,9 @@ class Wheel:
             bucket.tick = start
             bucket.time = when
             _heappush(self._heap, (start, bucket.level, when, bucket))
-            bucket[entry] = None
-            entry._bucket = bucket
+            bucket.add(entry)
             return when
-        bucket[entry] = None
-        entry._bucket = bucket
+        bucket.add(entry)
         return _INF
 
     def insert_due(self, entry: WheelEntry, deadline: float) -> float:
@@ -300,9 +383,7 @@ class Wheel:
         tick the wheel's clock is at. For deadlines the caller knows have passed (a
         delay <= 0), which must fire on the next pass, not at the next tick."""
         entry._deadline = deadline
-        bucket = self._due
-        bucket[entry] = None
-        entry._bucket = bucket
+        self._due.add(entry)
         return -_INF
 
     def remove(self, entry: WheelEntry) -> bool:
@@ -313,8 +394,7 @@ class Wheel:
         bucket = entry._bucket
         if bucket is None:
             return False
-        del bucket[entry]
-        entry._bucket = None
+        bucket.remove(entry)
         return True
 
     def extend(self, entry: WheelEntry, deadline: float) -> float:
@@ -332,7 +412,7 @@ class Wheel:
             return _INF
         e = self.due_tick_of(deadline)  # may raise: before any change
         if bucket is not None:
-            del bucket[entry]
+            bucket.remove(entry)
         entry._deadline = deadline
         return self._file(entry, e)
 
@@ -341,12 +421,12 @@ class Wheel:
     def next_expiry(self) -> float | None:
         """When the earliest occupied bucket comes due; ``-inf`` if entries are
         already due, ``None`` if the wheel is empty. Drops emptied buckets it meets."""
-        if self._due:
+        if self._due._first is not None:
             return -_INF
         heap = self._heap
         while heap:
             start, _level, when, bucket = heap[0]
-            if bucket and bucket.tick == start:
+            if bucket._first is not None and bucket.tick == start:
                 return when
             _heappop(heap)
             if bucket.tick == start:
@@ -369,14 +449,14 @@ class Wheel:
         heap = self._heap
         # Entries filed as due before this pass, sorted; they go out ahead of any
         # overdue bucket that comes due after their deadline.
-        early: list[WheelEntry] = self._take_due(now) if self._due else []
+        early: list[WheelEntry] = self._take_due(now) if self._due._first is not None else []
         size = self._size
         while heap and heap[0][2] <= now:
             start, level, when, bucket = _heappop(heap)
             if bucket.tick != start:
                 continue  # emptied and already dropped by next_expiry
             bucket.tick = None
-            if not bucket:
+            if bucket._first is None:
                 bucket.time = _INF
                 continue
             if early and early[0]._deadline < when:
@@ -389,20 +469,24 @@ class Wheel:
                 # Entries filed at this tick are due now; entries whose deadline was
                 # moved later (extend) or that a float rounding put one tick early go
                 # back into the wheel, at a tick strictly after this one.
-                late = [entry for entry in bucket if entry._deadline > when]
-                for entry in late:
-                    del bucket[entry]
-                    e = self.due_tick_of(entry._deadline)
-                    self._file(entry, e if e > start else start + 1)
-                if bucket:
+                node: WheelEntry | None = bucket._first
+                while node is not None:
+                    after = node._next
+                    if node._deadline > when:
+                        bucket.remove(node)
+                        e = self.due_tick_of(node._deadline)
+                        self._file(node, e if e > start else start + 1)
+                    node = after
+                if not bucket.empty():
                     fired.append(bucket)
             else:
                 # Cascade: re-file against the bucket's start; each entry moves down at
                 # least one level, or expires into the due bucket.
-                for entry in bucket:
-                    self._file(entry, self.due_tick_of(entry._deadline))
-                bucket.clear()
-                if self._due:
+                cascaded = bucket.pop_first()
+                while cascaded is not None:
+                    self._file(cascaded, self.due_tick_of(cascaded._deadline))
+                    cascaded = bucket.pop_first()
+                if self._due._first is not None:
                     fired.append(self._chunk(self._take_due(now)))
         if early:
             fired.append(self._chunk(early))
@@ -414,11 +498,10 @@ class Wheel:
     def _take_due(self, now: float) -> list[WheelEntry]:
         # Empty the due bucket: its entries in deadline order. An entry a float
         # rounding filed as due a hair after `now` waits for the next tick instead.
-        due = self._due
-        self._due = Bucket(-1)
-        entries = [entry for entry in due if entry._deadline <= now]
-        if len(entries) < len(due):
-            for entry in due:
+        everything = self._due.take_all()
+        entries = [entry for entry in everything if entry._deadline <= now]
+        if len(entries) < len(everything):
+            for entry in everything:
                 if entry._deadline > now:
                     self._file(entry, self._now + 1)
         # Entries are usually already in order (zero-delay timers, or one tick of a
@@ -434,8 +517,7 @@ class Wheel:
     def _chunk(self, entries: list[WheelEntry]) -> Bucket:
         bucket = Bucket(-1)
         for entry in entries:
-            bucket[entry] = None
-            entry._bucket = bucket
+            bucket.add(entry)
         return bucket
 
     def _emit_before(
@@ -461,31 +543,28 @@ class Wheel:
                 yield from bucket
 
     def clear(self) -> list[Any]:
-        """Empty the wheel and return its entries (their ``_bucket`` is cleared)."""
-        entries = list(self)
-        for entry in entries:
-            entry._bucket = None
+        """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
+        entries = self._due.take_all()
         for wheel in self._levels:
             for bucket in wheel:
-                bucket.clear()
+                entries += bucket.take_all()
                 bucket.tick = None
                 bucket.time = _INF
-        self._due.clear()
         self._heap.clear()
         return entries
 
     def _check(self) -> None:
         """Assert the invariants listed in the module docstring (for tests: O(n))."""
         scheduled = {id(b): start for start, _level, _when, b in self._heap if b.tick == start}
-        for entry in self._due:
-            assert entry._bucket is self._due, entry
+        _check_links(self._due)
         assert self._limit0 == self._limits[0]
         for level, wheel in enumerate(self._levels):
             width = self._widths[level]
             assert self._limits[level] == self._now - self._now % width + width * self._size
             for bucket in wheel:
                 assert bucket.level == level
-                if not bucket:
+                _check_links(bucket)
+                if bucket._first is None:
                     continue
                 assert bucket.tick is not None, f"occupied {bucket!r} is not scheduled"
                 assert scheduled.get(id(bucket)) == bucket.tick, f"{bucket!r} not in the heap"
@@ -497,3 +576,15 @@ class Wheel:
                     # Never early: an entry's due tick is in its bucket's range or later.
                     assert self.due_tick_of(entry._deadline) >= bucket.tick, entry
         assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
+
+
+def _check_links(bucket: Bucket) -> None:
+    """Assert that ``bucket``'s list is well linked and its entries point at it."""
+    previous: WheelEntry | None = None
+    entry = bucket._first
+    while entry is not None:
+        assert entry._bucket is bucket, entry
+        assert entry._prev is previous, entry
+        previous = entry
+        entry = entry._next
+    assert bucket._last is previous, bucket

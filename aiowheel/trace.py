@@ -222,7 +222,7 @@ class ParquetRecorder:
         self._state = "new"
         self._rows: list[Any] = []
         self._queue: queue.Queue[list[Any] | None] = queue.Queue(max_queued_batches)
-        self._thread: threading.Thread | None = None
+        self._loop_thread: threading.Thread | None = None
         self._dropped_full = 0  # written by the loop thread only
         self._dropped_failed = 0  # written by the writer thread only
         self._written = 0  # written by the writer thread only
@@ -241,10 +241,10 @@ class ParquetRecorder:
         self.clock_anchor = float(clock)
         self.backend = backend
         self._state = "open"
-        self._thread = threading.Thread(
+        self._loop_thread = threading.Thread(
             target=self._write_all, name=f"aiowheel-trace-{self.run_id}", daemon=True
         )
-        self._thread.start()
+        self._loop_thread.start()
         self._bind_record(self._make_record())
 
     def record(  # replaced per instance (see open and _make_record)
@@ -274,12 +274,12 @@ class ParquetRecorder:
         self._bind_record(self._record_closed)
         if not was_open:
             return
-        assert self._thread is not None
+        assert self._loop_thread is not None
         if self._rows:
             batch, self._rows = self._rows, []
             self._queue.put(batch)  # blocking: nothing is dropped at the end
         self._queue.put(_STOP)
-        self._thread.join()
+        self._loop_thread.join()
         if self.error is not None:
             logger.error(
                 "trace %s is incomplete: %d rows dropped after a writer error",

@@ -43,9 +43,10 @@ class Entry(WheelEntry):
     each later one is a move (a cascade, or a re-file of an early entry).
     """
 
-    __slots__ = ("filings", "name")
+    __slots__ = ("filings", "name", "was_due")
 
     def __init__(self, name: object = None) -> None:
+        self.was_due = False  # its last bucket was a due one (level -1)
         super().__init__()
         self.name = name
         self.filings = 0
@@ -55,8 +56,12 @@ class Entry(WheelEntry):
         return bucket
 
     def _set_bucket(self, bucket: Bucket | None) -> None:
-        if bucket is not None and not _resorted(self._get_bucket(), bucket):
-            self.filings += 1
+        if bucket is not None:
+            # The wheel re-links already-due entries into a sorted copy of the due
+            # bucket (level -1) to hand them back in deadline order: not a move.
+            if not (self.was_due and bucket.level == -1):
+                self.filings += 1
+            self.was_due = bucket.level == -1
         _BUCKET_SLOT.__set__(self, bucket)
 
     # Shadows WheelEntry's `_bucket` slot: every assignment the wheel makes is seen.
@@ -68,12 +73,6 @@ class Entry(WheelEntry):
 
     def __repr__(self) -> str:
         return f"Entry({self.name!r}, deadline={self._deadline})"
-
-
-def _resorted(old: Bucket | None, new: Bucket) -> bool:
-    """The wheel re-links already-due entries into a sorted copy of the due bucket
-    (level -1) to hand them back in deadline order: that is not a move between levels."""
-    return old is not None and old.level == -1 and new.level == -1
 
 
 # -- idle-timeout end-to-end helpers -------------------------------------------------------

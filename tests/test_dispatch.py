@@ -32,6 +32,7 @@ import pytest
 
 from aiowheel import Timer, TimerCancelled, TimerHandle
 from aiowheel._dispatch import RunQueue, WorkerPool, close_awaitable
+from aiowheel._wheel import WheelEntry
 
 pytestmark = pytest.mark.anyio
 
@@ -114,17 +115,21 @@ def test_run_queue_is_a_detached_bucket_to_the_handle() -> None:
     assert queue.tick is None
     assert queue.level == -2
     assert queue.time == float("inf")
-    assert RunQueue.tick is None
-    assert RunQueue.level == -2
 
 
 def test_run_queue_is_fifo() -> None:
-    queue: Any = RunQueue()
-    for key in "cab":
-        queue[key] = None
-    del queue["a"]
-    queue["a"] = None  # queued again: to the back
-    assert [queue.popitem(last=False)[0] for _ in range(3)] == ["c", "b", "a"]
+    queue = RunQueue()
+    c, a, b = (WheelEntry(), WheelEntry(), WheelEntry())
+    for entry in (c, a, b):
+        queue.add(entry)
+    assert all(entry._bucket is queue for entry in (c, a, b))
+    queue.remove(a)
+    assert a._bucket is None
+    assert a._prev is None
+    assert a._next is None
+    queue.add(a)  # queued again: to the back
+    assert [queue.pop_first() for _ in range(4)] == [c, b, a, None]
+    assert all(e._bucket is None and e._prev is None and e._next is None for e in (c, a, b))
 
 
 def test_close_awaitable_closes_coroutines_only() -> None:

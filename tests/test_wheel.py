@@ -27,12 +27,11 @@ def flush(wheel: Wheel, now: float) -> list[Entry]:
     """``advance(now)`` and fire what it returns, as the timer's dispatcher does."""
     fired: list[Entry] = []
     for bucket in wheel.advance(now):
-        for entry in list(bucket):
-            if entry._bucket is not bucket:
-                continue
-            entry._bucket = None
+        # Pop one at a time, as the timer does: a "callback" may unlink later entries.
+        entry = bucket.pop_first()
+        while entry is not None:
             fired.append(entry)  # type: ignore[arg-type]
-        bucket.clear()
+            entry = bucket.pop_first()
     return fired
 
 
@@ -259,16 +258,14 @@ def test_cancel_during_flush() -> None:
     assert len(buckets) >= 2
     fired = []
     for bucket in buckets:
-        for entry in list(bucket):
-            if entry._bucket is not bucket:
-                continue
-            entry._bucket = None
+        entry = bucket.pop_first()
+        while entry is not None:
             fired.append(entry)
             if entry is same[0]:
                 assert wheel.remove(same[2]) is True
                 assert wheel.remove(later[1]) is True
                 assert wheel.remove(same[2]) is False
-        bucket.clear()
+            entry = bucket.pop_first()
     assert fired == [same[0], same[1], later[0]]
     assert len(wheel) == 0
     assert wheel.next_expiry() is None
@@ -284,9 +281,7 @@ def test_insert_during_flush_does_not_land_in_a_returned_bucket() -> None:
     for bucket in buckets:
         assert new_due not in bucket
         assert new_future not in bucket
-        for entry in bucket:
-            entry._bucket = None
-        bucket.clear()
+        bucket.take_all()
     assert flush(wheel, 3) == [new_due]
     assert drive(wheel) == [(7.0, new_future)]
 
@@ -366,10 +361,7 @@ def test_extend_an_entry_of_a_returned_bucket() -> None:
     a, b = add(wheel, [2, 2])
     (bucket,) = wheel.advance(2)
     wheel.extend(b, 9)
-    fired = [e for e in list(bucket) if e._bucket is bucket]
-    assert fired == [a]
-    a._bucket = None
-    bucket.clear()
+    assert bucket.take_all() == [a]
     assert drive(wheel) == [(9.0, b)]
 
 

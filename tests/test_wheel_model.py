@@ -157,11 +157,11 @@ class WheelModel(RuleBasedStateMachine):
         self.now = now
         fired: list[Entry] = []
         for bucket in buckets:
-            for entry in list(bucket):
+            # Pop one at a time, as the timer does: a "callback" may unlink later ones.
+            while (entry := bucket.pop_first()) is not None:
                 assert isinstance(entry, Entry)
-                if entry._bucket is not bucket:
-                    continue  # removed by an earlier "callback"
-                entry._bucket = None
+                assert entry._prev is None
+                assert entry._next is None
                 fired.append(entry)
                 deadline = self.model.pop(entry)
                 # Never early; the exact set check below bounds lateness.
@@ -173,7 +173,6 @@ class WheelModel(RuleBasedStateMachine):
                     assert self.wheel.remove(victim)
                     del self.model[victim]
                     expected.discard(victim)
-            bucket.clear()
         assert set(fired) == expected
         assert len(fired) == len(set(fired))
         self.fired_total += len(fired)
