@@ -14,9 +14,10 @@ which the parent reports like any other contender's figures.
 The protocol, one JSON object per line: requests on the child's stdin, answers on its
 stdout (the child's ``sys.stdout`` goes to stderr, so that nothing else reaches it).
 
-* first, unasked, the child says which core it runs: ``{"compiled": false, "reason":
-  "AIOWHEEL_PURE is set", "package": <aiowheel's directory>}``; the parent checks that
-  it is the pure core of the same aiowheel;
+* first, unasked, the child says which core it runs and which aiowheel: ``{"compiled":
+  false, "reason": "AIOWHEEL_PURE is set", "package": <aiowheel's directory>}``, and
+  every answer says the core again; the parent checks that the child runs the pure
+  core of the same aiowheel;
 * ``{"op": "repeat", "workload", "contender", "settings", "n", "rep", "state"}``: one
   repetition of a repeated workload on the data its ``prepare(n, rep)`` draws (from
   the run's seed: the same data as in the parent), answered ``{"values": {...},
@@ -86,6 +87,9 @@ def _last_line(text: str) -> str:
 class _Child:
     """One ``-pure`` contender's child process."""
 
+    #: How to start it (tests start stand-ins that fail).
+    command: tuple[str, ...] = (sys.executable, "-m", "aiowheel.bench._childmain")
+
     def __init__(self, contender: Contender) -> None:
         self.contender = contender
         root = str(Path(_package()).parent)
@@ -94,7 +98,7 @@ class _Child:
         self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "aiowheel.bench._childmain"],
+                self.command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self.stderr,
@@ -106,13 +110,9 @@ class _Child:
             self.stderr.close()
             raise ChildError(f"{contender.name}: cannot start its child process: {exc}") from None
         hello = self._answer()
-        if hello.get("compiled") is not False:
-            self.close()
-            raise self._error(f"it runs the compiled core although {PURE_ENV}=1")
         if hello.get("package") != _package():
             self.close()
             raise self._error(f"it imported another aiowheel ({hello.get('package')})")
-        self.reason = str(hello.get("reason"))
 
     def _error(self, why: str) -> ChildError:
         return ChildError(f"{self.contender.name}: child process failed: {why}")
@@ -126,9 +126,14 @@ class _Child:
             words = _last_line(self.stderr.read().decode("utf-8", "replace"))
             self.stderr.close()
             raise self._error(f"exit status {status}: {words}")
-        answer: dict[str, Any] = json.loads(line)
+        try:
+            answer: dict[str, Any] = json.loads(line)
+        except ValueError:
+            raise self._error(f"unexpected output: {line.strip()[:100]!r}") from None
         if "error" in answer:
             raise self._error(str(answer["error"]))
+        if answer.get("compiled") is not False:
+            raise self._error(f"it ran the compiled core although {PURE_ENV}=1")
         return answer
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -230,11 +235,12 @@ def main() -> int:
         answers.write(json.dumps(obj) + "\n")
         answers.flush()
 
-    answer({"compiled": aiowheel.COMPILED, "reason": _compiled.REASON, "package": _package()})
+    core = {"compiled": aiowheel.COMPILED, "reason": _compiled.REASON}
+    answer({**core, "package": _package()})
     worker = _Worker()
     for line in sys.stdin:
         try:
-            reply = worker.handle(json.loads(line))
+            reply = {**worker.handle(json.loads(line)), **core}
         except Exception as exc:
             text = " ".join(str(exc).split())
             reply = {"error": f"{type(exc).__name__}: {text}" if text else type(exc).__name__}

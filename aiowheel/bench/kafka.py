@@ -41,7 +41,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import aiowheel
@@ -399,7 +399,8 @@ class Kafka(SearchedWorkload):
             if not contender.pure:
                 return self.probe_once(contender, rate, seconds, case, settings)
             request = {"op": "probe", "workload": self.name, "rate": rate, "seconds": seconds}
-            return ProbeResult(**remote(contender, {**request, "case": case}))
+            answer = remote(contender, {**request, "case": case})
+            return ProbeResult(**{f.name: answer[f.name] for f in fields(ProbeResult)})
 
         results: list[Result] = []
         params = self.params(settings)
