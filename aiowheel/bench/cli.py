@@ -32,8 +32,9 @@ class UsageError(Exception):
 
 DESCRIPTION = """\
 Measure aiowheel against the timers you would use instead (loop.call_later on asyncio
-and uvloop, trio's own deadlines), side by side in one process: repetitions alternate
-between contenders, each in a fresh event loop. Prints medians (min-max) and how many
+and uvloop, trio's own deadlines), side by side in one process (the -pure contenders,
+aiowheel's pure-Python core, in child processes): repetitions alternate between
+contenders, each in a fresh event loop. Prints medians (min-max) and how many
 times better aiowheel is than each peer (> 1: better)."""
 
 EPILOG = (

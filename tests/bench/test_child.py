@@ -3,6 +3,7 @@ contenders measured in a child process on the pure core (aiowheel/bench/child.py
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -11,9 +12,10 @@ import pytest
 from bench_support import TINY, parse, results_of, run_json
 
 import aiowheel
-from aiowheel.bench import child, cli
+from aiowheel.bench import child, cli, export
 from aiowheel.bench.child import ChildError, PureChildren
 from aiowheel.bench.contenders import CONTENDERS, PURE_REASON, select
+from aiowheel.bench.output import Output
 from aiowheel.bench.settings import Settings
 
 PARENT_CORE = "compiled" if aiowheel.COMPILED else "pure"
@@ -113,7 +115,9 @@ def test_a_child_claiming_the_compiled_core_is_refused(
     _failing_child(monkeypatch, f"print({hello!r}, flush=True); input()")
     args = ["-w", "fire", "-c", "aiowheel-uvloop-pure", *TINY]
     assert cli.main([*args, "--no-progress"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
+    err = capsys.readouterr().err.splitlines()
+    # (A pure parent first warns that the -pure contenders measure its own core.)
+    assert [line for line in err if not line.startswith("warning: ")] == [
         "aiowheel bench: error: aiowheel-uvloop-pure: child process failed: "
         "it ran the compiled core although AIOWHEEL_PURE=1"
     ]
@@ -124,3 +128,22 @@ def test_pure_contenders_are_not_traced(option: list[str]) -> None:
     ns = parse(["-c", "aiowheel-asyncio,aiowheel-asyncio-pure", *option])
     with pytest.raises(cli.UsageError, match=r"leave out aiowheel-asyncio-pure$"):
         cli.settings_from(ns)
+
+
+def test_a_pure_parent_warns_that_pure_contenders_measure_its_own_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(aiowheel, "COMPILED", False)
+    monkeypatch.setattr(aiowheel._compiled, "REASON", "no compiled extension was built")
+    contenders = [BY_NAME["aiowheel-asyncio"], BY_NAME["aiowheel-asyncio-pure"]]
+    settings = Settings(workloads=["churn"], contenders=contenders, json=True)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    output = Output(settings, stdout=stdout, stderr=stderr, argv=["x"])
+    output.start(1, export.machine())
+    run, warning = (json.loads(line) for line in stdout.getvalue().splitlines())
+    assert (run["core"], run["core_reason"]) == ("pure", "no compiled extension was built")
+    assert warning["message"] == (
+        "this process runs the pure core too (no compiled extension was built): the -pure "
+        "contenders measure the same core as aiowheel-asyncio, in child processes"
+    )
+    assert BY_NAME["aiowheel-asyncio"].label == "aiowheel-asyncio [pure]"
