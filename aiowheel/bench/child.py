@@ -125,7 +125,8 @@ class _Child:
             self.stderr.seek(0)
             words = _last_line(self.stderr.read().decode("utf-8", "replace"))
             self.stderr.close()
-            raise self._error(f"exit status {status}: {words}")
+            how = f"exit status {status}" if status >= 0 else f"killed by signal {-status}"
+            raise self._error(f"{how}: {words}")
         try:
             answer: dict[str, Any] = json.loads(line)
         except ValueError:
