@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from .child import ChildError
 from .contenders import CONTENDERS, select
 from .env import TraceFactory, parquet_recorder
 from .export import RESULTS_FILE, write_results
@@ -31,8 +32,9 @@ class UsageError(Exception):
 
 DESCRIPTION = """\
 Measure aiowheel against the timers you would use instead (loop.call_later on asyncio
-and uvloop, trio's own deadlines), side by side in one process: repetitions alternate
-between contenders, each in a fresh event loop. Prints medians (min-max) and how many
+and uvloop, trio's own deadlines), side by side in one process (the -pure contenders,
+aiowheel's pure-Python core, in child processes): repetitions alternate between
+contenders, each in a fresh event loop. Prints medians (min-max) and how many
 times better aiowheel is than each peer (> 1: better)."""
 
 EPILOG = (
@@ -40,7 +42,8 @@ EPILOG = (
     + "; ".join(f"{w.name}: {w.title}" for w in WORKLOADS.values())
     + ".  contenders: "
     + ", ".join(c.name for c in CONTENDERS)
-    + " (or a kind/backend: aiowheel, call_later, deadline, asyncio, uvloop, trio)."
+    + " (or a kind/backend: aiowheel, call_later, deadline, asyncio, uvloop, trio; or pure:"
+    " the -pure ones, aiowheel's pure-Python core in a child process, never by default)."
 )
 
 
@@ -99,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-c",
         action="append",
         metavar="LIST",
-        help="comma-separated contenders (repeatable; default: all that apply)",
+        help="comma-separated contenders (repeatable; default: all that apply, but the -pure ones)",
     )
     parser.add_argument(
         "--n",
@@ -194,6 +197,14 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         selection = select(ns.contenders)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    pure = [c.name for c in selection.run if c.pure]
+    if pure and (ns.trace is not None or ns.report):
+        # A trace names its contender by implementation and backend: the report would
+        # take a -pure contender's traces for its compiled peer's.
+        raise UsageError(
+            f"{'--report' if ns.report else '--trace'} does not trace the -pure contenders "
+            f"(they run in child processes): leave out {', '.join(pure)}"
+        )
     workloads = list(dict.fromkeys(ns.workload)) if ns.workload else list(WORKLOADS)
     trace_dir: Path | None = ns.trace
     if ns.report:
@@ -268,6 +279,9 @@ def run(
     runner = Runner(settings, output, trace_factory=trace_factory)
     try:
         results = runner.run()
+    except ChildError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # The reader of stdout went away (`aiowheel bench --json | head`): stop quietly,
         # and keep the interpreter's final flush from failing again.

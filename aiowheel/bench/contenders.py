@@ -2,23 +2,31 @@
 
 A contender is a *kind* of timer on a *backend*:
 
-========================  =========  =======================================================
-name                      backend    what a timer is
-========================  =========  =======================================================
-``aiowheel-asyncio``      asyncio    ``aiowheel.Timer`` on the default asyncio loop
-``aiowheel-uvloop``       uvloop     ``aiowheel.Timer`` on uvloop
-``aiowheel-trio``         trio       ``aiowheel.Timer`` on trio (through anyio)
-``call_later-asyncio``    asyncio    ``loop.call_later``/``call_at`` (a heap of TimerHandles)
-``call_later-uvloop``     uvloop     ``loop.call_later``/``call_at`` (libuv's timer heap)
-``trio-native``           trio       a task per timer sleeping in a ``CancelScope`` whose
+=========================  ========  =======================================================
+name                       backend   what a timer is
+=========================  ========  =======================================================
+``aiowheel-asyncio``       asyncio   ``aiowheel.Timer`` on the default asyncio loop
+``aiowheel-uvloop``        uvloop    ``aiowheel.Timer`` on uvloop
+``aiowheel-trio``          trio      ``aiowheel.Timer`` on trio (through anyio)
+``call_later-asyncio``     asyncio   ``loop.call_later``/``call_at`` (a heap of TimerHandles)
+``call_later-uvloop``      uvloop    ``loop.call_later``/``call_at`` (libuv's timer heap)
+``trio-native``            trio      a task per timer sleeping in a ``CancelScope`` whose
                                      deadline is the timer's deadline (``trio.sleep_until``)
-``deadline-asyncio``      asyncio    ``idle`` only: aiohttp's stored deadline, one
+``deadline-asyncio``       asyncio   ``idle`` only: aiohttp's stored deadline, one
                                      ``call_at`` per connection re-checked when it fires
-``deadline-uvloop``       uvloop     the same on uvloop
-========================  =========  =======================================================
+``deadline-uvloop``        uvloop    the same on uvloop
+``aiowheel-asyncio-pure``  asyncio   ``aiowheel-asyncio`` on the pure-Python core, in a child
+``aiowheel-uvloop-pure``   uvloop    process started with ``AIOWHEEL_PURE=1`` (``child.py``);
+``aiowheel-trio-pure``     trio      opt-in: only by name (or ``pure``), never by default
+=========================  ========  =======================================================
 
 uvloop and trio are extras: ``select`` keeps the contenders whose event loop is
 installed. How a contender runs inside its loop is in ``env.py``.
+
+Every aiowheel contender is labelled by the core it runs (``Contender.core``): the
+parent process's (``aiowheel.COMPILED``) for ``aiowheel-<backend>``, always the pure
+one for ``aiowheel-<backend>-pure``: the core is chosen at ``import aiowheel``, once
+per process, so only a child process can run the other one.
 """
 
 from __future__ import annotations
@@ -27,7 +35,14 @@ import importlib
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["CONTENDERS", "Contender", "Selection", "missing_backend", "select"]
+import aiowheel
+from aiowheel import _compiled
+
+__all__ = ["CONTENDERS", "PURE_REASON", "Contender", "Selection", "missing_backend", "select"]
+
+#: Why a ``-pure`` contender runs the pure core (``aiowheel._compiled.REASON`` in its
+#: child process, which checks it: see ``child.py``).
+PURE_REASON = f"{_compiled.PURE_ENV} is set"
 
 
 @dataclass(frozen=True)
@@ -35,10 +50,31 @@ class Contender:
     name: str
     kind: str  # "aiowheel" | "call_later" | "deadline" | "trio"
     backend: str  # "asyncio" | "uvloop" | "trio"
+    #: Runs aiowheel's pure-Python core in a child process (``child.py``).
+    pure: bool = False
 
     @property
     def is_aiowheel(self) -> bool:
         return self.kind == "aiowheel"
+
+    @property
+    def core(self) -> str | None:
+        """``"compiled"`` or ``"pure"``: the aiowheel core it runs (None: not aiowheel)."""
+        if not self.is_aiowheel:
+            return None
+        return "pure" if self.pure or not aiowheel.COMPILED else "compiled"
+
+    @property
+    def core_reason(self) -> str | None:
+        """Why it runs the pure core (None when it does not)."""
+        if self.core != "pure":
+            return None
+        return PURE_REASON if self.pure else _compiled.REASON
+
+    @property
+    def label(self) -> str:
+        """Its name for people: ``aiowheel-asyncio [compiled]``, ``call_later-asyncio``."""
+        return f"{self.name} [{self.core}]" if self.core else self.name
 
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -50,10 +86,15 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("trio-native", "trio", "trio"),
     Contender("deadline-asyncio", "deadline", "asyncio"),
     Contender("deadline-uvloop", "deadline", "uvloop"),
+    Contender("aiowheel-asyncio-pure", "aiowheel", "asyncio", pure=True),
+    Contender("aiowheel-uvloop-pure", "aiowheel", "uvloop", pure=True),
+    Contender("aiowheel-trio-pure", "aiowheel", "trio", pure=True),
 )
 _BY_NAME = {c.name: c for c in CONTENDERS}
 _BACKENDS = ("asyncio", "uvloop", "trio")
 _KINDS = ("aiowheel", "call_later", "deadline", "trio")
+#: Selects every ``-pure`` contender (whose backend is installed).
+_PURE = "pure"
 
 
 def missing_backend(backend: str) -> str | None:
@@ -82,17 +123,21 @@ class Selection:
 
 
 def select(specs: list[str] | None) -> Selection:
-    """``--contenders a,b --contenders c``; None: the default set, every contender.
+    """``--contenders a,b --contenders c``; None: the default set, every contender
+    but the ``-pure`` ones.
 
-    A token is a contender's name, a backend (``asyncio``, ``uvloop``, ``trio``) or a
-    kind (``aiowheel``, ``call_later``, ``deadline``; ``trio`` is both). What a name
-    or a backend asks for must be installed (``ValueError`` otherwise). The default
-    set and a kind leave out, in ``Selection.unavailable``, the contenders whose
-    backend is missing, so that a partial install runs what it can.
+    A token is a contender's name, a backend (``asyncio``, ``uvloop``, ``trio``), a
+    kind (``aiowheel``, ``call_later``, ``deadline``; ``trio`` is both) or ``pure``
+    (the ``-pure`` contenders, which backends and kinds leave out: each costs a child
+    process). What a name or a backend asks for must be installed (``ValueError``
+    otherwise). The default set, a kind and ``pure`` leave out, in
+    ``Selection.unavailable``, the contenders whose backend is missing, so that a
+    partial install runs what it can.
     """
     wanted: list[tuple[Contender, bool]] = []  # (contender, asked for by name or backend)
+    usual = [c for c in CONTENDERS if not c.pure]
     if specs is None:
-        wanted = [(c, False) for c in CONTENDERS]
+        wanted = [(c, False) for c in usual]
     else:
         tokens = [token for spec in specs for raw in spec.split(",") if (token := raw.strip())]
         if not tokens:
@@ -101,11 +146,13 @@ def select(specs: list[str] | None) -> Selection:
             if token in _BY_NAME:
                 wanted.append((_BY_NAME[token], True))
             elif token in _BACKENDS:
-                wanted.extend((c, True) for c in CONTENDERS if token in (c.backend, c.kind))
+                wanted.extend((c, True) for c in usual if token in (c.backend, c.kind))
             elif token in _KINDS:
-                wanted.extend((c, False) for c in CONTENDERS if c.kind == token)
+                wanted.extend((c, False) for c in usual if c.kind == token)
+            elif token == _PURE:
+                wanted.extend((c, False) for c in CONTENDERS if c.pure)
             else:
-                choices = ", ".join([*_BY_NAME, *_BACKENDS, *_KINDS[:-1]])
+                choices = ", ".join([*_BY_NAME, *_BACKENDS, *_KINDS[:-1], _PURE])
                 raise ValueError(f"unknown contender {token!r}; choose from {choices}")
     chosen: list[Contender] = []
     left_out: dict[Contender, str] = {}

@@ -5,7 +5,8 @@ it writes ``DIR/bench-results.json`` after the run, before the report is built::
 
     {"version": 1,
      "settings": {...},   # the same object as the settings of the --json "run" line
-     "machine": {...},    # python, implementation, platform, cpus, loadavg (at the start)
+     "machine": {...},    # python, implementation, platform, cpus, loadavg (at the
+                          # start), core and core_reason (this process's aiowheel core)
      "results": [...]}    # one Result.as_json() per result, skipped contenders included
 
 The file is replaced atomically (a temporary file in DIR, then a rename): a reader
@@ -23,6 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import aiowheel
+from aiowheel import _compiled
+
 from .results import Result
 from .settings import Settings
 
@@ -33,7 +37,9 @@ VERSION = 1
 
 
 def machine() -> dict[str, Any]:
-    """The machine a run measures on (the ``run`` line of ``--json`` has it too)."""
+    """The machine a run measures on (the ``run`` line of ``--json`` has it too), and
+    the aiowheel core this process runs (``-pure`` contenders run the pure one in child
+    processes whatever this one runs)."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "python": platform.python_version(),
@@ -41,6 +47,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "loadavg": [round(x, 2) for x in load] if load else None,
+        "core": "compiled" if aiowheel.COMPILED else "pure",
+        "core_reason": _compiled.REASON or None,
     }
 
 

@@ -41,7 +41,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import aiowheel
@@ -50,7 +50,7 @@ from .contenders import Contender
 from .env import Env, open_env, percentile, run_fresh
 from .results import Result
 from .settings import Settings
-from .workload import Metric, Progress, SearchedWorkload, Trace
+from .workload import Metric, Progress, Remote, SearchedWorkload, Trace
 
 __all__ = ["CASES", "Kafka", "ProbeResult", "run_probe"]
 
@@ -391,8 +391,17 @@ class Kafka(SearchedWorkload):
         contenders: list[Contender],
         progress: Progress,
         trace: Trace,
+        remote: Remote,
     ) -> list[Result]:
         """Search each contender's sustained rate, case by case; returns results."""
+
+        def probe(contender: Contender, rate: float, seconds: float, case: str) -> ProbeResult:
+            if not contender.pure:
+                return self.probe_once(contender, rate, seconds, case, settings)
+            request = {"op": "probe", "workload": self.name, "rate": rate, "seconds": seconds}
+            answer = remote(contender, {**request, "case": case})
+            return ProbeResult(**{f.name: answer[f.name] for f in fields(ProbeResult)})
+
         results: list[Result] = []
         params = self.params(settings)
         start = min(settings.kafka_start_rate, settings.kafka_max_rate)
@@ -408,7 +417,7 @@ class Kafka(SearchedWorkload):
                         f"kafka {case}: {search.contender.name} {search.phase} "
                         f"{search.rate:,.0f}/s for {seconds:g} s"
                     )
-                    result = self.probe_once(search.contender, search.rate, seconds, case, settings)
+                    result = probe(search.contender, search.rate, seconds, case)
                     search.update(result)
             search_long = (
                 settings.kafka_seconds

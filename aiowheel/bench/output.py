@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
+import aiowheel
+from aiowheel import _compiled
+
 from .contenders import CONTENDERS
 from .export import machine
 from .registry import WORKLOADS
@@ -136,14 +139,19 @@ class Output:
             self._line(
                 {"type": "run", "argv": self.argv, **machine_info, "settings": settings.as_json()}
             )
+            self.same_core_note()
             return
         rich = _rich_installed()
         self._console = _RichConsole(self.stdout) if rich else _PlainConsole(self.stdout)
+        core = f", aiowheel core: {machine_info['core']}" if "core" in machine_info else ""
+        if machine_info.get("core_reason"):
+            core += f" ({machine_info['core_reason']})"
         self._console.line(
             "aiowheel bench",
             f"  Python {machine_info['python']} on {machine_info['cpus']} CPUs, "
-            f"load average {machine_info['loadavg']}  ({' '.join(self.argv)})",
+            f"load average {machine_info['loadavg']}{core}  ({' '.join(self.argv)})",
         )
+        self.same_core_note()
         if rich and settings.progress and self.stderr.isatty():
             from rich.console import Console
             from rich.progress import (
@@ -164,6 +172,17 @@ class Output:
             )
             self._progress.start()
             self._task = self._progress.add_task("starting", total=max(steps, 1))
+
+    def same_core_note(self) -> None:
+        """This process runs the pure core too: say that a ``-pure`` contender measures
+        the same core as its peer here (in another process)."""
+        pure = [c.name for c in self.settings.contenders if c.pure]
+        if pure and not aiowheel.COMPILED:
+            self.warn(
+                f"this process runs the pure core too ({_compiled.REASON}): the -pure "
+                f"contenders measure the same core as "
+                f"{', '.join(n.removesuffix('-pure') for n in pure)}, in child processes"
+            )
 
     def step(self, description: str) -> None:
         if self._progress is not None:
@@ -192,7 +211,7 @@ class Output:
             if r.skipped:
                 continue
             lines.append(
-                f"  {r.label:<34} {r.contender.name:<20} {fmt(r.median, r.unit):>14}"
+                f"  {r.label:<34} {r.contender.label:<30} {fmt(r.median, r.unit):>14}"
                 f"  ({fmt(r.low)}{DASH}{fmt(r.high)})"
             )
         self._print(head.workload, f" {head.variant}\n" + "\n".join(lines))
@@ -254,7 +273,9 @@ def tables(results: list[Result]) -> list[Table]:
     for r in results:
         by_workload.setdefault(r.workload, []).append(r)
     out = []
-    order = {c.name: i for i, c in enumerate(CONTENDERS)}
+    # aiowheel's contenders first (the -pure ones too), then the peers.
+    ranked = sorted(CONTENDERS, key=lambda c: not c.is_aiowheel)
+    order = {c.name: i for i, c in enumerate(ranked)}
     for name, unsorted in by_workload.items():
         workload = WORKLOADS.get(name)
         variants = list(dict.fromkeys(r.variant for r in unsorted))
@@ -297,7 +318,7 @@ def tables(results: list[Result]) -> list[Table]:
             cells = [
                 r.variant,
                 f"{r.label} ({r.unit})" if r.unit else r.label,
-                r.contender.name,
+                r.contender.label,
                 fmt(r.median),
                 f"{fmt(r.low)}{DASH}{fmt(r.high)}",
             ]
@@ -313,6 +334,7 @@ def tables(results: list[Result]) -> list[Table]:
 
 def render_rich(table: Table) -> Any:
     from rich.table import Table as RichTable
+    from rich.text import Text
 
     rich_table = RichTable(title=table.title, title_justify="left")
     for header, right in table.columns:
@@ -324,7 +346,8 @@ def render_rich(table: Table) -> Any:
         if i:
             rich_table.add_section()
         for cells, bold in section:
-            rich_table.add_row(*cells, style="bold" if bold else None)
+            # Text, not markup: "aiowheel-asyncio [compiled]" is no markup tag.
+            rich_table.add_row(*map(Text, cells), style="bold" if bold else None)
     return rich_table
 
 

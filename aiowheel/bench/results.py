@@ -61,6 +61,10 @@ class Result:
             "contender": self.contender.name,
             "kind": self.contender.kind,
             "backend": self.contender.backend,
+            # The aiowheel core that ran it ("compiled" | "pure"; None: not aiowheel),
+            # and why the pure one (aiowheel._compiled.REASON in its process).
+            "core": self.contender.core,
+            "core_reason": self.contender.core_reason,
             "median": num(self.median),
             "min": num(self.low),
             "max": num(self.high),

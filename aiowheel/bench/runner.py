@@ -12,6 +12,10 @@ per contender, recorded with a trace recorder and *not* measured (recording cost
 time, and only that repetition pays it). The trace of contender ``C`` on workload
 ``W`` is ``DIR/W-C.parquet`` (``W-N=n-C`` when the workload ran several sizes).
 
+A ``-pure`` contender runs each of its repetitions (or kafka probes) in its child
+process (``child.py``), in its turn: the order, the data and the sizes are the same as
+for the contenders measured in this process.
+
 Contenders left out because their event loop is not installed
 (``Settings.unavailable``) appear in every variant of every workload that applies
 to them as skipped results, with the reason.
@@ -26,8 +30,9 @@ from typing import Any, assert_never
 
 import aiowheel
 
+from .child import PureChildren
 from .contenders import CONTENDERS, Contender
-from .env import TraceFactory, open_env, parquet_recorder, run_fresh
+from .env import TraceFactory, parquet_recorder
 from .export import machine
 from .output import Output
 from .registry import WORKLOADS
@@ -53,6 +58,8 @@ class Runner:
         self.results: list[Result] = []
         #: The machine at the start of the run (the --json run line, bench-results.json).
         self.machine: dict[str, Any] = {}
+        #: The ``-pure`` contenders' child processes (started on first use).
+        self.children = PureChildren(settings)
         self._stamp = time.strftime("%Y%m%dT%H%M%S")
 
     # -- tracing ------------------------------------------------------------------
@@ -93,6 +100,7 @@ class Runner:
                     case _:
                         assert_never(workload)
         finally:
+            self.children.close()
             self.output.finish(self.results)
         return self.results
 
@@ -135,7 +143,7 @@ class Runner:
                 self.output.step(
                     f"{workload.name} {variant} rep {rep + 1}/{s.reps}: {contender.name}"
                 )
-                values = self._one(workload, contender, n, data, states[contender.name], None)
+                values = self._one(workload, contender, n, rep, data, states[contender.name])
                 for key, value in values.items():
                     if key.startswith("_"):
                         if key == "_overrun_ms" and value > 0:
@@ -153,7 +161,8 @@ class Runner:
                 name = f"{workload.name}-{variant}" if multi else workload.name
                 recorder, _path = self._recorder(name, contender)
                 self.output.step(f"{workload.name} {variant} traced: {contender.name}")
-                self._one(workload, contender, n, data, states[contender.name], recorder)
+                assert not contender.pure, "settings_from refuses to trace them"
+                workload.repetition(contender, n, data, s, states[contender.name], recorder)
                 self.output.advance()
             del data
         params = {**workload.params(s), "reps": s.reps}
@@ -185,19 +194,17 @@ class Runner:
         workload: RepeatedWorkload,
         contender: Contender,
         n: int,
+        rep: int,
         data: Any,
         state: dict[str, float],
-        recorder: aiowheel.TraceRecorder | None,
     ) -> dict[str, float]:
-        settings = self.settings
-
-        async def body() -> dict[str, float]:
-            async with open_env(
-                contender, recorder, count_iterations=workload.count_iterations
-            ) as env:
-                return await workload.run(env, n, data, settings, state)
-
-        values: dict[str, float] = run_fresh(contender.backend, body)
+        """One measured repetition: here, or in a ``-pure`` contender's child."""
+        if not contender.pure:
+            return workload.repetition(contender, n, data, self.settings, state)
+        request = {"op": "repeat", "workload": workload.name, "n": n, "rep": rep}
+        answer = self.children(contender, {**request, "state": state})
+        state.update(answer["state"])
+        values: dict[str, float] = answer["values"]
         return values
 
     def _search(self, workload: SearchedWorkload) -> None:
@@ -211,7 +218,7 @@ class Runner:
             steps += 1
             self.output.advance()
 
-        results = workload.measure(s, contenders, progress, self._trace)
+        results = workload.measure(s, contenders, progress, self._trace, self.children)
         params = workload.params(s)
         for variant in workload.variants(s):
             results.extend(

@@ -14,7 +14,10 @@ __all__ = ["Settings"]
 @dataclass
 class Settings:
     workloads: list[str]
-    contenders: list[Contender] = field(default_factory=lambda: list(CONTENDERS))
+    #: Default: every contender but the -pure ones (``contenders.select(None)``).
+    contenders: list[Contender] = field(
+        default_factory=lambda: [c for c in CONTENDERS if not c.pure]
+    )
     #: Contenders of the default set (or of a kind) whose event loop is not installed,
     #: with the reason: every workload that applies to them lists them as skipped.
     unavailable: list[tuple[Contender, str]] = field(default_factory=list)

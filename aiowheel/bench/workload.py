@@ -17,12 +17,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 import aiowheel
 
 from .contenders import Contender
-from .env import Env
+from .env import Env, open_env, run_fresh
 from .results import Result
 from .settings import Settings
 
@@ -30,6 +30,7 @@ __all__ = [
     "AnyWorkload",
     "Metric",
     "Progress",
+    "Remote",
     "RepeatedWorkload",
     "SearchedWorkload",
     "Trace",
@@ -52,6 +53,13 @@ Progress: TypeAlias = Callable[[str], None]
 #: ``trace(name, contender)``: a recorder for one traced run and its file, or None
 #: when the run is not traced.
 Trace: TypeAlias = Callable[[str, Contender], tuple[aiowheel.TraceRecorder, Path] | None]
+
+
+class Remote(Protocol):
+    """Runs one unit of a ``-pure`` contender's work in its child process and returns
+    the child's answer (``child.PureChildren``; the requests are in ``child.py``)."""
+
+    def __call__(self, contender: Contender, request: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class Workload(ABC):
@@ -130,6 +138,24 @@ class RepeatedWorkload(Workload):
         """One repetition; returns metric key -> value (keys starting with ``_`` are
         diagnostics). ``state`` persists across one contender's repetitions."""
 
+    def repetition(
+        self,
+        contender: Contender,
+        n: int,
+        data: Any,
+        settings: Settings,
+        state: dict[str, float],
+        recorder: aiowheel.TraceRecorder | None = None,
+    ) -> dict[str, float]:
+        """``run()`` once for ``contender``, in a fresh event loop of its backend."""
+
+        async def body() -> dict[str, float]:
+            async with open_env(contender, recorder, count_iterations=self.count_iterations) as env:
+                return await self.run(env, n, data, settings, state)
+
+        values: dict[str, float] = run_fresh(contender.backend, body)
+        return values
+
     def withhold_ratios(self, results: list[Result], settings: Settings) -> list[str]:
         """Mark (``Result.withheld``) the figures of one measured variant whose ratio
         means nothing in this run; returns one warning per mark."""
@@ -154,8 +180,10 @@ class SearchedWorkload(Workload):
         contenders: list[Contender],
         progress: Progress,
         trace: Trace,
+        remote: Remote,
     ) -> list[Result]:
-        """Every figure of every contender (each of which the workload applies to)."""
+        """Every figure of every contender (each of which the workload applies to);
+        a ``-pure`` contender's measurements are made by ``remote``."""
 
 
 AnyWorkload: TypeAlias = RepeatedWorkload | SearchedWorkload

@@ -61,6 +61,8 @@ RESULT_KEYS = {
     "contender",
     "kind",
     "backend",
+    "core",
+    "core_reason",
     "median",
     "min",
     "max",
@@ -92,7 +94,8 @@ def results_of(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def applicable(workload: str) -> set[str]:
-    return {c.name for c in CONTENDERS if WORKLOADS[workload].applies_to(c)}
+    """The default set's contenders that run ``workload`` (the -pure ones are opt-in)."""
+    return {c.name for c in CONTENDERS if WORKLOADS[workload].applies_to(c) and not c.pure}
 
 
 def parse(args: list[str]) -> Any:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import aiowheel
 from aiowheel.bench import export
 from aiowheel.bench.contenders import CONTENDERS
 from aiowheel.bench.results import Result
@@ -36,7 +37,16 @@ def test_document(tmp_path: Path) -> None:
     }
     assert document["results"][0]["ratios"] == {"aiowheel-asyncio": 2.0}
     assert document["results"][1]["skipped"] == "uvloop is not installed"
-    assert set(machine) == {"python", "implementation", "platform", "cpus", "loadavg"}
+    assert set(machine) == {
+        "python",
+        "implementation",
+        "platform",
+        "cpus",
+        "loadavg",
+        "core",
+        "core_reason",
+    }
+    assert machine["core"] == ("compiled" if aiowheel.COMPILED else "pure")
     assert os.stat(path).st_mode & 0o777 == 0o644
 
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import aiowheel
 from aiowheel.bench.contenders import CONTENDERS
 from aiowheel.bench.output import Output, Table, fmt, fmt_ratio, render_plain, tables
 from aiowheel.bench.results import Result, fill_ratios
@@ -55,7 +56,16 @@ def test_render_plain() -> None:
         "\u00d7",
     ]
     assert set(lines[2]) <= {"-", " "}
-    assert lines[3].split() == ["N=10", "pair", "(ns)", "aiowheel-asyncio", "110", "100\u2013120"]
+    core = "compiled" if aiowheel.COMPILED else "pure"
+    assert lines[3].split() == [
+        "N=10",
+        "pair",
+        "(ns)",
+        "aiowheel-asyncio",
+        f"[{core}]",
+        "110",
+        "100\u2013120",
+    ]
     assert lines[4].split()[-3:] == ["330", "300\u2013360", "3.00\u00d7"]
     # A contender that sat out: a note under the table, not a row per figure.
     assert lines[5:] == ["skipped call_later-uvloop (N=10): no"]
