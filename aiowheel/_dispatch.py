@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Coroutine
 from contextvars import ContextVar
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 import anyio
 from anyio.abc import TaskGroup
@@ -47,7 +47,7 @@ inside: ContextVar[object] = ContextVar("aiowheel_inside", default=None)
 _current: ContextVar[object] = ContextVar("aiowheel_current", default=None)
 _scope: ContextVar[anyio.CancelScope | None] = ContextVar("aiowheel_worker_scope", default=None)
 
-_EXIT = (SystemExit, KeyboardInterrupt)
+_EXIT: Final = (SystemExit, KeyboardInterrupt)
 
 
 class JobHost(Protocol):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from _thread import get_ident
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Generic, SupportsFloat, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, SupportsFloat, TypeVar
 
 from ._exceptions import TimerCancelled
 from ._wheel import WheelEntry
@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["PeriodicHandle", "TimerHandle"]
 
 T = TypeVar("T")
-_INF = float("inf")
+_INF: Final = float("inf")
+_get_ident: Final = get_ident
 
 
 class _Sentinel:
@@ -53,9 +54,9 @@ class _Sentinel:
         return self.name
 
 
-_PENDING: Any = _Sentinel("PENDING")
-_RUNNING: Any = _Sentinel("RUNNING")
-_CANCELLED: Any = _Sentinel("CANCELLED")
+_PENDING: Final[Any] = _Sentinel("PENDING")
+_RUNNING: Final[Any] = _Sentinel("RUNNING")
+_CANCELLED: Final[Any] = _Sentinel("CANCELLED")
 
 
 class _Failure:
@@ -171,7 +172,7 @@ class TimerHandle(WheelEntry, Generic[T]):
             # and a call from a foreign thread included, goes to the timer.
             timer = self._timer
             deadline = timer._now() + delay
-            if _INF > deadline >= bucket.time and get_ident() == timer._loop_thread:
+            if _INF > deadline >= bucket.time and _get_ident() == timer._loop_thread:
                 self._deadline = deadline
                 return
         self._timer._reset(self, delay)

@@ -54,7 +54,7 @@ from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeVar
+from typing import TYPE_CHECKING, Any, Final, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -81,11 +81,14 @@ if TYPE_CHECKING:
 
 __all__ = ["Timer", "TimerStats"]
 
-logger = logging.getLogger("aiowheel")
+logger: Final = logging.getLogger("aiowheel")
 
 T = TypeVar("T")
-_INF = math.inf
-_EXIT = (SystemExit, KeyboardInterrupt)
+# Final: compiled, these are C statics rather than lookups in the module's dict on
+# every use (docs/design.md, "Rules for compiled modules").
+_INF: Final = math.inf
+_EXIT: Final = (SystemExit, KeyboardInterrupt)
+_get_ident: Final = get_ident
 
 # Bounds of the constructor's arguments: a tick below a microsecond is finer than any
 # loop clock; a wheel of more than 65,536 buckets costs seconds to build and gains
@@ -267,7 +270,7 @@ class Timer:
         if self._recorder is not None:
             self._recorder.open(backend=backend, clock=live.clock())
         self._state = _OPEN
-        self._loop_thread = get_ident()
+        self._loop_thread = _get_ident()
         self._now = live.clock
         self._live = self._parts = live
         return self
@@ -498,7 +501,7 @@ class Timer:
         return error
 
     def _check_owner(self, live: _Running) -> None:
-        if get_ident() != self._loop_thread or (
+        if _get_ident() != self._loop_thread or (
             live.loop is not None and asyncio._get_running_loop() is not live.loop
         ):
             raise self._foreign(live)
@@ -515,7 +518,7 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed()
-        if get_ident() != self._loop_thread:
+        if _get_ident() != self._loop_thread:
             raise self._foreign(live)
         return live
 
@@ -541,7 +544,7 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed()
-        if get_ident() != self._loop_thread:
+        if _get_ident() != self._loop_thread:
             raise self._foreign(live)
         # A finite float passes with two tests; anything else goes through the rule.
         seconds_ = delay if type(delay) is float and delay - delay == 0.0 else seconds(delay)
@@ -692,7 +695,7 @@ class Timer:
         live = self._live
         if live is None:
             return False
-        if get_ident() != self._loop_thread:
+        if _get_ident() != self._loop_thread:
             raise self._foreign(live)
         bucket = handle._bucket
         if bucket is None:
