@@ -47,6 +47,7 @@ package depends on anyio only.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -246,6 +247,9 @@ class ParquetRecorder:
 
         self._state = "new"
         self._queue: queue.Queue[_Chunk | None] = queue.Queue(max_queued_batches)
+        # Full chunks' buffers and label lists, given back once written (or dropped)
+        # for the loop to fill again: a fresh 1.5 MB bytearray costs page faults.
+        self._spare: collections.deque[tuple[bytearray, list[Any]]] = collections.deque()
         self._take_chunk: Callable[[], _Chunk | None] = _nothing  # see _make_record
         self._thread: threading.Thread | None = None
         self._dropped_full = 0  # written by the loop thread only
@@ -361,6 +365,7 @@ class ParquetRecorder:
         put = self._queue.put_nowait
         full = queue.Full
         error = struct.error
+        spare = self._spare.pop
         nan = _NAN
         buffer = bytearray(rows * size)
         labels: list[Any] = [None] * rows
@@ -395,14 +400,18 @@ class ParquetRecorder:
             labels[count] = label
             count += 1
             if count == rows:
-                chunk = (buffer, labels, rows)
-                buffer = bytearray(rows * size)
-                labels = [None] * rows
                 count = 0
                 try:
-                    put(chunk)
+                    put((buffer, labels, rows))
                 except full:
+                    # Dropped: refill the same buffer. (So a new one is made only when
+                    # the queue took this one: at most max_queued_batches + 2 exist.)
                     self._dropped_full += rows
+                    return
+                try:
+                    buffer, labels = spare()
+                except IndexError:
+                    buffer, labels = bytearray(rows * size), [None] * rows
 
         def take_chunk() -> _Chunk | None:
             # close(): what record() has buffered, if anything.
@@ -447,6 +456,9 @@ class ParquetRecorder:
                 assert isinstance(chunk, tuple)
                 self._write_batch(writer, chunk)
                 self._written += chunk[2]
+                if chunk[2] == self.batch_rows:
+                    # Written: the arrays viewing the buffer are gone (pc.take copies).
+                    self._spare.append((chunk[0], chunk[1]))
             writer.close()
             writer = None
             os.replace(self._partial, self.path)

@@ -85,6 +85,21 @@ def test_batches_become_row_groups(tmp_path: Path) -> None:
     assert [row["timer_id"] for row in _read(recorder.path)] == list(range(7))
 
 
+def test_many_batches_keep_every_row_in_order(tmp_path: Path) -> None:
+    # Chunks' buffers are filled again once written: no row may leak into another.
+    recorder = _opened(tmp_path, batch_rows=7, max_queued_batches=1000)
+    expected = []
+    for i in range(1000):
+        label = f"l{i % 13}" if i % 3 else None
+        fired = (100.0 + i, None) if i % 2 else (None, 50.0 + i)
+        recorder.record(i, label, float(i), 100.0 + i, i % 5, *fired)
+        expected.append((i, label, float(i), 100.0 + i, i % 5, *fired))
+    recorder.close()
+    columns = ("timer_id", "label", "scheduled_at", "deadline", "level", "fired_at", "cancelled_at")
+    assert [tuple(row[c] for c in columns) for row in _read(recorder.path)] == expected
+    assert (recorder.written, recorder.dropped) == (1000, 0)
+
+
 def test_a_full_queue_drops_whole_batches_and_counts_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
