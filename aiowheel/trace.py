@@ -171,6 +171,8 @@ _NAN: Final = float("nan")
 _NO_CHUNK: Final = object()  # the writer thread has not taken a chunk yet
 # Columns that are constant within a run, in schema order (the first five).
 _RUN_COLUMNS: Final = ("run_id", "implementation", "backend", "host", "pid")
+_DOUBLE_COLUMNS: Final = ("scheduled_at", "deadline", "fired_at", "cancelled_at", "lateness")
+_STATISTICS_COLUMNS: Final = ("timer_id", "scheduled_at", "deadline")
 _STOP: Final = None  # the writer thread's end-of-input marker
 
 #: A chunk handed to the writer: its buffer (``_ROW`` slots), its labels, its row count.
@@ -451,6 +453,13 @@ class ParquetRecorder:
                 # float columns (all distinct) building them cost ~0.5 us per row
                 # before the writer gave up on them.
                 use_dictionary=[*_RUN_COLUMNS[:-1], "label"],
+                # The writer's CPU competes with the loop on a busy machine. Measured
+                # on 32k-row batches of clustered times: min/max statistics on every
+                # column cost ~60 ns per row (kept where a reader filters: ids and
+                # times), and byte-stream-split doubles compress 15% smaller and
+                # ~30 ns per row faster under zstd.
+                write_statistics=list(_STATISTICS_COLUMNS),
+                column_encoding=dict.fromkeys(_DOUBLE_COLUMNS, "BYTE_STREAM_SPLIT"),
             )
             while (chunk := get()) is not _STOP:
                 assert isinstance(chunk, tuple)
