@@ -2,7 +2,7 @@
 
 Runs the ``churn`` and ``fire`` workloads of ``aiowheel bench`` (the same code,
 aiowheel/bench/workloads.py) on aiowheel, in three modes, alternating them repetition
-after repetition (A B C A B C ...: machine drift hits all alike):
+after repetition (A B C, B C A, C A B ...: machine drift hits all alike):
 
 * ``none``: ``Timer()``, no recorder;
 * ``core``: a recorder whose ``record()`` does nothing: what the timer's own trace
@@ -103,7 +103,9 @@ def measure(
     states: dict[str, dict[str, float]] = {mode: {} for mode in MODES}
     for rep in range(settings.reps + 1):  # rep 0 warms up (and sizes fire's lead time)
         data = workload.prepare(n, rep, settings)
-        for mode in MODES:
+        # Rotated each repetition, so that no mode always runs first or last.
+        shift = rep % len(MODES)
+        for mode in MODES[shift:] + MODES[:shift]:
             recorder = _recorder(mode, directory, rep)
             values = _run_once(workload, contender, n, data, settings, states[mode], recorder)
             if rep:
