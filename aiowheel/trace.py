@@ -27,15 +27,23 @@ How the work is split, so that the event loop never waits for the disk:
   is dropped and counted in ``dropped``: memory stays bounded by
   ``(max_queued_batches + 2) * batch_rows`` rows, whatever happens to the writer.
 
-Why a packed buffer, measured on CPython 3.11 (``tools/recorder_overhead.py``;
-figures from a shared 2-core VM, so only their ratios mean much): the previous
-design, appending each row's seven objects to a flat list, cost about 100 ns per
-``record()`` above a bare call, but kept every float alive until the writer
-converted the batch, which held the GIL for ~170 ns per row (so it stole that time
-from the loop) and buffered ~190 bytes per row. One typed ``array`` per column cost
-~320 ns per ``record()`` (seven item stores, each unboxing its value). One
-``pack_into`` per row costs ~200 ns, leaves ~20 ns per row of GIL-holding work to
-the writer (the labels) and buffers 56 bytes per row.
+Why a packed buffer, measured on CPython 3.11 with ``tools/recorder_overhead.py``
+and timeit (a shared 2-core VM: minimums of repeated runs, single figures move by
+tens of percent). Per row, on the loop / on the writer holding the GIL / buffered:
+
+* a flat list of the row's seven objects (the previous design): ~100-180 ns above
+  a bare call / ~170-210 ns (strided slices, then ``pa.array`` per column) / ~190
+  bytes, since every float stays alive until the writer converts it;
+* one typed ``array`` per column: ~320 ns (seven item stores, each unboxing) /
+  ~25 ns / 57 bytes;
+* one ``pack_into`` per row (this design): ~200-300 ns / ~20 ns for the labels,
+  plus Arrow kernels that release the GIL (~70 ns per row in all) / 56 bytes.
+
+So record() itself costs ~100 ns more than the flat list did, and the loop gets
+that back and more from the writer, whose GIL-holding work per row fell from ~190
+to ~20 ns; CPU per row over both threads fell ~15%, buffered memory ~70%. Whether
+a timer run gets faster depends on how much the writer runs while the loop does:
+in the churn and fire workloads the difference was within the machine's noise.
 
 The file is written under a hidden temporary name in the same directory and renamed
 to its final name by ``close()``, so a reader scanning a directory of traces never
@@ -488,38 +496,51 @@ class ParquetRecorder:
 
     def _write_batch(self, writer: pq.ParquetWriter, chunk: _Chunk) -> None:
         # Runs on the writer thread. The buffer becomes Arrow arrays without a copy
-        # (the bytearray, viewed as float64, int64 and int8 values) and each column is
-        # taken out of it with a strided pc.take: Arrow kernels, not Python objects.
+        # (the bytearray, viewed as float64, int64 and int8 values) and the columns
+        # are taken out of it with strided takes: Arrow kernels, not Python objects.
         # Only the labels are converted from Python objects, holding the GIL (~20 ns
-        # per row). Constant columns repeat a typed Arrow scalar: repeating a Python
-        # str goes through Python per element and cost 0.7 us per row.
+        # per row). Each kernel call releases the GIL and must win it back from a
+        # busy loop, so the calls are few: one take for the five 8-byte fields, one
+        # for the level, one comparison per nullable column. Constant columns repeat
+        # a typed Arrow scalar: repeating a Python str goes through Python per
+        # element and cost 0.7 us per row.
         pa = self._pa
         pc = pa.compute
         buffer, labels, n = chunk
         data = pa.py_buffer(buffer)
         values = n * _ROW_DOUBLES
-        doubles = pa.Array.from_buffers(pa.float64(), values, [None, data])
+        f64 = pa.float64()
+        doubles = pa.Array.from_buffers(f64, values, [None, data])
         int64s = pa.Array.from_buffers(pa.int64(), values, [None, data])
         int8s = pa.Array.from_buffers(pa.int8(), n * _ROW.size, [None, data])
         rows, in_bytes = self._strides(n)
-        take = pc.take
+        span = values - _ROW_DOUBLES + 1  # from a row's field to the last row's
+        fields = pc.take(
+            pa.RecordBatch.from_arrays(
+                [int64s.slice(0, span), *(doubles.slice(i, span) for i in range(1, 5))],
+                names=["timer_id", "scheduled_at", "deadline", "fired_at", "cancelled_at"],
+            ),
+            rows,
+        )
 
-        def nullable(index: int) -> Any:
-            column = take(doubles.slice(index), rows)
-            return pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+        def nullable(name: str) -> Any:
+            # NaN stands for None: valid where the value equals itself.
+            column = fields.column(name)
+            valid = pc.equal(column, column)
+            return pa.Array.from_buffers(f64, n, [valid.buffers()[1], column.buffers()[1]])
 
-        deadline = take(doubles.slice(2), rows)
-        fired_at = nullable(3)
+        deadline = fields.column("deadline")
+        fired_at = nullable("fired_at")
         constant = self._constants
         columns = [
             *(pa.repeat(constant[name], n) for name in _RUN_COLUMNS),
-            take(int64s, rows),  # timer_id
+            fields.column("timer_id"),
             _labels(pa, labels if len(labels) == n else labels[:n]),
-            take(int8s.slice(_ROW_LEVEL_OFFSET), in_bytes),  # level
-            take(doubles.slice(1), rows),  # scheduled_at
+            pc.take(int8s.slice(_ROW_LEVEL_OFFSET, span * 8 - 7), in_bytes),  # level
+            fields.column("scheduled_at"),
             deadline,
             fired_at,
-            nullable(4),  # cancelled_at
+            nullable("cancelled_at"),
             pc.subtract(fired_at, deadline),  # lateness
             pa.repeat(constant["clock_anchor"], n),
             pa.repeat(constant["wall_anchor"], n),
