@@ -39,8 +39,8 @@ tens of percent). Per row, on the loop / on the writer holding the GIL / buffere
 * one ``pack_into`` per row (this design): ~200-300 ns / ~20 ns for the labels,
   plus Arrow kernels that release the GIL (~70 ns per row in all) / 56 bytes.
 
-So record() itself costs ~100 ns more than the flat list did, and the loop gets
-that back and more from the writer, whose GIL-holding work per row fell from ~190
+So record() itself costs ~100 ns more than the flat list did; counted in GIL time,
+the loop gets that back from the writer, whose GIL-holding work per row fell from ~190
 to ~20 ns; CPU per row over both threads fell ~15%, buffered memory ~70%. Whether
 a timer run gets faster depends on how much the writer runs while the loop does:
 in the churn and fire workloads the difference was within the machine's noise.
