@@ -85,6 +85,21 @@ def test_batches_become_row_groups(tmp_path: Path) -> None:
     assert [row["timer_id"] for row in _read(recorder.path)] == list(range(7))
 
 
+def test_many_batches_keep_every_row_in_order(tmp_path: Path) -> None:
+    # Chunks' buffers are filled again once written: no row may leak into another.
+    recorder = _opened(tmp_path, batch_rows=7, max_queued_batches=1000)
+    expected = []
+    for i in range(1000):
+        label = f"l{i % 13}" if i % 3 else None
+        fired = (100.0 + i, None) if i % 2 else (None, 50.0 + i)
+        recorder.record(i, label, float(i), 100.0 + i, i % 5, *fired)
+        expected.append((i, label, float(i), 100.0 + i, i % 5, *fired))
+    recorder.close()
+    columns = ("timer_id", "label", "scheduled_at", "deadline", "level", "fired_at", "cancelled_at")
+    assert [tuple(row[c] for c in columns) for row in _read(recorder.path)] == expected
+    assert (recorder.written, recorder.dropped) == (1000, 0)
+
+
 def test_a_full_queue_drops_whole_batches_and_counts_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,10 +107,10 @@ def test_a_full_queue_drops_whole_batches_and_counts_them(
     release = threading.Event()
     real_write = ParquetRecorder._write_batch
 
-    def slow_write(self: ParquetRecorder, writer: Any, flat: list[Any]) -> None:
+    def slow_write(self: ParquetRecorder, writer: Any, chunk: Any) -> None:
         writing.set()
         assert release.wait(10)
-        real_write(self, writer, flat)
+        real_write(self, writer, chunk)
 
     monkeypatch.setattr(ParquetRecorder, "_write_batch", slow_write)
     recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
@@ -183,16 +198,69 @@ def test_bad_paths(tmp_path: Path) -> None:
 
 
 def test_a_label_that_is_not_a_string_is_kept_as_its_str(tmp_path: Path) -> None:
+    class Named:
+        def __str__(self) -> str:
+            return "named"
+
     recorder = _opened(tmp_path)
-    recorder.record(1, 404, 1.0, 2.0, 0, 2.5, None)
+    recorder.record(1, 404, 1.0, 2.0, 0, 2.5, None)  # type: ignore[arg-type]
+    recorder.record(2, Named(), 1.0, 2.0, 0, 2.5, None)  # type: ignore[arg-type]
     recorder.close()
-    assert _read(recorder.path)[0]["label"] == "404"
+    assert [row["label"] for row in _read(recorder.path)] == ["404", "named"]
+
+
+def test_huge_labels_and_edge_values_round_trip(tmp_path: Path) -> None:
+    huge = "x" * 5_000_000
+    recorder = _opened(tmp_path, batch_rows=2)
+    recorder.record(2**63 - 1, huge, 1, 2, True, float("inf"), None)  # ints and a bool
+    recorder.record(-(2**63), "\u00e9\u2603", -1e300, 0.0, -128, None, 0.0)
+    recorder.record(3, None, 1.0, 2.0, 127, float("nan"), None)  # NaN is written as null
+    recorder.close()
+    first, second, third = _read(recorder.path)
+    assert (first["timer_id"], first["label"], first["level"]) == (2**63 - 1, huge, 1)
+    assert (first["scheduled_at"], first["deadline"], first["fired_at"]) == (1.0, 2.0, float("inf"))
+    assert (second["timer_id"], second["label"], second["level"]) == (
+        -(2**63),
+        "\u00e9\u2603",
+        -128,
+    )
+    assert (second["scheduled_at"], second["fired_at"], second["cancelled_at"]) == (
+        -1e300,
+        None,
+        0.0,
+    )
+    assert (third["level"], third["fired_at"], third["lateness"]) == (127, None, None)
+
+
+@pytest.mark.parametrize(
+    ("row", "error", "match"),
+    [
+        (("7", None, 1.0, 2.0, 0, 2.5, None), TypeError, "timer_id must be an int"),
+        ((7, None, 1.0, 2.0, 1.5, 2.5, None), TypeError, "level must be an int"),
+        ((7, None, "soon", 2.0, 0, 2.5, None), TypeError, "scheduled_at must be a float"),
+        ((7, None, 1.0, None, 0, 2.5, None), TypeError, "deadline must be a float"),
+        ((7, None, 1.0, 2.0, 0, "late", None), TypeError, "fired_at must be a float"),
+        ((7, None, 1.0, 2.0, 200, 2.5, None), ValueError, "out of range"),
+        ((2**63, None, 1.0, 2.0, 0, 2.5, None), ValueError, "out of range"),
+    ],
+)
+def test_a_bad_row_is_refused_at_the_call_and_the_rest_is_kept(
+    tmp_path: Path, row: tuple[Any, ...], error: type[Exception], match: str
+) -> None:
+    recorder = _opened(tmp_path, batch_rows=2)
+    recorder.record(1, None, 1.0, 2.0, 0, 2.5, None)
+    with pytest.raises(error, match=match):
+        recorder.record(*row)
+    recorder.record(2, "after", 1.0, 2.0, 0, None, 1.5)
+    recorder.close()
+    assert recorder.error is None
+    assert [(r["timer_id"], r["label"]) for r in _read(recorder.path)] == [(1, None), (2, "after")]
 
 
 def test_a_failing_writer_drops_rows_logs_and_leaves_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(self: ParquetRecorder, writer: Any, flat: list[Any]) -> None:
+    def broken(self: ParquetRecorder, writer: Any, chunk: Any) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(ParquetRecorder, "_write_batch", broken)
@@ -204,6 +272,29 @@ def test_a_failing_writer_drops_rows_logs_and_leaves_no_file(
     assert isinstance(recorder.error, OSError)
     assert recorder.dropped == 5
     assert recorder.written == 0
+    assert "incomplete" in caplog.text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writer_that_cannot_open_its_file_does_not_block_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The writer fails before it takes its first chunk, while record() fills the
+    # queue: close() must still return (it puts the last chunk and the stop marker).
+    directory = tmp_path / "gone"
+    directory.mkdir()
+    recorder = ParquetRecorder(directory / "t.parquet", batch_rows=1, max_queued_batches=1)
+    directory.rmdir()
+    recorder.open(backend="asyncio", clock=0.0)
+    for i in range(10):
+        recorder.record(i, None, 1.0, 2.0, 0, 2.5, None)
+    closing = threading.Thread(target=recorder.close, daemon=True)
+    with caplog.at_level(logging.ERROR, logger="aiowheel.trace"):
+        closing.start()
+        closing.join(30)
+    assert not closing.is_alive()
+    assert isinstance(recorder.error, FileNotFoundError)
+    assert (recorder.written, recorder.dropped) == (0, 10)
     assert "incomplete" in caplog.text
     assert list(tmp_path.iterdir()) == []
 
