@@ -455,6 +455,7 @@ class Timer:
     def stats(self) -> TimerStats:
         """A snapshot of the counters; zeros on a timer that is not started."""
         live = self._live
+        parts = self._parts
         return TimerStats(
             pending=self._pending,
             scheduled=self._scheduled,
@@ -463,8 +464,10 @@ class Timer:
             failed=self._failed,
             levels=live.wheel.levels if live is not None else self._levels,
             lateness_max=self._lateness_max,
-            running=live.pool.busy if live is not None else 0,
-            workers=live.pool.workers if live is not None else 0,
+            # The pool outlives aclose() while its last jobs finish (the one that
+            # called aclose() runs to its end): count what really runs.
+            running=parts.pool.busy if parts is not None else 0,
+            workers=parts.pool.workers if parts is not None else 0,
             wakeups=self._wakeups,
         )
 

@@ -725,6 +725,19 @@ def test_fault_injection(
     [
         # The shapes of issue 9, as fixed programs (they run even where hypothesis
         # would take a while to find them).
+        # A job that calls aclose() still runs after it: stats().running counts it
+        # (it said 0 once the timer was closed).
+        Program(
+            2,
+            2,
+            [None],
+            [
+                ("schedule", "schedule", ("float", 0.0), Behavior(True, 0.5, ("none",))),
+                ("cancel", 0),
+                ("reset", 0, ("float", 0.0), False),
+                ("schedule", "schedule", ("float", 0.0), Behavior(True, 0.0, ("aclose",))),
+            ],
+        ),
         Program(
             64,
             1,
@@ -783,7 +796,7 @@ def test_fault_injection(
             ],
         ),
     ],
-    ids=["issue-9-faults", "re-entrant-close"],
+    ids=["running-after-aclose", "issue-9-faults", "re-entrant-close"],
 )
 def test_fixed_fault_programs(
     program: Program, anyio_backend: tuple[str, dict[str, Any]], backend: str, virtual: bool
