@@ -55,6 +55,8 @@ def mypyc_extensions(target_dir: str) -> list[Extension]:
                 # all), whose own imports (anyio, pyarrow...) the build environment
                 # lacks: their errors are not the build's business (CI runs mypy).
                 "--follow-imports=silent",
+                # trio is optional: the build need not have it (it is then `Any`).
+                "--ignore-missing-imports",
                 # Its cache stays in the build tree, out of the project's .mypy_cache.
                 "--cache-dir",
                 os.path.join(target_dir, "mypy_cache"),
