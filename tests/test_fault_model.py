@@ -725,19 +725,6 @@ def test_fault_injection(
     [
         # The shapes of issue 9, as fixed programs (they run even where hypothesis
         # would take a while to find them).
-        # A job that calls aclose() still runs after it: stats().running counts it
-        # (it said 0 once the timer was closed).
-        Program(
-            2,
-            2,
-            [None],
-            [
-                ("schedule", "schedule", ("float", 0.0), Behavior(True, 0.5, ("none",))),
-                ("cancel", 0),
-                ("reset", 0, ("float", 0.0), False),
-                ("schedule", "schedule", ("float", 0.0), Behavior(True, 0.0, ("aclose",))),
-            ],
-        ),
         Program(
             64,
             1,
@@ -796,9 +783,34 @@ def test_fault_injection(
             ],
         ),
     ],
-    ids=["running-after-aclose", "issue-9-faults", "re-entrant-close"],
+    ids=["issue-9-faults", "re-entrant-close"],
 )
 def test_fixed_fault_programs(
     program: Program, anyio_backend: tuple[str, dict[str, Any]], backend: str, virtual: bool
 ) -> None:
     run_program(program, anyio_backend, backend, virtual)
+
+
+# A job that calls aclose() still runs after it: stats().running counts it (it said 0
+# once the timer was closed). Found by test_fault_injection.
+RUNNING_AFTER_ACLOSE = Program(
+    2,
+    2,
+    [None],
+    [
+        ("schedule", "schedule", ("float", 0.0), Behavior(True, 0.5, ("none",))),
+        ("cancel", 0),
+        ("reset", 0, ("float", 0.0), False),
+        ("schedule", "schedule", ("float", 0.0), Behavior(True, 0.0, ("aclose",))),
+    ],
+)
+
+
+def test_a_job_that_closed_its_timer_still_counts_as_running(
+    anyio_backend: tuple[str, dict[str, Any]], backend: str, virtual: bool
+) -> None:
+    if not virtual:
+        # Its job sleeps half a second: on uvloop's real clock a busy machine's
+        # scheduling delay would fail the probe's lateness bound, not this check.
+        pytest.skip("runs on the virtual clocks (asyncio with looptime, trio)")
+    run_program(RUNNING_AFTER_ACLOSE, anyio_backend, backend, virtual)
