@@ -155,14 +155,7 @@ class Bucket:
         """Unlink and return the oldest entry; ``None`` when empty."""
         entry = self._first
         if entry is not None:
-            after = entry._next
-            self._first = after
-            if after is None:
-                self._last = None
-            else:
-                after._prev = None
-                entry._next = None
-            entry._bucket = None
+            self.remove(entry)
         return entry
 
     def take_all(self) -> list[WheelEntry]:

@@ -79,7 +79,11 @@ from aiowheel import Timer, TimerCancelled, TimerClosed, TimerHandle
 TICK = 0.001
 PROBE_TICKS = 3
 EPS = 2e-6  # looptime counts whole microseconds; float sums are off by ulps
-REAL_SLACK = 0.05  # uvloop on a shared machine: lateness is only sanity-checked
+# uvloop runs on the real clock of a shared machine, next to the suite's Spark JVM:
+# lateness there is only sanity-checked (a stuck driver misses the probe by far more,
+# or never fires it). The exact bound is checked on the virtual clocks (asyncio with
+# looptime, trio with MockClock), where EPS is the slack. CI saw 60 and 74 ms stalls.
+REAL_SLACK = 0.5
 HORIZON = 100  # units; pending timers further out are cancelled before the drain
 MAX_ARMS = 4  # a callback re-arms a handle at most this often (no endless self-reset)
 _FACTOR = max(1, int(os.environ.get("AIOWHEEL_FAULT_EXAMPLES", "1")))
