@@ -25,7 +25,15 @@ from typing import NoReturn, SupportsIndex, cast
 
 from ._exceptions import TimerFull
 
-__all__ = ["check_callable", "check_int", "check_label", "full", "seconds", "too_far"]
+__all__ = [
+    "check_callable",
+    "check_int",
+    "check_label",
+    "full",
+    "not_copyable",
+    "seconds",
+    "too_far",
+]
 
 
 def seconds(value: object, what: str = "delay") -> float:
@@ -74,6 +82,11 @@ def check_label(label: object) -> None:
 def check_callable(callback: object) -> None:
     if not callable(callback):
         raise TypeError(f"callback must be callable, got {callback!r}")
+
+
+def not_copyable(obj: object, why: str) -> NoReturn:
+    """What ``copy.copy``, ``copy.deepcopy`` and ``pickle`` of a timer or a handle raise."""
+    raise TypeError(f"{type(obj).__name__} objects cannot be copied or pickled: {why}")
 
 
 def full(pending: int, limit: int) -> TimerFull:

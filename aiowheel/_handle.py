@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 from _thread import get_ident
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, SupportsFloat, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar
 
+from ._checks import not_copyable
 from ._exceptions import TimerCancelled
 from ._wheel import WheelEntry
 
@@ -41,6 +42,7 @@ __all__ = ["PeriodicHandle", "TimerHandle"]
 
 T = TypeVar("T")
 _INF: Final = float("inf")
+_ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
 _get_ident: Final = get_ident
 
 
@@ -146,6 +148,21 @@ class TimerHandle(WheelEntry, Generic[T]):
         deadline = self._deadline
         when = f"{deadline:.6f}" if abs(deadline) < 1e15 else f"{deadline:.6g}"
         return f"<{type(self).__name__} {state} deadline={when} callback={name}>"
+
+    # -- a handle is a timer, not a value --------------------------------------------
+    # A copy would carry the original's links and bucket without being in the list:
+    # cancelling the copy would unlink the original, which then never fires and stays
+    # pending() for ever (the pure core did exactly that). A handle is an identity, so
+    # copying it and pickling it raise instead.
+
+    def __copy__(self) -> NoReturn:
+        not_copyable(self, _ONE_TIMER)
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        not_copyable(self, _ONE_TIMER)
+
+    def __reduce__(self) -> NoReturn:
+        not_copyable(self, _ONE_TIMER)
 
     # -- control ----------------------------------------------------------------------
 

@@ -54,12 +54,20 @@ from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, SupportsFloat, SupportsIndex, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ._checks import check_callable, check_int, check_label, full, seconds, too_far
+from ._checks import (
+    check_callable,
+    check_int,
+    check_label,
+    full,
+    not_copyable,
+    seconds,
+    too_far,
+)
 from ._dispatch import WorkerPool, close_awaitable, inside
 from ._driver import Driver, backend_name, current_clock, loop_clock, make_driver
 from ._exceptions import TimerCancelled, TimerClosed
@@ -88,6 +96,7 @@ T = TypeVar("T")
 # every use (docs/design.md, "Rules for compiled modules").
 _INF: Final = math.inf
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
+_ONE_RESOURCE: Final = "a timer is one resource of its event loop; share the timer itself"
 _get_ident: Final = get_ident
 
 # Bounds of the constructor's arguments: a tick below a microsecond is finer than any
@@ -486,6 +495,19 @@ class Timer:
             f"<Timer {self._state.value} tick={self._tick} wheel_size={self._wheel_size} "
             f"pending={self._pending}>"
         )
+
+    # A copy would share the original's wheel, driver and pool but keep counters of
+    # its own: both would file into one wheel and disagree about what is pending.
+    # A timer is one resource, like the event loop it runs on.
+
+    def __copy__(self) -> NoReturn:
+        not_copyable(self, _ONE_RESOURCE)
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        not_copyable(self, _ONE_RESOURCE)
+
+    def __reduce__(self) -> NoReturn:
+        not_copyable(self, _ONE_RESOURCE)
 
     # -- admission checks -----------------------------------------------------------
 

@@ -40,10 +40,11 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, SupportsFloat, SupportsIndex
 
 import anyio
 
+from ._checks import seconds
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import TimerHandle
 from ._timer import Timer
@@ -97,14 +98,12 @@ class DelayedOperation:
         "_timeout",
     )
 
-    def __init__(self, timeout: float) -> None:
-        if type(timeout) is not float and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-        ):
-            raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-        if not (timeout >= 0 and timeout - timeout == 0):  # NaN and inf fail
+    def __init__(self, timeout: SupportsFloat) -> None:
+        # The timer's one rule for times (aiowheel/_checks.py), plus ">= 0".
+        seconds_ = timeout if type(timeout) is float else seconds(timeout, "timeout")
+        if not (seconds_ >= 0 and seconds_ - seconds_ == 0):  # NaN and inf fail
             raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
-        self._timeout = float(timeout)
+        self._timeout = seconds_
         self._state = _NEW
         # The timeout on the wheel, while the operation is watched and not finished.
         self._handle: TimerHandle[Any] | None = None
@@ -117,6 +116,18 @@ class DelayedOperation:
         self._keys: tuple[Hashable, ...] = ()
         # Created by the first wait(): an operation nobody waits for costs no event.
         self._event: anyio.Event | None = None
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        # copy.copy, copy.deepcopy and pickle all come here. A copy of an operation
+        # already handed to a purgatory would share its timeout handle and its watch
+        # entries: completing the copy would cancel the original's timeout, and the
+        # original, still watched, would never expire. A new operation copies as usual.
+        if self._state != _NEW:
+            raise TypeError(
+                f"{type(self).__name__} cannot be copied or pickled once handed to a "
+                "purgatory: it is one operation, watched and timed there"
+            )
+        return super().__reduce_ex__(protocol)
 
     # -- to override -------------------------------------------------------------------
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import datetime
 import logging
 import math
+import pickle
 import sys
 import threading
 import time
@@ -1113,3 +1115,49 @@ async def test_schedule_threadsafe_on_a_closed_timer_raises_timer_closed(
 
     assert await in_thread(backend, from_thread) == "TimerClosed"
     assert len(timer) == 0
+
+
+# == a copied handle unlinked its original ==============================================
+# On the pure core, copy.copy(handle) cloned the handle's links: cancelling the clone
+# unlinked the original, which then never fired, stayed pending() and was no longer
+# counted by len(timer). Handles and timers now refuse copy, deepcopy and pickle.
+
+COPIERS: dict[str, Callable[[object], object]] = {
+    "copy": copy.copy,
+    "deepcopy": copy.deepcopy,
+    "pickle": pickle.dumps,
+}
+
+
+@pytest.mark.parametrize("copier", list(COPIERS))
+@pytest.mark.parametrize("kind", ["plain", "periodic"])
+async def test_copying_a_handle_is_refused_and_the_timer_goes_on(
+    copier: str, kind: str, unit: float, virtual: bool, guard: float
+) -> None:
+    async with Timer(tick=TICK) as timer:
+        runs: list[float] = []
+        start = timer.time()
+        handle: TimerHandle[Any] = (
+            timer.every(unit, lambda: runs.append(timer.time()))
+            if kind == "periodic"
+            else timer.schedule_nowait(unit, lambda: runs.append(timer.time()))
+        )
+        with pytest.raises(TypeError, match="cannot be copied or pickled"):
+            COPIERS[copier](handle)
+        assert handle.pending()
+        assert len(timer) == 1
+        await assert_fires_on_time(timer, 2 * unit, virtual, guard)
+        assert runs, "the handle did not fire"
+        assert runs[0] >= start + unit, "fired early"
+        handle.cancel()
+
+
+@pytest.mark.parametrize("copier", list(COPIERS))
+async def test_copying_a_timer_is_refused(copier: str, unit: float, guard: float) -> None:
+    async with Timer(tick=TICK) as timer:
+        handle = timer.schedule_nowait(unit, noop)
+        with pytest.raises(TypeError, match="cannot be copied or pickled"):
+            COPIERS[copier](timer)
+        with anyio.fail_after(guard):
+            await handle.wait()
+        assert timer.stats().fired == 1

@@ -8,15 +8,21 @@ time, small delays) and trio (MockClock). Tests that assert exact instants are m
 
 from __future__ import annotations
 
+import copy
+import datetime
 import gc
+import pickle
 import random
 import time
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import anyio
+import numpy
 import pytest
 
 from aiowheel import Timer, TimerCancelled, TimerClosed, TimerFull, TimerHandle
@@ -887,6 +893,49 @@ def test_timeout_accepts_ints_and_zero() -> None:
     assert DelayedOperation(0).timeout == 0.0
     assert DelayedOperation(5).timeout == 5.0
     assert "new" in repr(DelayedOperation(1.5))
+
+
+@pytest.mark.parametrize(
+    "value", [Fraction(1, 4), Decimal("0.25"), numpy.float32(0.25), numpy.int64(0)]
+)
+def test_timeout_follows_the_timers_rule_for_times(value: Any) -> None:
+    # The same values as Timer.schedule (docs/usage.md, "Times and bad input").
+    assert DelayedOperation(value).timeout == float(value)
+
+
+def test_a_timedelta_timeout_says_what_to_pass() -> None:
+    with pytest.raises(TypeError, match="total_seconds"):
+        DelayedOperation(datetime.timedelta(seconds=1))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps])
+async def test_a_watched_operation_cannot_be_copied_and_still_expires(
+    copier: Callable[[object], object],
+) -> None:
+    # A copy would share the original's timeout: completing it would cancel that
+    # timeout, and the original, still watched, would never expire.
+    async with Timer(tick=TICK) as timer:
+        purgatory = Purgatory(timer)
+        op = Op(1.0, clock=timer)
+        start = timer.time()
+        assert not purgatory.try_complete_else_watch(op, ["k"])
+        with pytest.raises(TypeError, match="cannot be copied or pickled once handed"):
+            copier(op)
+        await op.wait()
+        assert op.events == ["complete", "expire"]
+        assert op.completed_at is not None
+        assert op.completed_at >= start + 1.0
+        with pytest.raises(TypeError, match="once handed"):
+            copy.copy(op)  # completed: still the one operation
+
+
+def test_a_new_operation_copies_as_usual() -> None:
+    op = Op(2.5, ready=True)
+    twin = copy.copy(op)
+    assert twin is not op
+    assert twin.timeout == 2.5
+    assert twin.ready
+    assert copy.deepcopy(op).events == []
 
 
 async def test_purgatory_constructor_validation() -> None:
