@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from bench_support import AIOWHEEL, RESULT_KEYS, TINY, applicable, results_of, run_json
 
+from aiowheel import TimerHandle
 from aiowheel.bench.contenders import CONTENDERS
 from aiowheel.bench.registry import WORKLOADS
 from aiowheel.bench.results import Result, fill_ratios
@@ -95,6 +96,12 @@ def test_workload_figures_are_plausible(
     assert len(occupied) == 1  # the same deadlines for everyone
     for row in figures("memory", "bytes").values():
         assert row["median"] > 0
+    # Every timer is still pending when the memory workload reads the growth, so an
+    # aiowheel figure is at least one handle's object (it once divided the memory of
+    # the timers that had not fired yet by N).
+    for name, row in figures("memory", "bytes").items():
+        if name in AIOWHEEL:
+            assert row["min"] >= TimerHandle.__basicsize__, name
 
 
 def test_trio_native_sits_out_sizes_above_the_task_cap() -> None:
