@@ -221,9 +221,11 @@ class TimerHandle(WheelEntry, Generic[T]):
 
 
 class TracedHandle(TimerHandle[T]):
-    """A handle of a timer with a trace recorder: it carries what a trace row needs.
+    """A handle that carries what a trace row needs.
 
-    Only timers with a recorder create these, so a timer without one pays nothing.
+    A timer with a trace recorder creates only these (and ``PeriodicHandle``, one of
+    them); a timer without one creates them for ``every()`` alone, so its one-shot
+    handles pay nothing for tracing.
     """
 
     __slots__ = ("_id", "_label", "_level", "_scheduled_at")
@@ -239,11 +241,13 @@ class TracedHandle(TimerHandle[T]):
         return self._label
 
 
-class PeriodicHandle(TimerHandle[Any]):
+class PeriodicHandle(TracedHandle[Any]):
     """The handle of ``Timer.every``: it re-arms itself after each run.
 
     Its callback slot holds ``self._run``, which calls the user's callback and then
-    re-arms, so the dispatcher treats periodic timers like any other.
+    re-arms, so the dispatcher treats periodic timers like any other. It is a
+    ``TracedHandle`` whether or not the timer traces (periodic timers are few): a
+    traced timer writes one row per period, all with the handle's ``timer_id``.
     """
 
     __slots__ = ("_active", "_fixed_rate", "_interval", "_k", "_start", "_user_args", "_user_cb")

@@ -227,7 +227,10 @@ class Timer:
         self._limit = limit
         self._max_concurrency = concurrency
         self._on_error = on_error if on_error is not None else _log_error
+        # The recorder the timer opens and closes, and the one it writes rows to: the
+        # same, until a record() raises (see _recorder_failed).
         self._recorder = recorder
+        self._tracing = recorder
 
         self._state = _NEW
         # The running parts, exactly while the timer accepts timers (open or draining).
@@ -277,7 +280,18 @@ class Timer:
             await outer.__aexit__(*sys.exc_info())
             raise
         if self._recorder is not None:
-            self._recorder.open(backend=backend, clock=live.clock())
+            try:
+                self._recorder.open(backend=backend, clock=live.clock())
+            except BaseException:
+                # Nothing is scheduled yet: take down what this call started, so that
+                # a recorder that cannot open leaves no task running behind the error.
+                self._state = _CLOSED
+                self._tracing = None
+                live.driver.stop()
+                live.pool.close()
+                live.closing.set()
+                await outer.__aexit__(None, None, None)  # the supervisor returns
+                raise
         self._state = _OPEN
         self._loop_thread = _get_ident()
         self._now = live.clock
@@ -359,7 +373,12 @@ class Timer:
             await live.pool.join()
         if self._recorder is not None:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._recorder.close)
+                try:
+                    await anyio.to_thread.run_sync(self._recorder.close)
+                except Exception:
+                    # The timer is closed whatever the recorder says (ParquetRecorder
+                    # itself logs rather than raises, for the same reason).
+                    logger.exception("aiowheel: the trace recorder failed to close")
         return cancelled
 
     def _shut(self, live: _Running) -> list[TimerHandle[Any]]:
@@ -391,7 +410,7 @@ class Timer:
             if isinstance(handle, PeriodicHandle):
                 handle._stop()
             self._settle(handle, _CANCELLED)
-            if self._recorder is not None and isinstance(handle, TracedHandle):
+            if isinstance(handle, TracedHandle):
                 self._trace(handle, None, now)
         self._periodic.clear()
         self._cancelled += len(handles)
@@ -580,7 +599,7 @@ class Timer:
         if self._pending >= self._limit:
             raise full(self._pending, self._limit)
         now = live.clock()
-        if self._recorder is not None:
+        if self._tracing is not None:
             return self._add_traced(live, now + seconds_, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         if seconds_ > 0:
@@ -609,7 +628,7 @@ class Timer:
         if self._pending >= self._limit:
             raise full(self._pending, self._limit)
         now = live.clock()
-        if self._recorder is not None:
+        if self._tracing is not None:
             return self._add_traced(live, deadline, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         self._file(live, handle, deadline, deadline <= now, new=True)
@@ -691,7 +710,8 @@ class Timer:
 
         ``fixed_rate=True`` keeps deadlines on the grid start + k*interval (missed
         periods are skipped, not bunched); ``fixed_rate=False`` waits ``interval``
-        after each run finishes. Runs never overlap. ``cancel()`` stops it.
+        after each run finishes. Runs never overlap. ``cancel()`` stops it. ``label``
+        names it in a trace (one row per period), as for ``schedule``.
         """
         live = self._open()
         if self._state is not _OPEN:
@@ -703,12 +723,18 @@ class Timer:
         check_callable(callback)
         if not isinstance(fixed_rate, bool):
             raise TypeError(f"fixed_rate must be a bool, got {fixed_rate!r}")
+        check_label(label)
         if self._pending >= self._limit:
             raise full(self._pending, self._limit)
         now = live.clock()
         if now + period == _INF:
             too_far("interval", period)
         handle = PeriodicHandle(self, callback, args, period, fixed_rate, now)
+        # What a trace row reads (the pass reads it of every handle of a traced timer;
+        # _file sets the level, _move the scheduled_at of each later period).
+        handle._label = label
+        handle._scheduled_at = now
+        self._last_id = handle._id = self._last_id + 1
         self._file(live, handle, now + period, False, new=True)
         self._periodic.add(handle)
         return handle
@@ -750,7 +776,7 @@ class Timer:
             # per loop iteration (still before any timer of that iteration): a loop of
             # schedule + cancel on an otherwise idle timer re-arms once, not each time.
             live.driver.recheck(self._sync_wakeup_unless_passing)
-        if self._recorder is not None and isinstance(handle, TracedHandle):
+        if self._tracing is not None and isinstance(handle, TracedHandle):
             self._trace(handle, None, live.clock())
         if self._waiters:
             self._settle(handle, _CANCELLED)
@@ -759,7 +785,7 @@ class Timer:
         if self._idle_waiters and not self._pending and live.pool.busy <= 1:
             self._wake_idle()  # the drainer re-checks (it may be running itself)
         self._notify_cancel = bool(
-            self._recorder is not None or self._waiters or self._room_waiters or self._idle_waiters
+            self._tracing is not None or self._waiters or self._room_waiters or self._idle_waiters
         )
 
     def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
@@ -907,7 +933,7 @@ class Timer:
 
     def _dispatch(self, live: _Running, buckets: list[Bucket], now: float) -> None:
         waiters = self._waiters
-        recorder = self._recorder
+        recorder = self._tracing
         lateness_max = self._lateness_max
         fired = failed = 0
         index = 0
@@ -976,11 +1002,16 @@ class Timer:
                     if waiters:
                         self._settle(handle, outcome)
                     if recorder is not None:
-                        recorder.record(*row, now, None)
+                        try:
+                            recorder.record(*row, now, None)
+                        except _EXIT:
+                            raise
+                        except BaseException as exc:
+                            self._recorder_failed(exc)
+                            recorder = None
         except BaseException as exc:
-            # SystemExit/KeyboardInterrupt (from a callback or on_error), or a
-            # recorder's failure: put back what this pass did not get to, so nothing
-            # pending is lost.
+            # SystemExit/KeyboardInterrupt (from a callback or on_error): put back
+            # what this pass did not get to, so nothing pending is lost.
             self._refile(live, buckets[index:])
             if isinstance(exc, _EXIT):
                 raise
@@ -1008,17 +1039,34 @@ class Timer:
     def _trace(
         self, handle: TracedHandle[Any], fired_at: float | None, cancelled_at: float | None
     ) -> None:
-        recorder = self._recorder
+        recorder = self._tracing
         if recorder is not None:
-            recorder.record(
-                handle._id,
-                handle._label,
-                handle._scheduled_at,
-                handle._deadline,
-                handle._level,
-                fired_at,
-                cancelled_at,
-            )
+            try:
+                recorder.record(
+                    handle._id,
+                    handle._label,
+                    handle._scheduled_at,
+                    handle._deadline,
+                    handle._level,
+                    fired_at,
+                    cancelled_at,
+                )
+            except _EXIT:
+                raise
+            except BaseException as exc:
+                self._recorder_failed(exc)
+
+    def _recorder_failed(self, exc: BaseException) -> None:
+        # A recorder only observes: its failure must cost no timer anything (a raise
+        # out of the pass used to re-file the rest, so one timer fired per pass; out
+        # of cancel() or aclose() it reached the caller, and aclose() left waiters
+        # unsettled). So tracing stops here with one error logged, not one per row,
+        # and aclose() still closes the recorder.
+        self._tracing = None
+        logger.error(
+            "aiowheel: the trace recorder failed; this timer records no more rows",
+            exc_info=exc,
+        )
 
     def _settle(self, handle: TimerHandle[Any], outcome: Any) -> None:
         waiter = self._waiters.pop(handle, None)

@@ -13,6 +13,7 @@ inside the callback is compared with that callback's ``handle.deadline``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -1437,6 +1438,156 @@ async def test_every_bad_callback() -> None:
     async with Timer() as timer:
         with pytest.raises(TypeError):
             timer.every(1.0, "not callable")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("label", [3, b"tick", ["tick"]])
+async def test_every_bad_label(label: Any) -> None:
+    async with Timer() as timer:
+        with pytest.raises(TypeError, match="str or None"):
+            timer.every(1.0, noop, label=label)
+        assert len(timer) == 0
+
+
+@dataclasses.dataclass
+class Row:
+    timer_id: int
+    label: str | None
+    scheduled_at: float
+    deadline: float
+    level: int
+    fired_at: float | None
+    cancelled_at: float | None
+
+
+class ListRecorder:
+    """A trace recorder that keeps its rows (aiowheel.TraceRecorder)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+
+    def open(self, *, backend: str, clock: float) -> None:
+        pass
+
+    def record(self, *row: Any) -> None:
+        self.rows.append(Row(*row))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.virtual_time
+async def test_a_traced_timer_records_every_period_of_every() -> None:
+    # A traced timer once failed each pass on a periodic handle (it had no trace
+    # fields): the periodic timer never ran, and the pass logged an error every tick.
+    recorder = ListRecorder()
+    async with Timer(recorder=recorder) as timer:
+        runs: list[float] = []
+        start = timer.time()
+        periodic = timer.every(1.0, lambda: runs.append(timer.time()), label="tick")
+        assert periodic.label == "tick"
+        once = timer.schedule_nowait(2.5, noop, label="once")
+        await anyio.sleep(3.5)
+        assert once.fired()
+        assert periodic.cancel()
+    assert len(runs) == 3
+    for k, at in enumerate(runs, 1):
+        assert_on_time(at, start + k * 1.0, virtual=True)
+    ticks = [row for row in recorder.rows if row.label == "tick"]
+    assert len({row.timer_id for row in ticks}) == 1
+    fired = [row for row in ticks if row.fired_at is not None]
+    assert [row.deadline for row in fired] == pytest.approx([start + k for k in (1, 2, 3)])
+    for row in fired:
+        assert row.fired_at is not None
+        assert row.fired_at >= row.deadline
+        assert row.scheduled_at <= row.deadline - 1.0 + TICK + EPS
+        assert row.level >= 0
+    (stopped,) = (row for row in ticks if row.cancelled_at is not None)
+    assert stopped.deadline == pytest.approx(start + 4.0)
+    (one,) = (row for row in recorder.rows if row.label == "once")
+    assert one.fired_at is not None
+    assert one.timer_id != stopped.timer_id
+
+
+class FailingRecorder(ListRecorder):
+    """Raises from the named call (``open``, ``record`` or ``close``)."""
+
+    def __init__(self, fails: str) -> None:
+        super().__init__()
+        self.fails = fails
+        self.closed = False
+
+    def open(self, *, backend: str, clock: float) -> None:
+        if self.fails == "open":
+            raise OSError("no trace directory")
+
+    def record(self, *row: Any) -> None:
+        if self.fails == "record":
+            raise OSError("disk full")
+        super().record(*row)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.fails == "close":
+            raise OSError("disk full at close")
+
+
+@pytest.mark.virtual_time
+async def test_a_failing_recorder_costs_no_timer_anything(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A raise out of the pass used to re-file the rest of the pass: one timer fired
+    # per pass (125 of 2,000 in 0.2 s), one error logged each; cancel() raised the
+    # recorder's error, and so did aclose(), leaving waiters unsettled.
+    recorder = FailingRecorder("record")
+    async with Timer(recorder=recorder) as timer:
+        start = timer.time()
+        fired: list[float] = []
+        due = [timer.schedule_nowait(1.0, lambda: fired.append(timer.time())) for _ in range(2000)]
+        doomed = timer.schedule_nowait(5.0, noop)
+        far = timer.schedule_nowait(50.0, noop)
+        waiting = anyio.Event()
+
+        async def wait_far() -> None:
+            with pytest.raises(aiowheel.TimerCancelled):
+                await far.wait()
+            waiting.set()
+
+        await anyio.sleep(1.5)
+        assert len(fired) == 2000
+        assert all(start + 1.0 <= at <= start + 1.0 + TICK + EPS for at in fired)
+        assert all(handle.fired() for handle in due)
+        assert doomed.cancel() is True
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_far)
+            await anyio.lowlevel.checkpoint()
+            assert await timer.aclose() == [far]
+        assert waiting.is_set()
+    assert recorder.closed
+    failures = [r for r in caplog.records if "trace recorder failed" in r.getMessage()]
+    assert len(failures) == 1
+    assert failures[0].exc_info is not None
+
+
+async def test_a_recorder_that_fails_to_close_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = FailingRecorder("close")
+    async with Timer(recorder=recorder) as timer:
+        timer.schedule_nowait(10.0, noop)
+    assert recorder.closed
+    assert timer.closed
+    assert any("failed to close" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_recorder_that_fails_to_open_leaves_nothing_running(backend: str) -> None:
+    tasks_before = len(asyncio.all_tasks()) if backend != "trio" else 0
+    timer = Timer(recorder=FailingRecorder("open"))
+    with pytest.raises(OSError, match="no trace directory"):
+        async with timer:
+            pytest.fail("the block must not run")
+    assert timer.closed
+    with pytest.raises(aiowheel.TimerClosed):
+        timer.schedule_nowait(1.0, noop)
+    if backend != "trio":
+        assert len(asyncio.all_tasks()) == tasks_before
 
 
 # == len, stats, next_deadline ============================================================
