@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import inspect
 import logging
 import math
 import sys
@@ -96,6 +97,10 @@ T = TypeVar("T")
 # every use (docs/design.md, "Rules for compiled modules").
 _INF: Final = math.inf
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
+_ASYNC_ON_ERROR: Final = (
+    "the timer calls on_error inside its pass, which never awaits: pass a plain "
+    "function (it may start a task for async work)"
+)
 _ONE_RESOURCE: Final = "a timer is one resource of its event loop; share the timer itself"
 _get_ident: Final = get_ident
 
@@ -199,7 +204,8 @@ class Timer:
     :param max_concurrency: most async callbacks running at once.
     :param on_error: ``on_error(handle, exc)`` when a callback raises; by default the
         error is logged at ERROR on the ``"aiowheel"`` logger. What ``on_error``
-        itself raises is logged there too, and the timer goes on.
+        itself raises is logged there too, and the timer goes on. It is a plain
+        function (an ``async def`` one is refused: the pass never awaits).
     :param recorder: a trace recorder (``aiowheel.trace.ParquetRecorder``) that gets one
         row per timer when it ends; a timer without one pays nothing for tracing.
     """
@@ -222,6 +228,8 @@ class Timer:
         concurrency = check_int("max_concurrency", max_concurrency, 1)
         if on_error is not None and not callable(on_error):
             raise TypeError(f"on_error must be callable, got {on_error!r}")
+        if inspect.iscoroutinefunction(on_error):
+            raise TypeError(f"on_error is an async function; {_ASYNC_ON_ERROR}")
         self._tick = tick_
         self._wheel_size = size
         self._limit = limit
@@ -1030,11 +1038,23 @@ class Timer:
 
     def _report(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         try:
-            self._on_error(handle, exc)
+            result = self._on_error(handle, exc)
         except _EXIT:
             raise
         except BaseException:
             logger.exception("on_error raised while reporting an error of %r", handle)
+            return
+        if result is not None and hasattr(type(result), "__await__"):
+            # An async on_error that got past the constructor's check (a lambda or a
+            # partial around one): nothing would ever await it, so the callback's
+            # error would vanish behind a "never awaited" warning. Log it instead.
+            close_awaitable(result)
+            logger.error(
+                "on_error returned an awaitable; %s. The error of %r was:",
+                _ASYNC_ON_ERROR,
+                handle,
+                exc_info=exc,
+            )
 
     def _trace(
         self, handle: TracedHandle[Any], fired_at: float | None, cancelled_at: float | None

@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import copy
 import datetime
+import gc
 import logging
 import math
 import pickle
@@ -240,6 +241,47 @@ async def test_raising_on_error_is_logged_and_the_timer_goes_on(
         and isinstance(r.exc_info[1], handler_exc)
     ]
     assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+
+
+async def _async_handler(handle: TimerHandle[Any], exc: BaseException) -> None:
+    pass  # never runs: the timer would have to await it
+
+
+def test_an_async_on_error_is_refused_at_the_constructor() -> None:
+    with pytest.raises(TypeError, match="on_error is an async function"):
+        Timer(on_error=_async_handler)
+
+
+@pytest.mark.parametrize("callback_kind", ["plain", "async"])
+async def test_an_on_error_returning_an_awaitable_logs_the_error_and_goes_on(
+    callback_kind: str,
+    caplog: pytest.LogCaptureFixture,
+    recwarn: pytest.WarningsRecorder,
+    unit: float,
+    guard: float,
+    virtual: bool,
+) -> None:
+    # A lambda around an async handler gets past the constructor: the callback's error
+    # used to vanish behind "coroutine was never awaited".
+    def plain_boom() -> None:
+        raise KeyError("callback")
+
+    async def async_boom() -> None:
+        await anyio.lowlevel.checkpoint()
+        raise KeyError("callback")
+
+    with caplog.at_level(logging.ERROR, logger="aiowheel"):
+        async with Timer(tick=TICK, on_error=lambda h, e: _async_handler(h, e)) as timer:
+            boom = plain_boom if callback_kind == "plain" else async_boom
+            bad = timer.schedule_nowait(unit, boom)
+            with anyio.fail_after(guard), pytest.raises(KeyError):
+                await bad.wait()
+            await assert_fires_on_time(timer, unit, virtual, guard)
+    (logged,) = [r for r in caplog.records if "on_error returned an awaitable" in r.getMessage()]
+    assert logged.exc_info is not None
+    assert isinstance(logged.exc_info[1], KeyError)
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
 # == defect 2: an async callback raising a BaseException =================================
