@@ -55,7 +55,16 @@ from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat, SupportsIndex, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    NoReturn,
+    SupportsFloat,
+    SupportsIndex,
+    TypeVar,
+    cast,
+)
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -947,8 +956,9 @@ class Timer:
         index = 0
         # Declared here so that `finally` can drop them: a stored exception's
         # traceback keeps this frame alive (through its callers' f_back), and the
-        # frame must not keep the last handle or outcome alive with it.
-        handle: Any = None
+        # frame must not keep the last handle or outcome alive with it. (Typed, so
+        # that compiled, its attributes are read and written natively, not by name.)
+        handle: TimerHandle[Any] | None = None
         outcome: Any = None
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
@@ -958,7 +968,7 @@ class Timer:
                     entry = bucket.pop_first()
                     if entry is None:
                         break
-                    handle = entry
+                    handle = cast("TimerHandle[Any]", entry)  # the timer files only these
                     self._pending -= 1
                     lateness = now - handle._deadline
                     if lateness > lateness_max:
@@ -966,12 +976,14 @@ class Timer:
                     if recorder is not None:
                         # The trace row describes this firing: read it before the
                         # callback runs, since a callback may re-arm its own handle.
+                        # (A traced timer files only traced handles.)
+                        traced = cast("TracedHandle[Any]", handle)
                         row = (
-                            handle._id,
-                            handle._label,
-                            handle._scheduled_at,
-                            handle._deadline,
-                            handle._level,
+                            traced._id,
+                            traced._label,
+                            traced._scheduled_at,
+                            traced._deadline,
+                            traced._level,
                         )
                     fired += 1
                     try:
