@@ -978,13 +978,11 @@ class Timer:
                         # callback runs, since a callback may re-arm its own handle.
                         # (A traced timer files only traced handles.)
                         traced = cast("TracedHandle[Any]", handle)
-                        row = (
-                            traced._id,
-                            traced._label,
-                            traced._scheduled_at,
-                            traced._deadline,
-                            traced._level,
-                        )
+                        row_id = traced._id
+                        row_label = traced._label
+                        row_scheduled_at = traced._scheduled_at
+                        row_deadline = traced._deadline
+                        row_level = traced._level
                     fired += 1
                     try:
                         result = handle._callback(*handle._args)
@@ -1023,7 +1021,15 @@ class Timer:
                         self._settle(handle, outcome)
                     if recorder is not None:
                         try:
-                            recorder.record(*row, now, None)
+                            recorder.record(
+                                row_id,
+                                row_label,
+                                row_scheduled_at,
+                                row_deadline,
+                                row_level,
+                                now,
+                                None,
+                            )
                         except _EXIT:
                             raise
                         except BaseException as exc:
