@@ -1099,7 +1099,10 @@ class Timer:
         # out of the pass used to re-file the rest, so one timer fired per pass; out
         # of cancel() or aclose() it reached the caller, and aclose() left waiters
         # unsettled). So tracing stops here with one error logged, not one per row,
-        # and aclose() still closes the recorder.
+        # and aclose() still closes the recorder. (Once: the pass holds the recorder in
+        # a local, and a callback's cancel() may have let it go meanwhile.)
+        if self._tracing is None:
+            return
         self._tracing = None
         logger.error(
             "aiowheel: the trace recorder failed; this timer records no more rows",

@@ -1545,6 +1545,10 @@ async def test_a_failing_recorder_costs_no_timer_anything(
         due = [timer.schedule_nowait(1.0, lambda: fired.append(timer.time())) for _ in range(2000)]
         doomed = timer.schedule_nowait(5.0, noop)
         far = timer.schedule_nowait(50.0, noop)
+        # The first failure comes from a cancel() inside the pass, which still holds
+        # the recorder: still one error logged.
+        victim = timer.schedule_nowait(10.0, noop)
+        first = timer.schedule_nowait(0.5, victim.cancel)
         waiting = anyio.Event()
 
         async def wait_far() -> None:
@@ -1553,6 +1557,8 @@ async def test_a_failing_recorder_costs_no_timer_anything(
             waiting.set()
 
         await anyio.sleep(1.5)
+        assert first.fired()
+        assert victim.cancelled()
         assert len(fired) == 2000
         assert all(start + 1.0 <= at <= start + 1.0 + TICK + EPS for at in fired)
         assert all(handle.fired() for handle in due)
