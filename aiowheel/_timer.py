@@ -427,8 +427,6 @@ class Timer:
             if isinstance(handle, PeriodicHandle):
                 handle._stop()
             self._settle(handle, _CANCELLED)
-            if isinstance(handle, TracedHandle):
-                self._trace(handle, None, now)
         self._periodic.clear()
         self._cancelled += len(handles)
         self._pending = 0
@@ -442,6 +440,11 @@ class Timer:
             )
             handle._result = outcome
             self._settle(handle, outcome)
+        # The trace rows last: everything above is settled whatever a recorder raises
+        # (even SystemExit, which _trace lets through).
+        for handle in handles:
+            if isinstance(handle, TracedHandle):
+                self._trace(handle, None, now)
         return handles
 
     def _break(self, exc: BaseException) -> None:

@@ -1574,6 +1574,41 @@ async def test_a_failing_recorder_costs_no_timer_anything(
     assert failures[0].exc_info is not None
 
 
+class InterruptingRecorder(ListRecorder):
+    """Raises KeyboardInterrupt on the first row of a cancelled timer."""
+
+    def record(self, *row: Any) -> None:
+        if row[6] is not None:
+            raise KeyboardInterrupt
+        super().record(*row)
+
+
+async def test_an_interrupt_from_the_recorder_at_close_still_settles_every_waiter(
+    virtual: bool,
+) -> None:
+    # aclose() writes the cancelled rows after settling every waiter: a recorder that
+    # raises SystemExit or KeyboardInterrupt (let through, as from a callback) used to
+    # leave the waiters of the timers after the first one waiting for ever.
+    settled: list[TimerHandle[Any]] = []
+    async with Timer(recorder=InterruptingRecorder()) as timer:
+        handles = [timer.schedule_nowait(100.0, noop) for _ in range(3)]
+
+        async def wait(handle: TimerHandle[Any]) -> None:
+            with pytest.raises(aiowheel.TimerCancelled):
+                await handle.wait()
+            settled.append(handle)
+
+        with anyio.fail_after(1000.0 if virtual else 2.0):
+            async with anyio.create_task_group() as tg:
+                for handle in handles:
+                    tg.start_soon(wait, handle)
+                await anyio.wait_all_tasks_blocked()
+                with pytest.raises(KeyboardInterrupt):
+                    await timer.aclose()
+    assert sorted(map(id, settled)) == sorted(map(id, handles))
+    assert all(handle.cancelled() for handle in handles)
+
+
 async def test_a_recorder_that_fails_to_close_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     recorder = FailingRecorder("close")
     async with Timer(recorder=recorder) as timer:
