@@ -1482,13 +1482,20 @@ async def test_a_traced_timer_records_every_period_of_every() -> None:
     recorder = ListRecorder()
     async with Timer(recorder=recorder) as timer:
         runs: list[float] = []
+        third = anyio.Event()
+
+        def run() -> None:
+            runs.append(timer.time())
+            if len(runs) == 3:
+                third.set()
+
         start = timer.time()
-        periodic = timer.every(1.0, lambda: runs.append(timer.time()), label="tick")
+        periodic = timer.every(1.0, run, label="tick")
         assert periodic.label == "tick"
         once = timer.schedule_nowait(2.5, noop, label="once")
-        await anyio.sleep(3.5)
+        await third.wait()
         assert once.fired()
-        assert periodic.cancel()
+        assert periodic.cancel()  # before the fourth period, due at start + 4
     assert len(runs) == 3
     for k, at in enumerate(runs, 1):
         assert_on_time(at, start + k * 1.0, virtual=True)
@@ -1556,7 +1563,7 @@ async def test_a_failing_recorder_costs_no_timer_anything(
                 await far.wait()
             waiting.set()
 
-        await anyio.sleep(1.5)
+        await due[-1].wait()  # the last of the 2,000, in the same pass as the first
         assert first.fired()
         assert victim.cancelled()
         assert len(fired) == 2000
