@@ -696,11 +696,16 @@ class Timer:
     ) -> TimerHandle[Any]:
         # Timers with a recorder get handles that carry what a trace row needs.
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
+        self._stamp(handle, label, now)
+        self._file(live, handle, deadline, deadline <= now, new=True)
+        return handle
+
+    def _stamp(self, handle: TracedHandle[Any], label: str | None, now: float) -> None:
+        # What a trace row reads of a new handle, but its level (_file sets it, and
+        # _move sets scheduled_at again for each later period of the same handle).
         handle._label = label
         handle._scheduled_at = now
-        self._file(live, handle, deadline, deadline <= now, new=True)
         self._last_id = handle._id = self._last_id + 1
-        return handle
 
     def _file(
         self, live: _Running, handle: TimerHandle[Any], deadline: float, due: bool, *, new: bool
@@ -750,11 +755,7 @@ class Timer:
         if now + period == _INF:
             too_far("interval", period)
         handle = PeriodicHandle(self, callback, args, period, fixed_rate, now)
-        # What a trace row reads (the pass reads it of every handle of a traced timer;
-        # _file sets the level, _move the scheduled_at of each later period).
-        handle._label = label
-        handle._scheduled_at = now
-        self._last_id = handle._id = self._last_id + 1
+        self._stamp(handle, label, now)  # traced or not: the pass reads it when traced
         self._file(live, handle, now + period, False, new=True)
         self._periodic.add(handle)
         return handle
