@@ -99,9 +99,10 @@ class DelayedOperation:
     )
 
     def __init__(self, timeout: SupportsFloat) -> None:
-        # The timer's one rule for times (aiowheel/_checks.py), plus ">= 0".
-        seconds_ = timeout if type(timeout) is float else seconds(timeout, "timeout")
-        if not (seconds_ >= 0 and seconds_ - seconds_ == 0):  # NaN and inf fail
+        # The timer's one rule for times (aiowheel/_checks.py: finite, no bool), plus
+        # ">= 0".
+        seconds_ = seconds(timeout, "timeout")
+        if seconds_ < 0:
             raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
         self._timeout = seconds_
         self._state = _NEW
