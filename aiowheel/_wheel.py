@@ -125,7 +125,14 @@ class Bucket:
         self.time = _INF
 
     def add(self, entry: WheelEntry) -> None:
-        """Link ``entry`` (in no bucket) at the end."""
+        """Link ``entry`` (in no bucket) at the end.
+
+        An entry that is already linked is refused: linking it twice would make a
+        cycle (a self-linked list that ``advance`` walks for ever). The timer never
+        asks for that; this check keeps a re-entrancy bug from corrupting the list
+        (docs/design.md, "Re-entrancy")."""
+        if entry._bucket is not None:
+            raise RuntimeError(f"{entry!r} is already filed in {entry._bucket!r}")
         last = self._last
         entry._prev = last
         if last is None:
@@ -296,6 +303,20 @@ class Wheel:
         self._limit0 = limits[0]
         self._upper = list(zip(limits[1:], self._widths[1:], self._levels[1:], strict=True))
 
+    def reserve(self, deadline: float) -> None:
+        """Create the levels that filing at ``deadline`` needs, ahead of the filing.
+
+        Creating a level allocates buckets, and an allocation may run the garbage
+        collector, whose finalizers may re-enter the timer. The timer calls this before
+        it reads the state of the handle it files, so that the filing itself allocates
+        nothing but the heap's tuple (after the link: see ``_file``)."""
+        e = self.due_tick_of(deadline)
+        horizon = self._now + HORIZON
+        if e > horizon:
+            e = horizon
+        while e >= self._limits[-1]:
+            self._add_level()
+
     def _add_level(self) -> None:
         size = self._size
         width = self._widths[-1] * size
@@ -362,11 +383,14 @@ class Wheel:
                 return self._file(entry, e)
         if bucket.tick != start:
             # First entry of this bucket in this revolution: schedule the bucket.
+            # Link first, allocate (the heap's tuple) last: an allocation may run the
+            # garbage collector, and its finalizers may re-enter the timer; they must
+            # find the entry filed, not half-filed (docs/design.md, "Re-entrancy").
             when = self.origin + start * self.tick
             bucket.tick = start
             bucket.time = when
-            _heappush(self._heap, (start, bucket.level, when, bucket))
             bucket.add(entry)
+            _heappush(self._heap, (start, bucket.level, when, bucket))
             return when
         bucket.add(entry)
         return _INF
@@ -572,10 +596,14 @@ class Wheel:
 
 
 def _check_links(bucket: Bucket) -> None:
-    """Assert that ``bucket``'s list is well linked and its entries point at it."""
+    """Assert that ``bucket``'s list is well linked, holds each entry once (no cycle:
+    ``Bucket.add`` refuses a linked entry) and its entries point at it."""
     previous: WheelEntry | None = None
+    seen: set[int] = set()
     entry = bucket._first
     while entry is not None:
+        assert id(entry) not in seen, f"{entry!r} is linked twice in {bucket!r}"
+        seen.add(id(entry))
         assert entry._bucket is bucket, entry
         assert entry._prev is previous, entry
         previous = entry
