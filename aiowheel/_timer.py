@@ -280,6 +280,8 @@ class Timer:
         # registration, recomputed lazily, so that cancel() checks one attribute.
         self._notify_cancel = recorder is not None
         self._periodic: set[PeriodicHandle] = set()
+        # The handles an internal error cancelled (see _break): their wait() says why.
+        self._stranded: set[TimerHandle[Any]] = set()
         self._last_id = 0  # trace rows number the timers from 1
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -469,7 +471,9 @@ class Timer:
             waiter.event.set()
         self._waiters.clear()
         try:
-            self._shut(live)
+            # Every handle it held (the wheel, the buckets a pass had taken, the run
+            # queue) is cancelled, and its wait() raises TimerClosed from `exc`.
+            self._stranded.update(self._shut(live))
         except Exception:
             logger.exception("while closing the broken timer")
 
@@ -919,10 +923,19 @@ class Timer:
             self._cancelled += 1
         return True
 
+    def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
+        """What ``wait()`` of a cancelled handle raises."""
+        if handle in self._stranded:
+            return self._closed()
+        return TimerCancelled(f"{handle!r} was cancelled")
+
     async def _wait(self, handle: TimerHandle[Any]) -> Any:
         live = self._live
         if live is not None:
             self._check_owner(live)
+        elif handle._bucket is not None or handle._result is _PENDING:
+            # Closed, and this handle will never run: nothing would settle a waiter.
+            return _Failure(self._closed())
         waiter = self._waiters.get(handle)
         if waiter is None:
             waiter = self._waiters[handle] = _Waiter()
@@ -976,7 +989,13 @@ class Timer:
         finally:
             self._wake_at = _INF
             if self._live is not None:
-                self._sync_wakeup(live)
+                try:
+                    live.wheel.release()  # what the pass did not reach: filed again
+                    self._sync_wakeup(live)
+                except BaseException as exc:
+                    self._break(exc)
+                    if isinstance(exc, _EXIT):
+                        raise
             if self._room_waiters:
                 self._wake_room()
             if self._idle_waiters and not self._pending and live.pool.busy <= 1:
@@ -1090,10 +1109,14 @@ class Timer:
             handle = outcome = result = None
 
     def _refile(self, live: _Running, buckets: list[Bucket]) -> None:
+        # One at a time: each entry stays linked (pending, findable by aclose) until
+        # it is filed again.
         wheel = live.wheel
         for bucket in buckets:
-            for entry in bucket.take_all():
+            entry = bucket.pop_first()
+            while entry is not None:
                 wheel.insert(entry, entry._deadline)
+                entry = bucket.pop_first()
 
     def _report(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         try:

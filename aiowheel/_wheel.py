@@ -246,6 +246,7 @@ class Wheel:
         "_limit0",
         "_limits",
         "_now",
+        "_out",
         "_size",
         "_upper",
         "_wheel0",
@@ -274,6 +275,9 @@ class Wheel:
         self._heap: list[tuple[int, int, float, Bucket]] = []
         # Entries that were already due when filed; they expire on the next advance.
         self._due = Bucket(-1)
+        # The buckets the last advance handed out, until the caller has emptied them
+        # (release): clear() takes what is left in them.
+        self._out: list[Bucket] = []
 
     # -- clock --------------------------------------------------------------------
 
@@ -461,25 +465,44 @@ class Wheel:
         against its own start tick, so after a long stall entries still come out in
         deadline order across ticks (within one tick no order is promised). Entries
         filed as due (``insert_due``) are merged into that order by deadline.
+
+        Every entry stays linked in some bucket the whole time, and every bucket
+        handed out is listed in ``_out`` (until ``release``), so that ``clear`` finds
+        all of them even if this raises half-way (an interrupt, a ``MemoryError``):
+        a timer that closes then settles every handle it held. Allocations (which
+        may run the garbage collector, and through it user code) come before the
+        change they serve, never between deciding it and completing it.
         """
         fired: list[Bucket] = []
         heap = self._heap
         # Entries filed as due before this pass, sorted; they go out ahead of any
         # overdue bucket that comes due after their deadline.
-        early: list[WheelEntry] = self._take_due(now) if self._due._first is not None else []
+        early: Bucket | None = self._take_due(now) if self._due._first is not None else None
         size = self._size
         while heap and heap[0][2] <= now:
-            start, level, when, bucket = _heappop(heap)
+            top = heap[0]
+            start, level, when, bucket = top
             if bucket.tick != start:
+                _heappop(heap)
                 continue  # emptied and already dropped by next_expiry
-            bucket.tick = None
             if bucket._first is None:
+                _heappop(heap)
+                bucket.tick = None
                 bucket.time = _INF
                 continue
-            if early and early[0]._deadline < when:
-                early = self._emit_before(early, when, fired)
+            if early is not None and early._first is not None and early._first._deadline < when:
+                self._emit_before(early, when, fired)
+                continue
             # Detach: new inserts during this pass must not land in a bucket we return.
-            self._levels[level][(start // self._widths[level]) % size] = Bucket(level)
+            # The replacement first: its allocation may run finalizers that change the
+            # heap, so look again if the top moved.
+            fresh = Bucket(level)
+            if not heap or heap[0] is not top:
+                continue
+            _heappop(heap)
+            bucket.tick = None
+            self._levels[level][(start // self._widths[level]) % size] = fresh
+            self._out.append(bucket)
             if start > self._now:
                 self._set_now(start)
             if level == 0:
@@ -504,48 +527,71 @@ class Wheel:
                     self._file(cascaded, self.due_tick_of(cascaded._deadline))
                     cascaded = bucket.pop_first()
                 if self._due._first is not None:
-                    fired.append(self._chunk(self._take_due(now)))
-        if early:
-            fired.append(self._chunk(early))
+                    fired.append(self._take_due(now))
+        if early is not None and early._first is not None:
+            fired.append(early)
         target = math.floor((now - self.origin) / self.tick)
         if target > self._now:
             self._set_now(target)
         return fired
 
-    def _take_due(self, now: float) -> list[WheelEntry]:
-        # Empty the due bucket: its entries in deadline order. An entry a float
+    def release(self) -> None:
+        """The caller is done with the buckets ``advance`` handed out. Normally they
+        are empty; an entry the caller did not get to (it stopped half-way) is filed
+        again at its own deadline, so that nothing pending is lost."""
+        out = self._out
+        while out:
+            bucket = out[-1]
+            entry = bucket._first
+            if entry is None:
+                out.pop()
+                continue
+            bucket.remove(entry)
+            self._file(entry, self.due_tick_of(entry._deadline))
+
+    def _take_due(self, now: float) -> Bucket:
+        # The due bucket itself is handed out (its entries stay linked in it), with
+        # its entries in deadline order; a fresh one takes its place. An entry a float
         # rounding filed as due a hair after `now` waits for the next tick instead.
-        everything = self._due.take_all()
-        entries = [entry for entry in everything if entry._deadline <= now]
-        if len(entries) < len(everything):
-            for entry in everything:
-                if entry._deadline > now:
-                    self._file(entry, self._now + 1)
+        fresh = Bucket(-1)  # allocate before the change
+        taken = self._due
+        self._due = fresh
+        self._out.append(taken)
+        node = taken._first
+        while node is not None:
+            after = node._next
+            if node._deadline > now:
+                taken.remove(node)
+                self._file(node, self._now + 1)
+            node = after
         # Entries are usually already in order (zero-delay timers, or one tick of a
         # cascade): then this is one comparison each, and no sort.
         previous = -_INF
-        for entry in entries:
-            if entry._deadline < previous:
+        node = taken._first
+        while node is not None:
+            if node._deadline < previous:
+                entries = list(taken)  # they stay linked while this allocates
                 entries.sort(key=deadline_of)
+                taken._first = taken._last = None
+                for entry in entries:
+                    entry._bucket = entry._prev = entry._next = None
+                for entry in entries:
+                    taken.add(entry)
                 break
-            previous = entry._deadline
-        return entries
+            previous = node._deadline
+            node = node._next
+        return taken
 
-    def _chunk(self, entries: list[WheelEntry]) -> Bucket:
-        bucket = Bucket(-1)
-        for entry in entries:
-            bucket.add(entry)
-        return bucket
-
-    def _emit_before(
-        self, entries: list[WheelEntry], when: float, fired: list[Bucket]
-    ) -> list[WheelEntry]:
-        # Emit the due entries whose deadline is before `when`; return the rest.
-        cut = 0
-        while cut < len(entries) and entries[cut]._deadline < when:
-            cut += 1
-        fired.append(self._chunk(entries[:cut]))
-        return entries[cut:]
+    def _emit_before(self, early: Bucket, when: float, fired: list[Bucket]) -> None:
+        # Hand out, as a bucket of their own, the due entries whose deadline is
+        # before `when`; the rest stay in `early`.
+        chunk = Bucket(-1)  # allocate before the change
+        self._out.append(chunk)
+        while early._first is not None and early._first._deadline < when:
+            entry = early._first
+            early.remove(entry)
+            chunk.add(entry)
+        fired.append(chunk)
 
     # -- introspection (not on any hot path) -----------------------------------------
 
@@ -562,6 +608,9 @@ class Wheel:
     def clear(self) -> list[Any]:
         """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
         entries = self._due.take_all()
+        for bucket in self._out:  # handed out by an advance that did not finish
+            entries += bucket.take_all()
+        self._out.clear()
         for wheel in self._levels:
             for bucket in wheel:
                 entries += bucket.take_all()

@@ -13,15 +13,19 @@ each).
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
 import pytest
+import trio
 
-from aiowheel import Timer, TimerHandle
+from aiowheel import Timer, TimerCancelled, TimerClosed, TimerHandle
 from aiowheel._wheel import Bucket, WheelEntry
 
 pytestmark = pytest.mark.anyio
@@ -270,3 +274,53 @@ def test_bucket_add_refuses_a_linked_entry() -> None:
     assert list(other) == []
     assert entry._prev is None
     assert entry._next is None
+
+
+# == issue 20, section 2: a timer that closes settles every handle it held ===============
+
+
+def block(backend: str, seconds: float) -> None:
+    """Block the loop: its clock moves on while nothing runs."""
+    if backend == "trio":
+        clock: Any = trio.lowlevel.current_clock()
+        clock.jump(seconds)
+    elif backend == "asyncio":
+        loop: Any = asyncio.get_running_loop()
+        loop.setup_looptime(start=loop.time() + seconds)
+    else:
+        time.sleep(seconds)
+
+
+async def test_an_error_inside_advance_settles_every_handle(backend: str) -> None:
+    """An error raised half-way through ``Wheel.advance``, after it had handed out
+    buckets (here a corrupt deadline that the cascade refuses), closed the timer with
+    those handles still pending() while len() was 0, and their wait() hung. Now each
+    is settled: not pending, wait() raises TimerClosed with the error as its cause."""
+    async with Timer(tick=TICK) as timer:
+        due = [timer.schedule_nowait(0.0, noop) for _ in range(2)]  # the due bucket
+        soon = [timer.schedule_nowait(0.005, noop) for _ in range(3)]  # level 0
+        later = [timer.schedule_nowait(0.1, noop) for _ in range(2)]  # level 1
+        later[1]._deadline = math.nan  # the fault: the cascade raises ValueError
+        handles = [*due, *soon, *later]
+        block(backend, 0.2)  # one pass: the due bucket, level 0, then the cascade
+        with anyio.fail_after(5):
+            await anyio.sleep(0.01)
+        assert timer.closed
+        assert len(timer) == 0
+        for handle in handles:
+            assert not handle.pending(), handle
+            with anyio.fail_after(5), pytest.raises(TimerClosed) as info:
+                await handle.wait()
+            assert isinstance(info.value.__cause__, ValueError)
+
+
+def noop() -> None:
+    pass
+
+
+async def test_wait_on_a_closed_timer_never_hangs() -> None:
+    """A handle that will never run, on a closed timer, is settled for wait()."""
+    async with Timer(tick=TICK) as timer:
+        handle = timer.schedule_nowait(1.0, noop)
+    with anyio.fail_after(5), pytest.raises(TimerCancelled):
+        await handle.wait()
