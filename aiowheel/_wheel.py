@@ -65,6 +65,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from typing import Any, Final, TypeVar
 
 _T = TypeVar("_T")
@@ -241,6 +242,7 @@ class Wheel:
 
     __slots__ = (
         "_due",
+        "_far",
         "_heap",
         "_levels",
         "_limit0",
@@ -278,6 +280,8 @@ class Wheel:
         # The buckets the last advance handed out, until the caller has emptied them
         # (release): clear() takes what is left in them.
         self._out: list[Bucket] = []
+        # Entries past the horizon (see _file_far).
+        self._far = Bucket(-3)
 
     # -- clock --------------------------------------------------------------------
 
@@ -358,7 +362,11 @@ class Wheel:
         # reach (or not a number, which the timer's checks never let through).
         if deadline - deadline != 0.0:
             raise ValueError(f"deadline must be finite, got {deadline!r}")
-        return self._now if deadline < self.origin else self._now + HORIZON
+        if deadline < self.origin:
+            return self._now
+        # Exact, in integers: the far bucket (see _file_far) keeps the true tick.
+        ticks = Fraction(deadline) - Fraction(self.origin)
+        return math.ceil(ticks / Fraction(self.tick))
 
     def _file(self, entry: WheelEntry, e: int) -> float:
         # The hot path of every schedule: kept flat on purpose (each Python-level call
@@ -380,9 +388,9 @@ class Wheel:
                     break
             else:
                 if e > self._now + HORIZON:
-                    # Past the horizon: file it there; it is re-filed, never early,
-                    # when that bucket comes due. Levels stay bounded.
-                    return self._file(entry, self._now + HORIZON)
+                    # Past the horizon: the far bucket, which comes due once its
+                    # earliest entry is within the horizon. Levels stay bounded.
+                    return self._file_far(entry, e)
                 self._add_level()
                 return self._file(entry, e)
         if bucket.tick != start:
@@ -398,6 +406,57 @@ class Wheel:
             return when
         bucket.add(entry)
         return _INF
+
+    def _file_far(self, entry: WheelEntry, e: int) -> float:
+        # The far bucket holds the entries whose due tick is past the horizon. It is
+        # scheduled at the tick where its earliest entry comes within the horizon,
+        # and no earlier: a far deadline costs O(1) passes to reach, however far the
+        # clock jumps meanwhile (it used to walk one horizon per pass). Moving that
+        # tick earlier leaves the old heap item stale (tick differs): it is skipped.
+        far = self._far
+        start = e - HORIZON  # > _now: e is past the horizon
+        if far.tick is None or start < far.tick:
+            when = self._far_time(start)
+            far.tick = start
+            far.time = when
+            far.add(entry)  # link first, then allocate (see _file)
+            _heappush(self._heap, (start, far.level, when, far))
+            return when
+        far.add(entry)
+        return _INF
+
+    def _far_time(self, start: int) -> float:
+        # origin + start * tick, for a tick number too big for a float (a deadline
+        # near the largest float with a fine tick): exactly, then rounded.
+        try:
+            return self.origin + start * self.tick
+        except OverflowError:
+            return float(Fraction(self.origin) + start * Fraction(self.tick))
+
+    def _due_far(self) -> None:
+        # The far bucket came due (the clock is at its tick): file the entries now
+        # within the horizon into the levels, and schedule it again for the rest.
+        # O(far entries); far entries are rare, and each pass that comes here files
+        # at least one of them.
+        far = self._far
+        limit = self._now + HORIZON
+        earliest = -1
+        node = far._first
+        while node is not None:
+            after = node._next
+            e = self.due_tick_of(node._deadline)
+            if e <= limit:
+                far.remove(node)
+                self._file(node, e)
+            elif earliest < 0 or e < earliest:
+                earliest = e
+            node = after
+        if earliest >= 0:
+            start = earliest - HORIZON
+            when = self._far_time(start)
+            far.tick = start
+            far.time = when
+            _heappush(self._heap, (start, far.level, when, far))
 
     def insert_due(self, entry: WheelEntry, deadline: float) -> float:
         """File ``entry`` as due now: it comes out of the next ``advance``, whatever
@@ -489,6 +548,16 @@ class Wheel:
                 _heappop(heap)
                 bucket.tick = None
                 bucket.time = _INF
+                continue
+            if level == -3:
+                # The far bucket: not detached (its entries are not due), only
+                # re-examined against the clock at its tick.
+                _heappop(heap)
+                bucket.tick = None
+                bucket.time = _INF
+                if start > self._now:
+                    self._set_now(start)
+                self._due_far()
                 continue
             if early is not None and early._first is not None and early._first._deadline < when:
                 self._emit_before(early, when, fired)
@@ -596,11 +665,13 @@ class Wheel:
     # -- introspection (not on any hot path) -----------------------------------------
 
     def __len__(self) -> int:
-        return len(self._due) + sum(len(b) for wheel in self._levels for b in wheel)
+        filed = sum(len(b) for wheel in self._levels for b in wheel)
+        return len(self._due) + len(self._far) + filed
 
     def __iter__(self) -> Iterator[WheelEntry]:
         """Every entry still in the wheel (not the detached buckets), in no order."""
         yield from self._due
+        yield from self._far
         for wheel in self._levels:
             for bucket in wheel:
                 yield from bucket
@@ -611,6 +682,9 @@ class Wheel:
         for bucket in self._out:  # handed out by an advance that did not finish
             entries += bucket.take_all()
         self._out.clear()
+        entries += self._far.take_all()
+        self._far.tick = None
+        self._far.time = _INF
         for wheel in self._levels:
             for bucket in wheel:
                 entries += bucket.take_all()
@@ -623,6 +697,16 @@ class Wheel:
         """Assert the invariants listed in the module docstring (for tests: O(n))."""
         scheduled = {id(b): start for start, _level, _when, b in self._heap if b.tick == start}
         _check_links(self._due)
+        far = self._far
+        _check_links(far)
+        if far._first is not None:
+            assert far.tick is not None, "occupied far bucket is not scheduled"
+            assert scheduled.get(id(far)) == far.tick, "the far bucket is not in the heap"
+            assert far.tick > self._now, "the far bucket is due but still filed"
+            for entry in far:
+                # Never early (a lazily extended entry may be due before it is
+                # within the horizon; it is filed when the far bucket comes due).
+                assert self.due_tick_of(entry._deadline) >= far.tick, entry
         assert self._limit0 == self._limits[0]
         for level, wheel in enumerate(self._levels):
             width = self._widths[level]

@@ -324,3 +324,24 @@ async def test_wait_on_a_closed_timer_never_hangs() -> None:
         handle = timer.schedule_nowait(1.0, noop)
     with anyio.fail_after(5), pytest.raises(TimerCancelled):
         await handle.wait()
+
+
+# == issue 20, section 2: far deadlines and a clock that jumps ===========================
+
+
+async def test_a_far_deadline_costs_few_wake_ups_on_a_jumping_clock(backend: str) -> None:
+    """trio's MockClock with autojump jumps to each wake-up: a timer 1e16 s out took
+    about 35,000 wake-ups (one per horizon), 1e300 never finished. (looptime cannot
+    jump 1e16 s: its own clock arithmetic stalls; uvloop runs on real time.)"""
+    if backend != "trio":
+        pytest.skip("needs trio's MockClock with autojump")
+    async with Timer(tick=TICK) as timer:
+        fired: list[float] = []
+        handle = timer.schedule_nowait(1e16, lambda: fired.append(timer.time()))
+        astronomic = timer.schedule_nowait(1e300, noop)
+        with anyio.fail_after(2e16):
+            await handle.wait()
+        assert fired[0] >= handle.deadline
+        assert timer.stats().wakeups < 20
+        assert astronomic.pending()
+        astronomic.cancel()
