@@ -128,18 +128,11 @@ class WorkerPool:
         elif self.workers < self._limit:
             self._spawn()
 
-    def discard(self, handle: TimerHandle[Any], awaitable: object) -> None:
-        """``handle`` left the queue (cancelled or re-armed): its job never runs."""
-        if handle._bucket is self.queue:
-            self.queue.remove(handle)
-        close_awaitable(awaitable)
-
     def take_queue(self) -> list[TimerHandle[Any]]:
-        """Empty the queue (the timer is closing): the handles, their jobs closed."""
-        handles = [_as_handle(entry) for entry in self.queue.take_all()]
-        for handle in handles:
-            close_awaitable(handle._result)
-        return handles
+        """Empty the queue (the timer is closing): the handles. The caller closes their
+        jobs (``close_awaitable``) once its accounting is done: a coroutine's close()
+        runs user code (docs/design.md, "Re-entrancy")."""
+        return [_as_handle(entry) for entry in self.queue.take_all()]
 
     def current(self) -> object:
         """The handle whose job runs in the calling task, if it is one of ours."""

@@ -32,7 +32,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar
 
 from ._checks import not_copyable
-from ._exceptions import TimerCancelled
 from ._wheel import WheelEntry
 
 if TYPE_CHECKING:
@@ -206,7 +205,7 @@ class TimerHandle(WheelEntry, Generic[T]):
         else:
             outcome = self._result
         if outcome is _CANCELLED:
-            raise TimerCancelled(f"{self!r} was cancelled")
+            raise self._timer._cancelled_error(self)
         if type(outcome) is _Failure:
             exc, tb = outcome.exc, outcome.tb
             try:

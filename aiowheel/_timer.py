@@ -280,6 +280,8 @@ class Timer:
         # registration, recomputed lazily, so that cancel() checks one attribute.
         self._notify_cancel = recorder is not None
         self._periodic: set[PeriodicHandle] = set()
+        # The handles an internal error cancelled (see _break): their wait() says why.
+        self._stranded: set[TimerHandle[Any]] = set()
         self._last_id = 0  # trace rows number the timers from 1
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -422,7 +424,10 @@ class Timer:
         handles.extend(live.pool.take_queue())
         handles.sort(key=deadline_of)
         now = live.clock()
+        # The queued awaitables are closed (user code) and released at the very end.
+        olds: list[Any] = []
         for handle in handles:
+            olds.append(handle._result)
             handle._result = _CANCELLED
             if isinstance(handle, PeriodicHandle):
                 handle._stop()
@@ -442,9 +447,14 @@ class Timer:
             self._settle(handle, outcome)
         # The trace rows last: everything above is settled whatever a recorder raises
         # (even SystemExit, which _trace lets through).
-        for handle in handles:
-            if isinstance(handle, TracedHandle):
-                self._trace(handle, None, now)
+        try:
+            for handle in handles:
+                if isinstance(handle, TracedHandle):
+                    self._trace(handle, None, now)
+        finally:
+            for old in olds:
+                close_awaitable(old)
+            olds.clear()
         return handles
 
     def _break(self, exc: BaseException) -> None:
@@ -461,7 +471,9 @@ class Timer:
             waiter.event.set()
         self._waiters.clear()
         try:
-            self._shut(live)
+            # Every handle it held (the wheel, the buckets a pass had taken, the run
+            # queue) is cancelled, and its wait() raises TimerClosed from `exc`.
+            self._stranded.update(self._shut(live))
         except Exception:
             logger.exception("while closing the broken timer")
 
@@ -789,7 +801,7 @@ class Timer:
     ) -> None:
         queue: object = live.pool.queue  # also a handle's container (a RunQueue)
         if bucket is queue:
-            close_awaitable(previous)
+            pass  # its awaitable is closed last, below (user code)
         elif bucket._first is None and bucket.time == self._wake_at:
             # The driver was armed for the bucket this cancel emptied: re-arm it for
             # the next occupied bucket instead of waking for nothing. On asyncio that
@@ -808,6 +820,11 @@ class Timer:
         self._notify_cancel = bool(
             self._tracing is not None or self._waiters or self._room_waiters or self._idle_waiters
         )
+        if bucket is queue:
+            # A coroutine's close() runs its finally blocks: user code, which may
+            # re-arm the handle; the cancel is complete by now (docs/design.md,
+            # "Re-entrancy").
+            close_awaitable(previous)
 
     def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
         # handle.reset() past its inline lazy path (which checks nothing but the
@@ -835,7 +852,9 @@ class Timer:
 
     def _rearm(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
         # reset()/reset_at() past the fast path. Admission first: nothing changes
-        # unless the whole re-arm can be done.
+        # unless the whole re-arm can be done. (The levels first: creating one may
+        # run finalizers that change the handle; see _move.)
+        live.wheel.reserve(deadline)
         if handle._bucket is None and self._pending >= self._limit:
             raise full(self._pending, self._limit)
         if isinstance(handle, PeriodicHandle):
@@ -845,20 +864,36 @@ class Timer:
 
     def _move(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
         # Re-file a handle at a valid deadline, wherever it is now. Cannot fail.
-        bucket: object = handle._bucket
+        #
+        # Re-entrancy (docs/design.md, "Re-entrancy"): no user code may run between
+        # reading the handle's state and finishing the change. So the levels the
+        # filing needs are created first (an allocation may run the garbage
+        # collector, whose finalizers may re-arm this very handle), the state is read
+        # after that, and the old result or awaitable, whose finalizer may re-enter,
+        # is released only once the handle is filed and counted.
         now = live.clock()
+        live.wheel.reserve(deadline)
+        bucket: object = handle._bucket
         due = deadline <= now
+        old: Any = None
         if bucket is None:
             # Fired or cancelled: a new pending period starts.
+            old = handle._result
             handle._result = _PENDING
             if isinstance(handle, TracedHandle):
                 handle._scheduled_at = now
             self._file(live, handle, deadline, due, new=True)
+            old = None  # its finalizer may run now: the handle is filed and counted
             return
         if bucket is live.pool.queue:
-            live.pool.discard(handle, handle._result)
+            live.pool.queue.remove(handle)
+            old = handle._result
             handle._result = _PENDING
-        elif not due:
+            self._file(live, handle, deadline, due, new=False)
+            close_awaitable(old)  # user code (a coroutine's finally): last
+            old = None
+            return
+        if not due:
             when = live.wheel.extend(handle, deadline)
             if isinstance(handle, TracedHandle):
                 handle._level = _level_of(handle)
@@ -866,8 +901,7 @@ class Timer:
                 self._wake_at = when
                 live.driver.arm(when)
             return
-        else:
-            live.wheel.remove(handle)
+        live.wheel.remove(handle)
         self._file(live, handle, deadline, due, new=False)
 
     def _periodic_next(self, handle: PeriodicHandle) -> None:
@@ -889,10 +923,19 @@ class Timer:
             self._cancelled += 1
         return True
 
+    def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
+        """What ``wait()`` of a cancelled handle raises."""
+        if handle in self._stranded:
+            return self._closed()
+        return TimerCancelled(f"{handle!r} was cancelled")
+
     async def _wait(self, handle: TimerHandle[Any]) -> Any:
         live = self._live
         if live is not None:
             self._check_owner(live)
+        elif handle._bucket is not None or handle._result is _PENDING:
+            # Closed, and this handle will never run: nothing would settle a waiter.
+            return _Failure(self._closed())
         waiter = self._waiters.get(handle)
         if waiter is None:
             waiter = self._waiters[handle] = _Waiter()
@@ -946,7 +989,13 @@ class Timer:
         finally:
             self._wake_at = _INF
             if self._live is not None:
-                self._sync_wakeup(live)
+                try:
+                    live.wheel.release()  # what the pass did not reach: filed again
+                    self._sync_wakeup(live)
+                except BaseException as exc:
+                    self._break(exc)
+                    if isinstance(exc, _EXIT):
+                        raise
             if self._room_waiters:
                 self._wake_room()
             if self._idle_waiters and not self._pending and live.pool.busy <= 1:
@@ -964,11 +1013,18 @@ class Timer:
         # that compiled, its attributes are read and written natively, not by name.)
         handle: TimerHandle[Any] | None = None
         outcome: Any = None
+        result: Any = None
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
                 # One at a time off the front: a callback may cancel or re-arm later
                 # handles of this bucket, which unlinks them.
                 while True:
+                    # Release the previous handle and its outcome here, between two
+                    # handles: dropping the last reference may run a finalizer (user
+                    # code), which must not run between the pop below and the count
+                    # (docs/design.md, "Re-entrancy").
+                    handle = entry = None
+                    outcome = result = None
                     entry = bucket.pop_first()
                     if entry is None:
                         break
@@ -1050,13 +1106,17 @@ class Timer:
             self._fired += fired
             self._failed += failed
             self._lateness_max = lateness_max
-            handle = outcome = None
+            handle = outcome = result = None
 
     def _refile(self, live: _Running, buckets: list[Bucket]) -> None:
+        # One at a time: each entry stays linked (pending, findable by aclose) until
+        # it is filed again.
         wheel = live.wheel
         for bucket in buckets:
-            for entry in bucket.take_all():
+            entry = bucket.pop_first()
+            while entry is not None:
                 wheel.insert(entry, entry._deadline)
+                entry = bucket.pop_first()
 
     def _report(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         try:

@@ -65,6 +65,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from typing import Any, Final, TypeVar
 
 _T = TypeVar("_T")
@@ -125,7 +126,14 @@ class Bucket:
         self.time = _INF
 
     def add(self, entry: WheelEntry) -> None:
-        """Link ``entry`` (in no bucket) at the end."""
+        """Link ``entry`` (in no bucket) at the end.
+
+        An entry that is already linked is refused: linking it twice would make a
+        cycle (a self-linked list that ``advance`` walks for ever). The timer never
+        asks for that; this check keeps a re-entrancy bug from corrupting the list
+        (docs/design.md, "Re-entrancy")."""
+        if entry._bucket is not None:
+            raise RuntimeError(f"{entry!r} is already filed in {entry._bucket!r}")
         last = self._last
         entry._prev = last
         if last is None:
@@ -234,11 +242,13 @@ class Wheel:
 
     __slots__ = (
         "_due",
+        "_far",
         "_heap",
         "_levels",
         "_limit0",
         "_limits",
         "_now",
+        "_out",
         "_size",
         "_upper",
         "_wheel0",
@@ -267,6 +277,11 @@ class Wheel:
         self._heap: list[tuple[int, int, float, Bucket]] = []
         # Entries that were already due when filed; they expire on the next advance.
         self._due = Bucket(-1)
+        # The buckets the last advance handed out, until the caller has emptied them
+        # (release): clear() takes what is left in them.
+        self._out: list[Bucket] = []
+        # Entries past the horizon (see _file_far).
+        self._far = Bucket(-3)
 
     # -- clock --------------------------------------------------------------------
 
@@ -295,6 +310,20 @@ class Wheel:
             limits[level] = now - now % width + width * size
         self._limit0 = limits[0]
         self._upper = list(zip(limits[1:], self._widths[1:], self._levels[1:], strict=True))
+
+    def reserve(self, deadline: float) -> None:
+        """Create the levels that filing at ``deadline`` needs, ahead of the filing.
+
+        Creating a level allocates buckets, and an allocation may run the garbage
+        collector, whose finalizers may re-enter the timer. The timer calls this before
+        it reads the state of the handle it files, so that the filing itself allocates
+        nothing but the heap's tuple (after the link: see ``_file``)."""
+        e = self.due_tick_of(deadline)
+        horizon = self._now + HORIZON
+        if e > horizon:
+            e = horizon
+        while e >= self._limits[-1]:
+            self._add_level()
 
     def _add_level(self) -> None:
         size = self._size
@@ -333,7 +362,11 @@ class Wheel:
         # reach (or not a number, which the timer's checks never let through).
         if deadline - deadline != 0.0:
             raise ValueError(f"deadline must be finite, got {deadline!r}")
-        return self._now if deadline < self.origin else self._now + HORIZON
+        if deadline < self.origin:
+            return self._now
+        # Exact, in integers: the far bucket (see _file_far) keeps the true tick.
+        ticks = Fraction(deadline) - Fraction(self.origin)
+        return math.ceil(ticks / Fraction(self.tick))
 
     def _file(self, entry: WheelEntry, e: int) -> float:
         # The hot path of every schedule: kept flat on purpose (each Python-level call
@@ -355,21 +388,75 @@ class Wheel:
                     break
             else:
                 if e > self._now + HORIZON:
-                    # Past the horizon: file it there; it is re-filed, never early,
-                    # when that bucket comes due. Levels stay bounded.
-                    return self._file(entry, self._now + HORIZON)
+                    # Past the horizon: the far bucket, which comes due once its
+                    # earliest entry is within the horizon. Levels stay bounded.
+                    return self._file_far(entry, e)
                 self._add_level()
                 return self._file(entry, e)
         if bucket.tick != start:
             # First entry of this bucket in this revolution: schedule the bucket.
+            # Link first, allocate (the heap's tuple) last: an allocation may run the
+            # garbage collector, and its finalizers may re-enter the timer; they must
+            # find the entry filed, not half-filed (docs/design.md, "Re-entrancy").
             when = self.origin + start * self.tick
             bucket.tick = start
             bucket.time = when
-            _heappush(self._heap, (start, bucket.level, when, bucket))
             bucket.add(entry)
+            _heappush(self._heap, (start, bucket.level, when, bucket))
             return when
         bucket.add(entry)
         return _INF
+
+    def _file_far(self, entry: WheelEntry, e: int) -> float:
+        # The far bucket holds the entries whose due tick is past the horizon. It is
+        # scheduled at the tick where its earliest entry comes within the horizon,
+        # and no earlier: a far deadline costs O(1) passes to reach, however far the
+        # clock jumps meanwhile (it used to walk one horizon per pass). Moving that
+        # tick earlier leaves the old heap item stale (tick differs): it is skipped.
+        far = self._far
+        start = e - HORIZON  # > _now: e is past the horizon
+        if far.tick is None or start < far.tick:
+            when = self._far_time(start)
+            far.tick = start
+            far.time = when
+            far.add(entry)  # link first, then allocate (see _file)
+            _heappush(self._heap, (start, far.level, when, far))
+            return when
+        far.add(entry)
+        return _INF
+
+    def _far_time(self, start: int) -> float:
+        # origin + start * tick, for a tick number too big for a float (a deadline
+        # near the largest float with a fine tick): exactly, then rounded.
+        try:
+            return self.origin + start * self.tick
+        except OverflowError:
+            return float(Fraction(self.origin) + start * Fraction(self.tick))
+
+    def _due_far(self) -> None:
+        # The far bucket came due (the clock is at its tick): file the entries now
+        # within the horizon into the levels, and schedule it again for the rest.
+        # O(far entries); far entries are rare, and each pass that comes here files
+        # at least one of them.
+        far = self._far
+        limit = self._now + HORIZON
+        earliest = -1
+        node = far._first
+        while node is not None:
+            after = node._next
+            e = self.due_tick_of(node._deadline)
+            if e <= limit:
+                far.remove(node)
+                self._file(node, e)
+            elif earliest < 0 or e < earliest:
+                earliest = e
+            node = after
+        if earliest >= 0:
+            start = earliest - HORIZON
+            when = self._far_time(start)
+            far.tick = start
+            far.time = when
+            _heappush(self._heap, (start, far.level, when, far))
 
     def insert_due(self, entry: WheelEntry, deadline: float) -> float:
         """File ``entry`` as due now: it comes out of the next ``advance``, whatever
@@ -437,25 +524,54 @@ class Wheel:
         against its own start tick, so after a long stall entries still come out in
         deadline order across ticks (within one tick no order is promised). Entries
         filed as due (``insert_due``) are merged into that order by deadline.
+
+        Every entry stays linked in some bucket the whole time, and every bucket
+        handed out is listed in ``_out`` (until ``release``), so that ``clear`` finds
+        all of them even if this raises half-way (an interrupt, a ``MemoryError``):
+        a timer that closes then settles every handle it held. Allocations (which
+        may run the garbage collector, and through it user code) come before the
+        change they serve, never between deciding it and completing it.
         """
         fired: list[Bucket] = []
         heap = self._heap
         # Entries filed as due before this pass, sorted; they go out ahead of any
         # overdue bucket that comes due after their deadline.
-        early: list[WheelEntry] = self._take_due(now) if self._due._first is not None else []
+        early: Bucket | None = self._take_due(now) if self._due._first is not None else None
         size = self._size
         while heap and heap[0][2] <= now:
-            start, level, when, bucket = _heappop(heap)
+            top = heap[0]
+            start, level, when, bucket = top
             if bucket.tick != start:
+                _heappop(heap)
                 continue  # emptied and already dropped by next_expiry
-            bucket.tick = None
             if bucket._first is None:
+                _heappop(heap)
+                bucket.tick = None
                 bucket.time = _INF
                 continue
-            if early and early[0]._deadline < when:
-                early = self._emit_before(early, when, fired)
+            if level == -3:
+                # The far bucket: not detached (its entries are not due), only
+                # re-examined against the clock at its tick.
+                _heappop(heap)
+                bucket.tick = None
+                bucket.time = _INF
+                if start > self._now:
+                    self._set_now(start)
+                self._due_far()
+                continue
+            if early is not None and early._first is not None and early._first._deadline < when:
+                self._emit_before(early, when, fired)
+                continue
             # Detach: new inserts during this pass must not land in a bucket we return.
-            self._levels[level][(start // self._widths[level]) % size] = Bucket(level)
+            # The replacement first: its allocation may run finalizers that change the
+            # heap, so look again if the top moved.
+            fresh = Bucket(level)
+            if not heap or heap[0] is not top:
+                continue
+            _heappop(heap)
+            bucket.tick = None
+            self._levels[level][(start // self._widths[level]) % size] = fresh
+            self._out.append(bucket)
             if start > self._now:
                 self._set_now(start)
             if level == 0:
@@ -480,57 +596,82 @@ class Wheel:
                     self._file(cascaded, self.due_tick_of(cascaded._deadline))
                     cascaded = bucket.pop_first()
                 if self._due._first is not None:
-                    fired.append(self._chunk(self._take_due(now)))
-        if early:
-            fired.append(self._chunk(early))
+                    fired.append(self._take_due(now))
+        if early is not None and early._first is not None:
+            fired.append(early)
         target = math.floor((now - self.origin) / self.tick)
         if target > self._now:
             self._set_now(target)
         return fired
 
-    def _take_due(self, now: float) -> list[WheelEntry]:
-        # Empty the due bucket: its entries in deadline order. An entry a float
+    def release(self) -> None:
+        """The caller is done with the buckets ``advance`` handed out. Normally they
+        are empty; an entry the caller did not get to (it stopped half-way) is filed
+        again at its own deadline, so that nothing pending is lost."""
+        out = self._out
+        while out:
+            bucket = out[-1]
+            entry = bucket._first
+            if entry is None:
+                out.pop()
+                continue
+            bucket.remove(entry)
+            self._file(entry, self.due_tick_of(entry._deadline))
+
+    def _take_due(self, now: float) -> Bucket:
+        # The due bucket itself is handed out (its entries stay linked in it), with
+        # its entries in deadline order; a fresh one takes its place. An entry a float
         # rounding filed as due a hair after `now` waits for the next tick instead.
-        everything = self._due.take_all()
-        entries = [entry for entry in everything if entry._deadline <= now]
-        if len(entries) < len(everything):
-            for entry in everything:
-                if entry._deadline > now:
-                    self._file(entry, self._now + 1)
+        fresh = Bucket(-1)  # allocate before the change
+        taken = self._due
+        self._due = fresh
+        self._out.append(taken)
+        node = taken._first
+        while node is not None:
+            after = node._next
+            if node._deadline > now:
+                taken.remove(node)
+                self._file(node, self._now + 1)
+            node = after
         # Entries are usually already in order (zero-delay timers, or one tick of a
         # cascade): then this is one comparison each, and no sort.
         previous = -_INF
-        for entry in entries:
-            if entry._deadline < previous:
+        node = taken._first
+        while node is not None:
+            if node._deadline < previous:
+                entries = list(taken)  # they stay linked while this allocates
                 entries.sort(key=deadline_of)
+                taken._first = taken._last = None
+                for entry in entries:
+                    entry._bucket = entry._prev = entry._next = None
+                for entry in entries:
+                    taken.add(entry)
                 break
-            previous = entry._deadline
-        return entries
+            previous = node._deadline
+            node = node._next
+        return taken
 
-    def _chunk(self, entries: list[WheelEntry]) -> Bucket:
-        bucket = Bucket(-1)
-        for entry in entries:
-            bucket.add(entry)
-        return bucket
-
-    def _emit_before(
-        self, entries: list[WheelEntry], when: float, fired: list[Bucket]
-    ) -> list[WheelEntry]:
-        # Emit the due entries whose deadline is before `when`; return the rest.
-        cut = 0
-        while cut < len(entries) and entries[cut]._deadline < when:
-            cut += 1
-        fired.append(self._chunk(entries[:cut]))
-        return entries[cut:]
+    def _emit_before(self, early: Bucket, when: float, fired: list[Bucket]) -> None:
+        # Hand out, as a bucket of their own, the due entries whose deadline is
+        # before `when`; the rest stay in `early`.
+        chunk = Bucket(-1)  # allocate before the change
+        self._out.append(chunk)
+        while early._first is not None and early._first._deadline < when:
+            entry = early._first
+            early.remove(entry)
+            chunk.add(entry)
+        fired.append(chunk)
 
     # -- introspection (not on any hot path) -----------------------------------------
 
     def __len__(self) -> int:
-        return len(self._due) + sum(len(b) for wheel in self._levels for b in wheel)
+        filed = sum(len(b) for wheel in self._levels for b in wheel)
+        return len(self._due) + len(self._far) + filed
 
     def __iter__(self) -> Iterator[WheelEntry]:
         """Every entry still in the wheel (not the detached buckets), in no order."""
         yield from self._due
+        yield from self._far
         for wheel in self._levels:
             for bucket in wheel:
                 yield from bucket
@@ -538,6 +679,12 @@ class Wheel:
     def clear(self) -> list[Any]:
         """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
         entries = self._due.take_all()
+        for bucket in self._out:  # handed out by an advance that did not finish
+            entries += bucket.take_all()
+        self._out.clear()
+        entries += self._far.take_all()
+        self._far.tick = None
+        self._far.time = _INF
         for wheel in self._levels:
             for bucket in wheel:
                 entries += bucket.take_all()
@@ -550,6 +697,16 @@ class Wheel:
         """Assert the invariants listed in the module docstring (for tests: O(n))."""
         scheduled = {id(b): start for start, _level, _when, b in self._heap if b.tick == start}
         _check_links(self._due)
+        far = self._far
+        _check_links(far)
+        if far._first is not None:
+            assert far.tick is not None, "occupied far bucket is not scheduled"
+            assert scheduled.get(id(far)) == far.tick, "the far bucket is not in the heap"
+            assert far.tick > self._now, "the far bucket is due but still filed"
+            for entry in far:
+                # Never early (a lazily extended entry may be due before it is
+                # within the horizon; it is filed when the far bucket comes due).
+                assert self.due_tick_of(entry._deadline) >= far.tick, entry
         assert self._limit0 == self._limits[0]
         for level, wheel in enumerate(self._levels):
             width = self._widths[level]
@@ -572,10 +729,14 @@ class Wheel:
 
 
 def _check_links(bucket: Bucket) -> None:
-    """Assert that ``bucket``'s list is well linked and its entries point at it."""
+    """Assert that ``bucket``'s list is well linked, holds each entry once (no cycle:
+    ``Bucket.add`` refuses a linked entry) and its entries point at it."""
     previous: WheelEntry | None = None
+    seen: set[int] = set()
     entry = bucket._first
     while entry is not None:
+        assert id(entry) not in seen, f"{entry!r} is linked twice in {bucket!r}"
+        seen.add(id(entry))
         assert entry._bucket is bucket, entry
         assert entry._prev is previous, entry
         previous = entry

@@ -469,14 +469,15 @@ def test_astronomic_deadline_does_not_overflow() -> None:
 
 
 def test_past_the_horizon_is_refiled_never_early() -> None:
-    """A deadline past the horizon sits at the horizon bucket; when that comes due it
-    is re-filed (not fired), and a float deadline no tick count can hold is fine."""
+    """A deadline past the horizon sits in the far bucket, which comes due when its
+    earliest entry comes within the horizon; then it is re-filed (not fired), and a
+    float deadline no tick count can hold is fine."""
     wheel = Wheel(1.0, 64, 0.0)
     (far,) = add(wheel, [2.0**50])
     (astronomic,) = add(wheel, [1.7e308])
     horizon = wheel.next_expiry()
     assert horizon is not None
-    assert horizon <= 2.0**48
+    assert horizon == 2.0**50 - 2.0**48  # its entry is then one horizon away
     assert flush(wheel, horizon) == []  # cascaded, re-filed: nothing fires early
     wheel._check()
     assert far._bucket is not None
@@ -496,3 +497,36 @@ def test_new_timers_after_the_wheel_ran_for_a_long_time() -> None:
     entries = add(wheel, [2.0**36 + 3, 2.0**36 + 64**3])
     walked = drive(wheel)
     assert [(now, e) for now, e in walked] == [(e._deadline, e) for e in entries]
+
+
+def test_a_far_deadline_takes_a_few_passes_however_far_the_clock_jumps() -> None:
+    """Issue 20: a deadline past the horizon walked one horizon per pass (35,000
+    wake-ups to reach 1e16 s with a 1 ms tick; 350,000 hops inside one advance when
+    the clock jumped 1e17 s with a timer at 1e300). A pass is bounded by what is due."""
+    wheel = Wheel(0.001, 64, 1000.0)
+    (target,) = add(wheel, [1e16])
+    (astronomic,) = add(wheel, [1e300])
+    walked = drive(wheel, until=2e16)
+    assert [e for _, e in walked] == [target]
+    assert walked[0][0] >= target._deadline  # never early
+    wheel._check()
+    # A jump of 1e17 s: the astronomic entry is not touched at all.
+    assert flush(wheel, 1e17) == []
+    wheel._check()
+    assert astronomic._bucket is wheel._far
+
+
+def test_driving_to_a_far_deadline_takes_few_wake_ups() -> None:
+    wheel = Wheel(0.001, 64, 0.0)
+    (target,) = add(wheel, [1e16])
+    wakeups = 0
+    fired: list[Entry] = []
+    while not fired:
+        when = wheel.next_expiry()
+        assert when is not None
+        wakeups += 1
+        assert wakeups < 20, "walking the horizon"
+        fired = flush(wheel, when)
+        wheel._check()
+    assert fired == [target]
+    assert wheel.tick_time(wheel.now_tick) >= target._deadline
