@@ -429,7 +429,7 @@ class Timer:
         # one whose run is in progress gives back its reserved period, cancelled too.
         reserved = 0
         for periodic in self._periodic:
-            if periodic._bucket is None:
+            if periodic._in_run:  # (the wheel and queue have let go of the others)
                 reserved += 1
             periodic._stop()
         self._periodic.clear()
