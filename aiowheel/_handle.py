@@ -27,8 +27,9 @@ State lives in two slots:
 from __future__ import annotations
 
 import math
+import sys
 from _thread import get_ident
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar
 
 from ._checks import not_copyable
@@ -41,6 +42,9 @@ __all__ = ["PeriodicHandle", "TimerHandle"]
 
 T = TypeVar("T")
 _INF: Final = float("inf")
+_FLOAT_MAX: Final = sys.float_info.max
+# A grid of more periods than floats resolve (2**52) cannot be stepped in floats.
+_GRID_LIMIT: Final = 2.0**52
 _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
 _get_ident: Final = get_ident
 
@@ -249,7 +253,24 @@ class PeriodicHandle(TracedHandle[Any]):
     traced timer writes one row per period, all with the handle's ``timer_id``.
     """
 
-    __slots__ = ("_active", "_fixed_rate", "_interval", "_k", "_start", "_user_args", "_user_cb")
+    __slots__ = (
+        "_active",
+        "_anchor",
+        "_fixed_rate",
+        "_in_run",
+        "_interval",
+        "_k",
+        "_rearmed",
+        "_user_args",
+        "_user_cb",
+    )
+
+    # State (docs/design.md, "Periodic timers"): an active periodic timer is filed (in
+    # a wheel bucket), queued (its async run waits for a worker), or in a run
+    # (``_in_run``: its callback is being called or awaited). While in a run it holds
+    # the pending slot of its next period, so that period needs no admission when it
+    # is filed, and a reset() only records the next deadline (``_rearmed``): the next
+    # run is filed when this one ends, so runs never overlap.
 
     def __init__(
         self,
@@ -265,9 +286,12 @@ class PeriodicHandle(TracedHandle[Any]):
         self._user_args = args
         self._interval = interval
         self._fixed_rate = fixed_rate
-        self._start = start
+        # The grid: run k is due at anchor + k * interval (the first one at k == 1).
+        self._anchor = start
         self._k = 1
         self._active = True
+        self._in_run = False
+        self._rearmed = False
 
     @property
     def callback(self) -> Callable[..., Any]:
@@ -295,7 +319,8 @@ class PeriodicHandle(TracedHandle[Any]):
 
     def reset(self, delay: SupportsFloat) -> None:
         """Move the next run to ``time() + delay`` (re-activating a stopped timer);
-        later runs follow from there."""
+        later runs follow from there. Called while a run is in progress, it sets the
+        deadline of the next run, which starts once this one has ended."""
         self._timer._reset(self, delay)  # no lazy path: the grid restarts
 
     def reset_at(self, deadline: SupportsFloat) -> None:
@@ -307,43 +332,67 @@ class PeriodicHandle(TracedHandle[Any]):
         # (self -> method -> self). Break it when stopped, so a dropped handle is freed
         # at once rather than by the garbage collector; _restart restores it.
         self._active = False
+        self._rearmed = False
         self._callback = _stopped
 
     def _restart(self, deadline: float) -> None:
-        # Called by the timer when reset() re-arms it: the grid restarts at deadline.
-        self._start = deadline - self._interval
-        self._k = 1
+        # Called by the timer when reset() re-arms it: the grid restarts at deadline
+        # (run 0 of the new grid; no subtraction, so no interval can overflow it).
+        self._anchor = deadline
+        self._k = 0
         if not self._active:
             self._active = True
             self._callback = self._run
 
     def _run(self) -> Any:
+        # The run starts (the timer reserves the next period's slot), the callback is
+        # called; a plain callback's run ends here, an async one's when its worker has
+        # awaited it (Timer._job_ended). The awaitable is handed back as it is, so a
+        # queued run that never starts is closed like any async callback's.
+        timer = self._timer
+        timer._periodic_begin(self)
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            self._timer._periodic_next(self)
+            timer._periodic_end(self)
             raise
         if result is not None and _is_awaitable(result):
-            return self._run_async(result)
-        self._timer._periodic_next(self)
+            timer._periodic_queued(self)
+            return result
+        timer._periodic_end(self)
         return result
 
-    async def _run_async(self, awaitable: Awaitable[Any]) -> Any:
-        try:
-            return await awaitable
-        finally:
-            self._timer._periodic_next(self)
-
     def _next_deadline(self, now: float) -> float:
-        """The deadline of the next run, the current one having finished at ``now``."""
-        if not self._fixed_rate:
-            return now + self._interval
-        # Skip missed periods instead of bunching them: the first grid point at or
-        # after now, and never the same one twice.
+        """The deadline of the next run, the current one having finished at ``now``.
+
+        Never raises and never returns inf or NaN, whatever the interval: a grid
+        finer than the float spacing near ``now`` restarts just after ``now`` (one
+        run per tick at most), and a grid point beyond the largest float is the
+        largest float (it never comes, and nothing overflows)."""
         interval = self._interval
-        k = max(self._k + 1, math.ceil((now - self._start) / interval))
-        self._k = k
-        return self._start + k * interval
+        previous = self._deadline
+        if not self._fixed_rate:
+            deadline = now + interval
+        else:
+            # Skip missed periods instead of bunching them: the first grid point at
+            # or after now, and never the same one twice.
+            periods = (now - self._anchor) / interval
+            if periods < _GRID_LIMIT:  # False for inf: the grid is finer than floats
+                k = self._k + 1
+                if periods > k:
+                    k = math.ceil(periods)
+                self._k = k
+                deadline = self._anchor + k * interval
+            else:
+                deadline = previous  # restarted below
+        if deadline != deadline or deadline == _INF:
+            return _FLOAT_MAX
+        if not deadline > previous:
+            # The grid cannot move on in floats: restart it just after now.
+            deadline = math.nextafter(max(now, previous), _INF)
+            self._anchor = deadline
+            self._k = 0
+        return deadline
 
 
 def _stopped() -> None:

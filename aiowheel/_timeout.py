@@ -18,13 +18,62 @@ if TYPE_CHECKING:
     from ._handle import TimerHandle
     from ._timer import Timer
 
-__all__ = ["Timeout"]
+__all__ = ["Guard", "Timeout", "Wake"]
+
+
+class Guard:
+    """The callback of a timer that a task waits on (``sleep``, ``timeout``).
+
+    When the timer closes with it pending (``aclose()``), the timer calls
+    ``timer_closed()`` instead: the task must not wait for ever for a callback that
+    will never run.
+    """
+
+    __slots__ = ()
+
+    def __call__(self) -> None:
+        raise NotImplementedError
+
+    def timer_closed(self) -> None:
+        raise NotImplementedError
+
+
+class Wake(Guard):
+    """``Timer.sleep_until``'s callback: sets the event the sleeper waits on."""
+
+    __slots__ = ("closed", "event")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.closed = False
+
+    def __call__(self) -> None:
+        self.event.set()
+
+    def timer_closed(self) -> None:
+        self.closed = True
+        self.event.set()
+
+
+class _Expire(Guard):
+    """A ``Timeout``'s callback (a separate object: ``Timeout`` is not callable)."""
+
+    __slots__ = ("timeout",)
+
+    def __init__(self, timeout: Timeout) -> None:
+        self.timeout = timeout
+
+    def __call__(self) -> None:
+        self.timeout._expire()
+
+    def timer_closed(self) -> None:
+        self.timeout._timer_closed()
 
 
 class Timeout:
     """The context manager returned by ``Timer.timeout``; not reusable."""
 
-    __slots__ = ("_delay", "_expired", "_handle", "_scope", "_timer")
+    __slots__ = ("_closed", "_delay", "_expired", "_handle", "_scope", "_timer")
 
     def __init__(self, timer: Timer, delay: float) -> None:
         self._timer = timer
@@ -32,6 +81,7 @@ class Timeout:
         self._scope: anyio.CancelScope | None = None
         self._handle: TimerHandle[Any] | None = None
         self._expired = False
+        self._closed = False  # the timer closed while the guard was pending
 
     def __enter__(self) -> Timeout:
         if self._scope is not None:
@@ -39,7 +89,7 @@ class Timeout:
         scope = self._scope = anyio.CancelScope()
         scope.__enter__()
         try:
-            self._handle = self._timer.schedule_nowait(self._delay, self._expire)
+            self._handle = self._timer.schedule_nowait(self._delay, _Expire(self))
         except BaseException as exc:
             scope.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -57,10 +107,19 @@ class Timeout:
         suppressed = self._scope.__exit__(exc_type, exc, tb)
         if self._expired and self._scope.cancelled_caught:
             raise TimeoutError(f"timed out after the deadline {self.deadline:.6f}") from exc
+        if self._closed and self._scope.cancelled_caught:
+            # The guard is gone with its timer: the block ends rather than run
+            # unguarded (aclose(drain=True) would have let the deadline come).
+            raise self._timer._closed() from exc
         return bool(suppressed)
 
     def _expire(self) -> None:
         self._expired = True
+        assert self._scope is not None
+        self._scope.cancel()
+
+    def _timer_closed(self) -> None:
+        self._closed = True
         assert self._scope is not None
         self._scope.cancel()
 

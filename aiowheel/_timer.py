@@ -91,7 +91,7 @@ from ._handle import (
     _Failure,
     without_frame,
 )
-from ._timeout import Timeout
+from ._timeout import Guard, Timeout, Wake
 from ._wheel import Bucket, Wheel, deadline_of
 
 if TYPE_CHECKING:
@@ -429,12 +429,23 @@ class Timer:
         for handle in handles:
             olds.append(handle._result)
             handle._result = _CANCELLED
-            if isinstance(handle, PeriodicHandle):
-                handle._stop()
             self._settle(handle, _CANCELLED)
+        # Every periodic timer stops: the filed and queued ones are among the handles;
+        # one whose run is in progress gives back its reserved period, cancelled too.
+        reserved = 0
+        for periodic in self._periodic:
+            if periodic._in_run:  # (the wheel and queue have let go of the others)
+                reserved += 1
+            periodic._stop()
         self._periodic.clear()
-        self._cancelled += len(handles)
+        self._cancelled += len(handles) + reserved
         self._pending = 0
+        # A task in sleep() or a timeout() block whose timer this was learns it now
+        # (its guard will never fire): it raises TimerClosed.
+        for handle in handles:
+            callback = handle._callback
+            if isinstance(callback, Guard):
+                callback.timer_closed()
         current = live.pool.current()
         for handle in live.pool.running:
             if handle is current:
@@ -855,11 +866,11 @@ class Timer:
         # unless the whole re-arm can be done. (The levels first: creating one may
         # run finalizers that change the handle; see _move.)
         live.wheel.reserve(deadline)
+        if isinstance(handle, PeriodicHandle):
+            self._periodic_rearm(live, handle, deadline)
+            return
         if handle._bucket is None and self._pending >= self._limit:
             raise full(self._pending, self._limit)
-        if isinstance(handle, PeriodicHandle):
-            handle._restart(deadline)
-            self._periodic.add(handle)
         self._move(live, handle, deadline)
 
     def _move(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
@@ -904,23 +915,77 @@ class Timer:
         live.wheel.remove(handle)
         self._file(live, handle, deadline, due, new=False)
 
-    def _periodic_next(self, handle: PeriodicHandle) -> None:
-        # A run of a periodic timer finished: arm the next one. It keeps the slot it
-        # held under max_pending, so there is no admission check.
+    # Periodic timers (docs/design.md, "Periodic timers"). An active periodic timer
+    # holds one pending slot for its whole life: its filed (or queued) period, and
+    # while a run is in progress the next period, which is armed (counted scheduled
+    # and pending) when the run starts and filed when it ends. So the next period
+    # never needs admission under max_pending, and the counters keep
+    # scheduled == fired + cancelled + pending (see _check).
+
+    def _periodic_begin(self, handle: PeriodicHandle) -> None:
+        # A run starts (plain: in the pass; async: on its worker).
+        handle._in_run = True
+        if handle._active:
+            self._pending += 1
+            self._scheduled += 1
+
+    def _periodic_queued(self, handle: PeriodicHandle) -> None:
+        # The callback returned an awaitable: the pass queues it for a worker, where it
+        # counts as the pending period until it starts, so give back the slot reserved
+        # for the next one (the worker reserves it again when the run really starts).
+        handle._in_run = False
+        if handle._active:
+            self._pending -= 1
+            self._scheduled -= 1
+
+    def _periodic_end(self, handle: PeriodicHandle) -> None:
+        # A run ended: file the next period in the slot it holds (no admission).
+        handle._in_run = False
+        if not handle._active:
+            return  # stopped during the run: cancel() or the close gave its slot back
         live = self._live
-        if not handle._active or live is None or self._state is not _OPEN:
+        if live is None:
+            return  # unreachable: closing stops every periodic timer
+        if self._state is not _OPEN:
+            # Draining (a reset() during the drain re-activated it): no more periods.
+            self._periodic_halt(live, handle)
             return
-        self._move(live, handle, handle._next_deadline(live.clock()))
+        now = live.clock()
+        if handle._rearmed:
+            handle._rearmed = False  # reset() during the run set the deadline
+            deadline = handle._deadline
+        else:
+            deadline = handle._next_deadline(now)
+        live.wheel.reserve(deadline)  # levels first (see _move)
+        previous: Any = handle._result
+        handle._result = _PENDING
+        handle._scheduled_at = now
+        self._file(live, handle, deadline, deadline <= now, new=False)
+        previous = None  # its finalizer may run now: the period is filed (see _move)
+
+    def _periodic_halt(self, live: _Running, handle: PeriodicHandle) -> None:
+        # Stop a periodic timer that is in a run: its reserved next period is cancelled.
+        handle._stop()
+        self._periodic.discard(handle)
+        self._pending -= 1
+        self._cancelled += 1
+        if self._room_waiters:
+            self._wake_room()
+        if self._idle_waiters and not self._pending and live.pool.busy <= 1:
+            self._wake_idle()  # the drainer re-checks (it may be running itself)
 
     def _periodic_stop(self, handle: PeriodicHandle) -> bool:
         live = self._live
-        if live is not None:
-            self._check_owner(live)
-        handle._stop()
-        self._periodic.discard(handle)
-        if not self._cancel(handle):
-            # A run is in progress; it finishes, and it is not re-armed.
-            self._cancelled += 1
+        if live is None:
+            handle._stop()  # unreachable: closing stops every periodic timer
+            return True
+        self._check_owner(live)
+        if handle._bucket is not None:
+            handle._stop()
+            self._periodic.discard(handle)
+            return self._cancel(handle)
+        # A run is in progress; it finishes, and it is not re-armed.
+        self._periodic_halt(live, handle)
         return True
 
     def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
@@ -928,6 +993,29 @@ class Timer:
         if handle in self._stranded:
             return self._closed()
         return TimerCancelled(f"{handle!r} was cancelled")
+
+    def _periodic_rearm(self, live: _Running, handle: PeriodicHandle, deadline: float) -> None:
+        # reset()/reset_at() of a periodic timer. During a run, only record the next
+        # deadline: the run's end files it, so a second run never starts while the
+        # first one goes on.
+        if handle._in_run:
+            if not handle._active:
+                # Stopped during this run: re-activating arms a new period.
+                if self._pending >= self._limit:
+                    raise full(self._pending, self._limit)
+                self._pending += 1
+                self._scheduled += 1
+                self._periodic.add(handle)
+            handle._restart(deadline)
+            handle._deadline = deadline
+            handle._rearmed = True
+            return
+        if handle._bucket is None and self._pending >= self._limit:
+            raise full(self._pending, self._limit)
+        handle._restart(deadline)
+        handle._rearmed = False
+        self._periodic.add(handle)
+        self._move(live, handle, deadline)
 
     async def _wait(self, handle: TimerHandle[Any]) -> Any:
         live = self._live
@@ -942,6 +1030,53 @@ class Timer:
             self._notify_cancel = True
         await waiter.event.wait()
         return waiter.outcome
+
+    # -- self-check (tests) ------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Assert the counters against the wheel, the run queue and the periodic
+        timers (docs/design.md, "Accounting"), then the wheel's own invariants. For
+        tests, between passes (not from inside a callback): O(pending)."""
+        pending = self._pending
+        assert self._scheduled == self._fired + self._cancelled + pending, (
+            f"scheduled {self._scheduled} != fired {self._fired} + cancelled "
+            f"{self._cancelled} + pending {pending}"
+        )
+        assert 0 <= self._failed <= self._fired
+        parts = self._parts
+        if parts is not None:
+            pool = parts.pool
+            assert pool.busy == sum(pool.running.values()) >= 0
+            assert pool.busy <= self._max_concurrency
+        live = self._live
+        if live is None:
+            assert pending == 0, f"closed with {pending} pending"
+            assert not self._periodic, "closed with active periodic timers"
+            return
+        live.wheel._check()
+        filed = 0
+        for entry in live.wheel:
+            handle = cast("TimerHandle[Any]", entry)
+            assert handle._timer is self, handle
+            assert handle._result is _PENDING, handle
+            filed += 1
+        queued = 0
+        for entry in live.pool.queue:
+            handle = cast("TimerHandle[Any]", entry)
+            assert handle._bucket is live.pool.queue
+            assert hasattr(type(handle._result), "__await__"), handle
+            queued += 1
+        reserved = 0
+        for periodic in self._periodic:
+            assert periodic._active, periodic
+            assert periodic._callback == periodic._run, periodic
+            if periodic._bucket is None:
+                assert periodic._in_run, f"{periodic!r}: active, not filed, not running"
+                reserved += 1
+        assert pending == filed + queued + reserved, (
+            f"pending {pending} != filed {filed} + queued {queued} + runs {reserved}"
+        )
+        assert pending <= self._limit, f"pending {pending} > max_pending {self._limit}"
 
     # -- waking the driver ----------------------------------------------------------
 
@@ -1184,6 +1319,8 @@ class Timer:
     def _job_started(self, handle: TimerHandle[Any]) -> None:
         self._pending -= 1
         self._fired += 1
+        if isinstance(handle, PeriodicHandle):
+            self._periodic_begin(handle)
         live = self._live
         now = live.clock() if live is not None else handle._deadline
         lateness = now - handle._deadline
@@ -1201,6 +1338,8 @@ class Timer:
     def _job_ended(self, handle: TimerHandle[Any], outcome: Any, *, last: bool) -> None:
         if isinstance(outcome, _Failure) and isinstance(outcome.exc, _EXIT):
             self._failed += 1
+        if isinstance(handle, PeriodicHandle):
+            self._periodic_end(handle)  # the next period, before the settling below
         # A handle re-armed while it ran may have a newer run still going, or be
         # pending again: then wait() waits for that one (the newest firing).
         if last and handle._bucket is None:
@@ -1217,6 +1356,8 @@ class Timer:
         # aclose() cancelled the worker and already settled the handle as
         # cancelled-while-running; anything else cancelling a worker is treated the
         # same way.
+        if isinstance(handle, PeriodicHandle):
+            handle._in_run = False  # the close stopped it
         if handle._result is _RUNNING:
             stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
             handle._result = stopped
@@ -1318,18 +1459,24 @@ class Timer:
         await self.sleep_until(self.time() + seconds(delay))
 
     async def sleep_until(self, deadline: SupportsFloat) -> None:
-        """Sleep until ``deadline`` on the loop clock."""
-        event = anyio.Event()
-        handle = await self.schedule_at(deadline, event.set)
+        """Sleep until ``deadline`` on the loop clock. ``TimerClosed`` if the timer is
+        closed meanwhile (``aclose(drain=True)`` lets the sleep end first)."""
+        wake = Wake()
+        handle = await self.schedule_at(deadline, wake)
         try:
-            await event.wait()
+            await wake.event.wait()
         finally:
             handle.cancel()
+        if wake.closed:
+            # aclose() cancelled it: the sleep would never end (TimerClosed, as for
+            # every call on a closed timer).
+            raise self._closed()
 
     def timeout(self, delay: SupportsFloat) -> Timeout:
         """``with timer.timeout(delay) as t:`` cancels the block and raises
         ``TimeoutError`` when ``delay`` passes first; ``t.reset(delay)`` pushes the
-        deadline out (an idle timeout)."""
+        deadline out (an idle timeout). If the timer is closed (``aclose()``) while
+        the block runs, the block is cancelled and raises ``TimerClosed``."""
         delay = seconds(delay)
         self._open()
         return Timeout(self, delay)

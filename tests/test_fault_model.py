@@ -38,6 +38,7 @@ every operation (and inside every callback, where it can be checked):
   raises the rule's exception (TypeError / ValueError) and changes nothing;
 * a fresh probe timer fires within [deadline, deadline + tick + slack + the loop
   blocking injected while it was pending];
+* ``Timer._check()``: the accounting identity and the wheel's invariants;
 * ``stats()``: ``running`` equals the async callbacks the model sees running (none
   stuck), ``fired`` and ``failed`` equal the model's counts, and every raised exception
   reached ``on_error`` once, with its handle;
@@ -580,6 +581,13 @@ class Run:
 
     def check(self, where: str) -> None:
         self.check_len(where)
+        # The timer's own accounting (docs/design.md, "Accounting"): scheduled ==
+        # fired + cancelled + pending, pending == filed + queued + periodic runs,
+        # running == the workers' runs, and the wheel's invariants.
+        try:
+            self.timer._check()
+        except AssertionError as exc:
+            self.fail(f"{where}: Timer._check(): {exc}")
         stats = self.timer.stats()
         if stats.running != self.running:
             self.fail(f"{where}: stats().running {stats.running}, model {self.running}")
