@@ -182,13 +182,14 @@ class AsyncioDriver:
 class AnyioDriver:
     """One task that sleeps until the next wake-up in a movable ``CancelScope``."""
 
-    __slots__ = ("_deadline", "_on_wakeup", "_scope", "_stopped")
+    __slots__ = ("_deadline", "_on_wakeup", "_recheck", "_scope", "_stopped")
 
     def __init__(self, on_wakeup: Callable[[], None]) -> None:
         self._on_wakeup = on_wakeup
         self._deadline = _INF
         self._scope: anyio.CancelScope | None = None
         self._stopped = False
+        self._recheck: Callable[[], None] | None = None
 
     def arm(self, when: float) -> None:
         self._deadline = when
@@ -200,7 +201,17 @@ class AnyioDriver:
         self.arm(_INF)
 
     def recheck(self, check: Callable[[], None]) -> None:
-        check()  # moving a CancelScope deadline is cheap: no need to defer
+        """Run ``check`` once, when the driver task next runs (coalesced).
+
+        Not at once: every move of a cancel scope's deadline pushes an entry onto
+        trio's deadline heap, which keeps the stale ones until its next scheduler
+        pass, so a burst of schedule + cancel re-checking each time would grow that
+        heap by one entry per cycle (docs/design.md, guarantee 6). One move to -inf
+        wakes the task at the next pass; re-arms meanwhile may move the deadline
+        later, which only delays the check to a wake-up that was due anyway."""
+        if self._recheck is None:
+            self._recheck = check
+            self.arm(-_INF)
 
     async def start(self, tg: TaskGroup) -> None:
         await tg.start(self.run)
@@ -219,8 +230,15 @@ class AnyioDriver:
                 await anyio.sleep_forever()
             self._scope = None
             self._deadline = _INF
+            check = self._recheck
+            self._recheck = None
             if not self._stopped:
-                self._on_wakeup()
+                if check is not None:
+                    # Woken for a re-check (or due meanwhile: the check re-arms for
+                    # the due bucket, at or before now; the next round wakes at once).
+                    check()
+                else:
+                    self._on_wakeup()
 
 
 def make_driver(backend: str, on_wakeup: Callable[[], None]) -> Driver:

@@ -1,7 +1,7 @@
 """Timer handles: what ``schedule`` returns.
 
 A handle is also the wheel's entry (Kafka's ``TimerTaskEntry``): it is the node of
-its bucket's linked list, so cancelling it is an unlink. A handle has eight slots
+its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 (four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
 (docs/benchmarks.md gives the bytes per pending timer on each core).
 
@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 import sys
 from _thread import get_ident
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar
 
 from ._checks import not_copyable
@@ -47,6 +48,7 @@ _FLOAT_MAX: Final = sys.float_info.max
 _GRID_LIMIT: Final = 2.0**52
 _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
 _get_ident: Final = get_ident
+_copy_context: Final = copy_context
 
 
 class _Sentinel:
@@ -93,12 +95,16 @@ def without_frame(exc: BaseException) -> BaseException:
 class TimerHandle(WheelEntry, Generic[T]):
     """A scheduled callback. Returned by ``Timer.schedule`` and friends."""
 
-    __slots__ = ("_args", "_callback", "_result", "_timer")
+    __slots__ = ("_args", "_callback", "_context", "_result", "_timer")
 
     def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._timer = timer
         self._callback = callback
         self._args = args
+        # The callback runs in a copy of the scheduler's context, as loop.call_later
+        # does (docs/usage.md, "Context variables"): captured here, once per handle
+        # (a re-arm keeps it; a periodic timer's runs all use the one of every()).
+        self._context = _copy_context()
         self._result = _PENDING
         self._bucket = None
         self._prev = self._next = None

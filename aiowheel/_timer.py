@@ -1180,7 +1180,13 @@ class Timer:
                         row_level = traced._level
                     fired += 1
                     try:
-                        result = handle._callback(*handle._args)
+                        # In the context captured at schedule time (loop.call_later's
+                        # rule); without arguments, no tuple is built for the call.
+                        args = handle._args
+                        if args:
+                            result = handle._context.run(handle._callback, *args)
+                        else:
+                            result = handle._context.run(handle._callback)
                     except _EXIT as exc:
                         # Settle this one, then let it stop the loop; `except` below
                         # files again what this pass had not reached.

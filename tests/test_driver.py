@@ -332,3 +332,56 @@ def test_asyncio_driver_arms_the_rounded_time() -> None:
         loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+def _trio_deadline_entries() -> int:
+    """Entries in trio's deadline heap, stale ones included (trio keeps a moved cancel
+    scope's old deadline there until a scheduler pass pops it): what a burst of
+    re-arms would grow. Runner internals, read-only."""
+    import trio
+
+    runner = trio.lowlevel.current_task()._runner
+    return len(runner.deadlines._heap)
+
+
+def test_trio_schedule_cancel_burst_does_not_grow_the_deadline_heap() -> None:
+    """A burst of schedule + cancel on an idle timer, with no checkpoint in between,
+    re-arms the driver at most a few times, not once or twice per cycle
+    (docs/design.md, guarantee 6): on trio each move of the driver's cancel-scope
+    deadline leaves an entry in trio's deadline heap until the next scheduler pass.
+    (Its own trio.run: the heap is the runner's, read through trio's internals.)"""
+    import trio
+    import trio.testing
+
+    async def main() -> None:
+        async with Timer(tick=TICK) as timer:
+            await trio.lowlevel.checkpoint()
+            before = _trio_deadline_entries()
+            for _ in range(10_000):
+                timer.schedule_nowait(0.5, noop).cancel()
+            assert _trio_deadline_entries() - before <= 4
+            assert len(timer) == 0
+            # Never early after the burst: the deferred re-check leaves the driver
+            # armed for the right bucket.
+            fired: list[float] = []
+            handle = timer.schedule_nowait(0.25, lambda: fired.append(timer.time()))
+            await handle.wait()
+            assert handle.deadline <= fired[0] <= handle.deadline + TICK + EPS
+            await trio.sleep(10)
+            assert timer.stats().wakeups <= 3
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.mark.virtual_time
+async def test_deferred_recheck_is_never_early_after_a_cancel_burst() -> None:
+    async with Timer(tick=TICK) as timer:
+        later = timer.schedule_nowait(2.0, noop)
+        for _ in range(100):
+            timer.schedule_nowait(0.5, noop).cancel()
+        fired: list[float] = []
+        handle = timer.schedule_nowait(1.0, lambda: fired.append(timer.time()))
+        await handle.wait()
+        assert handle.deadline <= fired[0] <= handle.deadline + TICK + EPS
+        await later.wait()
+        assert timer.stats().wakeups <= 4

@@ -1,0 +1,88 @@
+"""Callbacks run in the context (``contextvars``) captured when they were scheduled,
+as ``loop.call_later`` does (docs/usage.md, "Context variables")."""
+
+from __future__ import annotations
+
+import contextvars
+
+import anyio
+import pytest
+
+from aiowheel import Timer
+
+pytestmark = pytest.mark.anyio
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+
+async def test_each_callback_sees_the_context_of_its_scheduler() -> None:
+    seen: dict[str, str] = {}
+    async with Timer(tick=0.001) as timer:
+
+        async def handler(name: str, delay: float) -> None:
+            request_id.set(name)
+            handle = timer.schedule_nowait(delay, lambda: seen.setdefault(name, request_id.get()))
+            await handle.wait()
+
+        async with anyio.create_task_group() as tg:
+            # B arms the driver last for the earliest bucket: before, every callback
+            # ran in B's context.
+            tg.start_soon(handler, "A", 0.03)
+            tg.start_soon(handler, "B", 0.01)
+            tg.start_soon(handler, "C", 0.02)
+    assert seen == {"A": "A", "B": "B", "C": "C"}
+
+
+async def test_a_callback_setting_a_variable_changes_nobody_else() -> None:
+    seen: list[str] = []
+    async with Timer(tick=0.001) as timer:
+        request_id.set("outer")
+
+        def first() -> None:
+            request_id.set("changed by first")
+
+        timer.schedule_nowait(0.01, first)
+        last = timer.schedule_nowait(0.02, lambda: seen.append(request_id.get()))
+        await last.wait()
+        assert request_id.get() == "outer"
+    assert seen == ["outer"]
+
+
+async def test_async_callback_is_created_in_the_scheduler_context() -> None:
+    seen: list[str] = []
+    async with Timer(tick=0.001) as timer:
+        request_id.set("scheduler")
+
+        def make() -> object:
+            seen.append(request_id.get())  # called in the pass: the captured context
+
+            async def job() -> None:
+                pass
+
+            return job()
+
+        handle = timer.schedule_nowait(0.01, make)
+        await handle.wait()
+    assert seen == ["scheduler"]
+
+
+async def test_periodic_runs_in_the_context_of_every() -> None:
+    seen: list[str] = []
+    async with Timer(tick=0.001) as timer:
+        done = anyio.Event()
+
+        def tick() -> None:
+            seen.append(request_id.get())
+            if len(seen) == 3:
+                done.set()
+
+        async def owner() -> None:
+            request_id.set("periodic owner")
+            timer.every(0.01, tick)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(owner)
+        request_id.set("someone else")
+        timer.schedule_nowait(0.005, lambda: None)  # another context arms the driver
+        await done.wait()
+    assert seen == ["periodic owner"] * 3
