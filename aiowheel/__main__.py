@@ -1,4 +1,5 @@
-"""The ``aiowheel`` command: ``aiowheel bench ...`` and ``aiowheel report ...``."""
+"""The ``aiowheel`` command: ``aiowheel bench ...``, ``aiowheel report ...`` and
+``aiowheel --version``."""
 
 from __future__ import annotations
 
@@ -10,12 +11,23 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 
+def version() -> str:
+    """``aiowheel X.Y.Z (compiled core)``, or ``(pure-Python core: why)``."""
+    import aiowheel
+    from aiowheel import _compiled
+
+    core = "compiled core" if aiowheel.COMPILED else f"pure-Python core: {_compiled.REASON}"
+    return f"aiowheel {aiowheel.__version__} ({core})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from aiowheel.bench.cli import DESCRIPTION, EPILOG, add_arguments
 
     parser = argparse.ArgumentParser(
         prog="aiowheel", description="aiowheel: a hierarchical timing-wheel timer."
     )
+    # Checked before the required COMMAND, like --help: `aiowheel --version` exits 0.
+    parser.add_argument("--version", action="version", version=version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = commands.add_parser(
         "bench",

@@ -146,6 +146,27 @@ class TimerStats:
     workers: int = 0  #: worker tasks alive
     wakeups: int = 0  #: driver passes
 
+    def __reduce__(self) -> tuple[type[TimerStats], tuple[int | float, ...]]:
+        # copy, deepcopy and pickle rebuild a snapshot through the constructor. The
+        # default path restores slots with setattr, which the frozen class refuses on
+        # the compiled core (FrozenInstanceError) while the pure one has dataclass's
+        # own __setstate__: one answer on both cores (issue 20, section 4).
+        return (
+            TimerStats,
+            (
+                self.pending,
+                self.scheduled,
+                self.fired,
+                self.cancelled,
+                self.failed,
+                self.levels,
+                self.lateness_max,
+                self.running,
+                self.workers,
+                self.wakeups,
+            ),
+        )
+
 
 class _Running:
     """The parts of a started timer: built by ``_supervise``, dropped by ``aclose``."""

@@ -59,6 +59,23 @@ _WATCHED = 1
 _COMPLETED = 2
 _CANCELLED = 3
 
+
+def _check_owner(timer: Timer) -> None:
+    """Raise the timer's ``RuntimeError`` unless called from the loop that runs it.
+
+    The purgatory has no lock: its watch lists, counts and operations' waiters belong to
+    the timer's event loop, like the timer's own state. Every public method that changes
+    something calls this first, so a foreign call raises before it changes anything
+    (it used to mark an operation completed and only then reach the timer's check).
+    The rule is the timer's own (``Timer._check_owner``: its thread, and on asyncio its
+    running loop), applied while the timer runs, as the timer applies it; a thread
+    goes through ``timer.call_threadsafe``. See docs/purgatory.md, "Threads".
+    """
+    live = timer._live
+    if live is not None:
+        timer._check_owner(live)
+
+
 _NOT_INITIALISED = (
     "{!r} has no operation state: a DelayedOperation subclass must call "
     "super().__init__(timeout) from its __init__"
@@ -170,7 +187,12 @@ class DelayedOperation:
         """Complete the operation now. The first caller wins and gets ``True``: the
         timeout is cancelled (O(1), the wheel releases it at once), the purgatory stops
         counting the operation as delayed, ``on_complete()`` runs and waiters are woken.
-        Every later call, and any call on a cancelled operation, returns ``False``."""
+        Every later call, and any call on a cancelled operation, returns ``False``.
+        Once handed to a purgatory, the operation belongs to its timer's loop: a call
+        from elsewhere raises ``RuntimeError`` and changes nothing."""
+        purgatory = self._purgatory
+        if purgatory is not None:
+            _check_owner(purgatory._timer)
         if self._state >= _COMPLETED:
             return False
         self._state = _COMPLETED
@@ -213,7 +235,11 @@ class DelayedOperation:
         """Return once the operation completed, by any path. Any number of tasks may
         wait. Works whether or not the operation is watched (an operation never
         handed to a purgatory completes by ``force_complete``). Raises
-        ``aiowheel.TimerCancelled`` if ``cancel_for_key`` removed it."""
+        ``aiowheel.TimerCancelled`` if ``cancel_for_key`` removed it, ``RuntimeError``
+        from outside its purgatory's loop."""
+        purgatory = self._purgatory
+        if purgatory is not None:
+            _check_owner(purgatory._timer)
         if self._state < _COMPLETED:
             event = self._event
             if event is None:
@@ -319,8 +345,9 @@ class Purgatory:
         not hashable (or a ``str``/``bytes`` passed instead of a list of keys),
         ``RuntimeError`` for an operation already handed to a purgatory, and
         ``aiowheel.TimerClosed`` when the purgatory or its timer is closed (or the
-        timer is not started).
+        timer is not started), ``RuntimeError`` from outside the timer's loop.
         """
+        _check_owner(self._timer)
         try:
             state = op._state
         except AttributeError:
@@ -375,6 +402,7 @@ class Purgatory:
         """Try to complete every operation watched on ``key`` (call it after changing
         what ``key`` stands for). Completed operations found in the list leave it.
         Returns how many operations this call completed; 0 for an unknown key."""
+        _check_owner(self._timer)
         watch_list = self._watchers.get(key)
         if watch_list is None:
             return 0
@@ -404,6 +432,7 @@ class Purgatory:
         ``aiowheel.TimerCancelled``. Returns them in watch order; ``[]`` for an
         unknown key. Entries the operations have under other keys are dropped when
         those keys are checked or purged, like those of completed operations."""
+        _check_owner(self._timer)
         watch_list = self._watchers.pop(key, None)
         if watch_list is None:
             return []
@@ -428,6 +457,7 @@ class Purgatory:
         ones. None of the cancelled operations completes or expires afterwards.
         Returns them. Idempotent. Close the purgatory before its timer: a timer closed
         under delayed operations drops their timeouts, and they would wait forever."""
+        _check_owner(self._timer)
         self._closed = True
         cancelled: list[DelayedOperation] = []
         for key in list(self._watchers):

@@ -1127,3 +1127,108 @@ async def test_operations_completed_by_checks_are_released() -> None:
             assert alive <= 2 * 10 + 2  # at most the bound on the not-yet-compacted list
         finally:
             gc.enable()
+
+
+# -- threads (issue 20, section 3) --------------------------------------------------------
+# A call from another thread used to change state and only then reach the timer's own
+# check: check_and_complete marked the operation completed and woke its waiters, but
+# on_complete never ran, its timeout stayed on the wheel and delayed() stayed 1;
+# cancel_for_key popped the watch list and marked the operation cancelled, then raised.
+
+
+async def _in_thread(backend: str, fn: Callable[[], Any]) -> Any:
+    # Virtual clocks cannot see a thread: freeze trio's autojump meanwhile (looptime
+    # follows run_in_executor futures in step with real time).
+    if backend == "trio":
+        import trio
+
+        clock: Any = trio.lowlevel.current_clock()
+        saved = clock.autojump_threshold
+        clock.autojump_threshold = float("inf")
+        try:
+            return await trio.to_thread.run_sync(fn)
+        finally:
+            clock.autojump_threshold = saved
+    import asyncio
+
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
+def _raised(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except RuntimeError as exc:
+        return "RuntimeError" if not isinstance(exc, TimerClosed) else "TimerClosed"
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+async def test_every_mutation_from_another_thread_raises_and_changes_nothing(
+    backend: str,
+) -> None:
+    import asyncio
+
+    async with Timer(tick=TICK) as timer:
+        purgatory = Purgatory(timer)
+        watched = Op(100.0)
+        other = Op(100.0)
+        assert not purgatory.try_complete_else_watch(watched, ["a", "b"])
+        assert not purgatory.try_complete_else_watch(other, ["b"])
+        watched.ready = True  # a check would complete it
+        fresh = Op(100.0, ready=True)
+        tries = (watched.tries, other.tries, fresh.tries)
+
+        def wait_in_its_own_loop() -> None:
+            asyncio.run(watched.wait())
+
+        calls: dict[str, Callable[[], object]] = {
+            "try_complete_else_watch": lambda: purgatory.try_complete_else_watch(fresh, ["c"]),
+            "check_and_complete": lambda: purgatory.check_and_complete("a"),
+            "cancel_for_key": lambda: purgatory.cancel_for_key("b"),
+            "close": purgatory.close,
+            "__exit__": lambda: purgatory.__exit__(None, None, None),
+            "force_complete": watched.force_complete,
+            "wait": wait_in_its_own_loop,
+        }
+
+        def from_thread() -> dict[str, str]:
+            return {name: _raised(call) for name, call in calls.items()}
+
+        outcomes = await _in_thread(backend, from_thread)
+        assert outcomes == dict.fromkeys(calls, "RuntimeError"), outcomes
+        # Nothing changed: counts, states, the timeouts on the wheel, no user code ran.
+        assert (purgatory.delayed(), purgatory.watched(), len(timer)) == (2, 3, 2)
+        assert not purgatory.closed
+        assert not any(op.is_completed() or op.is_cancelled() for op in (watched, other, fresh))
+        assert (watched.tries, other.tries, fresh.tries) == tries
+        assert watched.events == other.events == fresh.events == []
+        # And the loop's own calls work on the untouched state.
+        assert purgatory.check_and_complete("a") == 1
+        assert watched.events == ["complete"]
+        assert (purgatory.delayed(), len(timer)) == (1, 1)
+        assert purgatory.cancel_for_key("b") == [other]
+        assert (purgatory.delayed(), purgatory.watched(), len(timer)) == (0, 0, 0)
+
+
+async def test_a_thread_goes_through_call_threadsafe(backend: str) -> None:
+    async with Timer(tick=TICK) as timer:
+        purgatory = Purgatory(timer)
+        op = Op(100.0)
+        assert not purgatory.try_complete_else_watch(op, ["k"])
+        op.ready = True
+
+        def from_thread() -> int:
+            return timer.call_threadsafe(purgatory.check_and_complete, "k").result(timeout=10)
+
+        assert await _in_thread(backend, from_thread) == 1
+        assert op.is_completed()
+        assert op.events == ["complete"]
+        assert (purgatory.delayed(), len(timer)) == (0, 0)
+
+
+async def test_an_operation_never_handed_to_a_purgatory_has_no_owner(backend: str) -> None:
+    op = Op(1.0)
+    assert await _in_thread(backend, op.force_complete) is True
+    assert op.events == ["complete"]
+    await op.wait()
