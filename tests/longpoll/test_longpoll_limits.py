@@ -231,25 +231,51 @@ async def test_bodies_received_at_once_are_bounded(backend: str) -> None:
             answers[name] = await s.send(head.encode() + body)
 
         async with await anyio.connect_tcp(s.host, s.port) as slow:
-            # A: 100 bytes announced, 50 sent: its 100 bytes are reserved while it sends.
+            # A: 100 bytes announced, 90 sent: what arrived is reserved, not what was
+            # announced.
             await slow.send(b"POST /topics/a HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n")
-            await slow.send(b"a" * 50)
-            await until(lambda: service.inflight.used == 100)
+            await slow.send(b"a" * 90)
+            await until(lambda: service.inflight.used == 90)
             async with anyio.create_task_group() as tg:
                 # B does not fit next to A: it waits, unread. C would fit, but comes
-                # after B: reservations are granted in order, so B is not starved.
+                # after B: new bodies are granted in order, so B is not starved.
                 tg.start_soon(post, "b", b"b" * 100)
                 await until(lambda: service.inflight.waiting() == 1)
                 tg.start_soon(post, "c", b"c" * 40)
                 await until(lambda: service.inflight.waiting() == 2)
                 assert s.log.topics == {}
-                await slow.send(b"a" * 50)  # A completes: B and C go through
+                # A's rest goes before both (a body under way finishes first), and
+                # its completion lets B and C through.
+                await slow.send(b"a" * 10)
             head = await slow.receive()
             assert head.startswith(b"HTTP/1.1 200")
         assert answers["b"][:1] == (200,)
         assert answers["c"][:1] == (200,)
         assert sorted(s.log.topics) == ["a", "b", "c"]
         assert service.inflight.used == 0
+        assert service.inflight.clients == {}
+
+
+async def test_one_client_holds_at_most_its_share() -> None:
+    budget = server.ByteBudget(100, 40)
+    await budget.acquire("x", 30)
+    granted: list[str] = []
+
+    async def take(client: str, size: int, more: bool = False) -> None:
+        await budget.acquire(client, size, more=more)
+        granted.append(client)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(take, "x", 20, True)  # over x's share: waits for x's own bytes
+        await until(lambda: budget.waiting() == 1)
+        await take("y", 40)  # another client is not held up behind x's waiter
+        assert granted == ["y"]
+        budget.release("x", 30)
+        await until(lambda: granted == ["y", "x"])
+    assert (budget.used, budget.clients) == (60, {"x": 20, "y": 40})
+    budget.release("x", 20)
+    budget.release("y", 40)
+    assert (budget.used, budget.clients) == (0, {})
 
 
 # Characters JSON escapes in six bytes or two, and ones that take 2 to 4 bytes in UTF-8.
