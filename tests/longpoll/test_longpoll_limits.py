@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import random
 import socket
 import subprocess
@@ -711,3 +712,81 @@ def test_limits_refuse_what_the_command_line_refuses() -> None:
         server.create_app(limits=server.Limits(), max_topics=3)
     with pytest.raises(ValueError, match="tick"):
         server.create_app(tick=float("nan"))
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_silent_uploads_hold_nothing_and_leaving_is_quiet(backend: str) -> None:
+    # Issue 20: 33 chunked POSTs that never sent a byte each reserved max_body_bytes of
+    # the in-flight budget until their deadline, and honest publishers timed out; each
+    # one that gave up left an "Exception in ASGI application" traceback.
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "hypercorn.error")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        async with running(
+            max_body_bytes=100, max_inflight_bytes=400, max_client_inflight_bytes=200
+        ) as s:
+            service = s.service
+            attackers: list[Any] = []
+            try:
+                for i in range(33):  # silent: headers only
+                    stream = await anyio.connect_tcp(s.host, s.port)
+                    attackers.append(stream)
+                    await stream.send(
+                        f"POST /topics/s{i} HTTP/1.1\r\nHost: t\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n".encode()
+                    )
+                for i in range(5):  # 90 of 100 bytes each, from the same address
+                    stream = await anyio.connect_tcp(s.host, s.port)
+                    attackers.append(stream)
+                    await stream.send(
+                        f"POST /topics/p{i} HTTP/1.1\r\nHost: t\r\n"
+                        "Content-Length: 100\r\n\r\n".encode()
+                        + b"p" * 90
+                    )
+                # The partial bodies hold their client's share, no more; the silent
+                # ones hold nothing; the other three partial ones wait.
+                await until(lambda: service.inflight.waiting() == 3)
+                assert service.inflight.used == 180
+                assert service.inflight.clients == {"127.0.0.1": 180}
+                # Another client is served at once, however often it publishes.
+                for _ in range(36):
+                    async with await anyio.connect_tcp(
+                        s.host, s.port, local_host="127.0.0.2"
+                    ) as honest:
+                        await honest.send(
+                            b"POST /topics/honest HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                            b"Content-Length: 5\r\n\r\nhello"
+                        )
+                        answer = b""
+                        try:
+                            while True:
+                                answer += await honest.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            pass
+                    assert parse_response(answer)[:1] == (200,), answer
+                assert service.log.topics["honest"].count == 36
+            finally:
+                for stream in attackers:
+                    await stream.aclose()
+            # Every attacker left: each request ends quietly, counted, its bytes freed.
+            await until(lambda: service.publishes_disconnected == 38)
+            stats = await s.stats()
+            assert stats["publishes_disconnected"] == 38
+            assert (stats["inflight_bytes"], stats["inflight_waiting"]) == (0, 0)
+            assert stats["inflight_clients"] == 0
+            assert sorted(service.log.topics) == ["honest"]
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    errors = [r for r in records.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
