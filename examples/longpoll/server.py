@@ -489,16 +489,16 @@ class ByteBudget:
     ``client_limit`` of them by one client (peer address): Kafka's
     ``queued.max.request.bytes``, per connection's peer as well.
 
-    Bytes are reserved as they arrive (``acquire`` before a received chunk is kept),
-    never for the largest body a client might send: a client that opens a body and
-    sends nothing holds nothing (issue 20: 33 silent chunked uploads each held 1 MiB
-    of the 32 MiB until their deadline). A request that waits is not read, so the
-    server reads no more of its body than the HTTP server's own buffer.
+    A body is reserved when its first bytes arrive (IncomingBody), never before: a
+    client that opens a body and sends nothing holds nothing (issue 20: 33 silent
+    chunked uploads each held 1 MiB of the 32 MiB until their deadline). A request
+    that waits is not read, so the server reads no more of its body than the HTTP
+    server's own buffer.
 
-    Waiters are granted in order, requests that already hold bytes first (they are
-    nearer to finishing and releasing everything; a new body that went first could
-    starve them of the rest of theirs). A waiter blocked by its own client's share
-    does not block the others: only its own client's releases can unblock it.
+    Waiters are granted in arrival order. A waiter blocked by its own client's share
+    does not block the others (only its own client's releases can unblock it); one
+    that does not fit the whole budget blocks those behind it, so that smaller ones
+    cannot starve it.
     Invariants: ``used == sum(clients.values())``, ``clients[c] <= client_limit``,
     ``used <= limit``; no client has a zero entry.
     """
@@ -508,23 +508,21 @@ class ByteBudget:
         self.client_limit = limit if client_limit is None else client_limit
         self.used = 0
         self.clients: dict[str, int] = {}
-        # Waiters: [client, size, event]; continuing bodies, then new ones.
-        self._more: deque[list[Any]] = deque()
-        self._new: deque[list[Any]] = deque()
+        # Waiters: [client, size, event], in arrival order.
+        self._queue: deque[list[Any]] = deque()
 
     def _take(self, client: str, size: int) -> None:
         self.used += size
         self.clients[client] = self.clients.get(client, 0) + size
 
-    async def acquire(self, client: str, size: int, *, more: bool = False) -> None:
-        """Reserve ``size`` bytes for ``client``; ``more``: its request holds some
-        already. Waits until they fit."""
+    async def acquire(self, client: str, size: int) -> None:
+        """Reserve ``size`` bytes for ``client``; waits until they fit."""
         if size > self.client_limit:
             raise ValueError(f"cannot reserve {size} of {self.client_limit} bytes")
         if size <= 0:
             return
         entry: list[Any] = [client, size, anyio.Event()]
-        queue = self._more if more else self._new
+        queue = self._queue
         queue.append(entry)
         self._grant()  # at once if nobody before it waits for the whole budget
         if entry[2].is_set():
@@ -553,19 +551,19 @@ class ByteBudget:
     def _grant(self) -> None:
         # In order; a waiter over its client's share is passed over, one that does not
         # fit the whole budget stops the walk (so later, smaller ones cannot starve it).
-        for queue in (self._more, self._new):
-            for entry in list(queue):
-                client, size, event = entry
-                if self.used + size > self.limit:
-                    return
-                if self.clients.get(client, 0) + size > self.client_limit:
-                    continue
-                queue.remove(entry)
-                self._take(client, size)
-                event.set()
+        queue = self._queue
+        for entry in list(queue):
+            client, size, event = entry
+            if self.used + size > self.limit:
+                return
+            if self.clients.get(client, 0) + size > self.client_limit:
+                continue
+            queue.remove(entry)
+            self._take(client, size)
+            event.set()
 
     def waiting(self) -> int:
-        return len(self._more) + len(self._new)
+        return len(self._queue)
 
 
 # How much of an oversized body we still read (and drop) before answering 413.
@@ -576,11 +574,11 @@ class IncomingBody:
     """Receives one request body within the limits: ``async with
     IncomingBody(request, limit, budget).receive() as body``.
 
-    The body is streamed: never more than ``limit`` bytes of it are kept, and each
-    chunk kept is reserved in ``budget`` (for the request's peer address) as it
-    arrives, until the block ends. A 413 is raised as soon as
-    the body is known to exceed ``limit``: at once when Content-Length says so, or
-    when the streamed size passes it.
+    The body is streamed: never more than ``limit`` bytes of it are kept. When its
+    first bytes arrive, the body is reserved in ``budget`` for the request's peer
+    address (its Content-Length, or ``limit`` when chunked) until the block ends.
+    A 413 is raised as soon as the body is known to exceed ``limit``: at once when
+    Content-Length says so, or when the streamed size passes it.
 
     An answer sent while the client is still sending its body is often lost: the
     server closes a connection that has unread data, the kernel resets it, and the
@@ -623,17 +621,24 @@ class IncomingBody:
         client = self.request.client
         peer = client.host if client is not None else ""
         budget = self.budget
-        held = 0  # reserved in budget for the chunks kept (invariant: == size kept)
+        held = 0  # reserved in budget for this body: 0 until its first bytes arrive
         try:
             chunks: list[bytes] = []
             size = 0
             async for chunk in self.request.stream():
                 size += len(chunk)
                 if size <= limit:
-                    # Reserve what arrived, before keeping it (while we wait, the
-                    # HTTP server stops reading this connection).
-                    await budget.acquire(peer, len(chunk), more=held > 0)
-                    held += len(chunk)
+                    if not held and chunk:
+                        # The first bytes arrived: reserve the whole body now (its
+                        # Content-Length, or the limit when chunked), not before, so
+                        # a client that sends nothing holds nothing. Once reserved, a
+                        # body never waits again: reserving chunk by chunk would let
+                        # bodies under way each hold part of the budget and wait for
+                        # the rest, all of them, until their deadline. While we wait
+                        # here the HTTP server stops reading this connection.
+                        claim = declared if declared is not None else limit
+                        await budget.acquire(peer, claim)
+                        held = claim
                     chunks.append(chunk)
                     continue
                 self.oversized = True

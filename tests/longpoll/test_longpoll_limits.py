@@ -232,11 +232,11 @@ async def test_bodies_received_at_once_are_bounded(backend: str) -> None:
             answers[name] = await s.send(head.encode() + body)
 
         async with await anyio.connect_tcp(s.host, s.port) as slow:
-            # A: 100 bytes announced, 90 sent: what arrived is reserved, not what was
-            # announced.
+            # A: 100 bytes announced, nothing sent yet: nothing reserved. Once 50 have
+            # come, its 100 bytes are reserved while it sends the rest.
             await slow.send(b"POST /topics/a HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n")
-            await slow.send(b"a" * 90)
-            await until(lambda: service.inflight.used == 90)
+            await slow.send(b"a" * 50)
+            await until(lambda: service.inflight.used == 100)
             async with anyio.create_task_group() as tg:
                 # B does not fit next to A: it waits, unread. C would fit, but comes
                 # after B: new bodies are granted in order, so B is not starved.
@@ -245,9 +245,7 @@ async def test_bodies_received_at_once_are_bounded(backend: str) -> None:
                 tg.start_soon(post, "c", b"c" * 40)
                 await until(lambda: service.inflight.waiting() == 2)
                 assert s.log.topics == {}
-                # A's rest goes before both (a body under way finishes first), and
-                # its completion lets B and C through.
-                await slow.send(b"a" * 10)
+                await slow.send(b"a" * 50)  # A completes: B and C go through
             head = await slow.receive()
             assert head.startswith(b"HTTP/1.1 200")
         assert answers["b"][:1] == (200,)
@@ -262,12 +260,12 @@ async def test_one_client_holds_at_most_its_share() -> None:
     await budget.acquire("x", 30)
     granted: list[str] = []
 
-    async def take(client: str, size: int, more: bool = False) -> None:
-        await budget.acquire(client, size, more=more)
+    async def take(client: str, size: int) -> None:
+        await budget.acquire(client, size)
         granted.append(client)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(take, "x", 20, True)  # over x's share: waits for x's own bytes
+        tg.start_soon(take, "x", 20)  # over x's share: waits for x's own bytes
         await until(lambda: budget.waiting() == 1)
         await take("y", 40)  # another client is not held up behind x's waiter
         assert granted == ["y"]
@@ -753,11 +751,12 @@ async def test_silent_uploads_hold_nothing_and_leaving_is_quiet(backend: str) ->
                         "Content-Length: 100\r\n\r\n".encode()
                         + b"p" * 90
                     )
-                # The partial bodies hold their client's share, no more; the silent
-                # ones hold nothing; the other three partial ones wait.
+                # Two partial bodies hold their client's share (each its
+                # Content-Length, reserved when its first bytes came), no more; the
+                # silent ones hold nothing; the other three partial ones wait.
                 await until(lambda: service.inflight.waiting() == 3)
-                assert service.inflight.used == 180
-                assert service.inflight.clients == {"127.0.0.1": 180}
+                assert service.inflight.used == 200
+                assert service.inflight.clients == {"127.0.0.1": 200}
                 # Another client is served at once, however often it publishes.
                 for _ in range(36):
                     async with await anyio.connect_tcp(
