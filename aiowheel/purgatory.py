@@ -290,10 +290,12 @@ class Purgatory:
         self._delayed = 0  # watched operations not finished
         self._watched = 0  # entries in all watch lists
         self._stale = 0  # finished operations with _entries > 0
-        # Operations that finished while watched, since the last purge (a superset of
-        # those still in a list: a check may have dropped them since). Bounded by the
-        # purge trigger: at most purge_interval + 1 of them have entries left.
-        self._stale_ops: list[DelayedOperation] = []
+        # id(op) -> op for the finished operations still in a watch list: exactly the
+        # _stale ones (len(_stale_ops) == _stale). An operation leaves it when its last
+        # entry goes (_drop_entry), not at the next purge: an operation that left its
+        # lists must not be kept alive here, with whatever it holds (a long-poll's
+        # 1 MiB answer, issue 20), for up to 2 * purge_interval more completions.
+        self._stale_ops: dict[int, DelayedOperation] = {}
         self._walking = 0  # check_and_complete walks in progress (re-entrancy depth)
         self._closed = False
 
@@ -482,14 +484,7 @@ class Purgatory:
         self._delayed -= 1
         if op._entries:
             self._stale += 1
-            stale_ops = self._stale_ops
-            stale_ops.append(op)
-            if len(stale_ops) > 2 * self._purge_interval + 2:
-                # Most of them left their lists through checks since (the usual case:
-                # completed by check_and_complete): forget those. At most
-                # purge_interval + 1 have entries left (else a purge would have run),
-                # so this at least halves the list: amortised O(1) per operation.
-                self._stale_ops = [stale for stale in stale_ops if stale._entries]
+            self._stale_ops[id(op)] = op
             # Kafka's purge trigger, evaluated where the count grows. Not during a walk:
             # the walk is about to drop entries itself, and a purge would mutate the
             # list under it (the walk runs the check again when it ends).
@@ -502,6 +497,7 @@ class Purgatory:
         op._entries -= 1
         if not op._entries and op._state >= _COMPLETED:
             self._stale -= 1
+            del self._stale_ops[id(op)]
 
     def _purge(self) -> None:
         """Drop every finished operation from every watch list.
@@ -514,9 +510,7 @@ class Purgatory:
         """
         watchers = self._watchers
         dropped = 0
-        for op in self._stale_ops:
-            if not op._entries:
-                continue  # its keys were all checked since it finished
+        for op in self._stale_ops.values():
             ident = id(op)
             for key in op._keys:
                 watch_list = watchers.get(key)

@@ -1232,3 +1232,36 @@ async def test_an_operation_never_handed_to_a_purgatory_has_no_owner(backend: st
     assert await _in_thread(backend, op.force_complete) is True
     assert op.events == ["complete"]
     await op.wait()
+
+
+async def test_an_operation_that_left_its_watch_lists_is_not_kept_alive() -> None:
+    # Issue 20: operations that finished while watched and then left their lists
+    # through a check stayed referenced by the purgatory's purge bookkeeping for up to
+    # 2 * purge_interval more completions, with whatever they held (the long-poll
+    # example's 1 MiB answers: 2 GB after 2,100 polls).
+    async with Timer(tick=TICK) as timer:
+        with Purgatory(timer, purge_interval=1000) as purgatory:
+            refs = []
+            for i in range(50):
+                op = Op(30.0)
+                assert not purgatory.try_complete_else_watch(op, (f"k{i}",))
+                op.ready = True
+                assert purgatory.check_and_complete(f"k{i}") == 1
+                refs.append(weakref.ref(op))
+                del op
+            assert purgatory.watched() == 0
+            gc.collect()
+            assert [ref for ref in refs if ref() is not None] == []
+            # Still watched on another key: kept (the purge needs it) until that key
+            # is checked, then released.
+            op = Op(30.0)
+            assert not purgatory.try_complete_else_watch(op, ("a", "b"))
+            op.ready = True
+            assert purgatory.check_and_complete("a") == 1
+            ref = weakref.ref(op)
+            del op
+            gc.collect()
+            assert ref() is not None
+            assert purgatory.check_and_complete("b") == 0
+            gc.collect()
+            assert ref() is None

@@ -64,7 +64,7 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -152,6 +152,8 @@ class Limits:
     max_messages: int = 1000
     max_waiters: int = 5000
     max_inflight_bytes: int = 32 << 20
+    # What the bodies of one client (peer address) may hold of max_inflight_bytes.
+    max_client_inflight_bytes: int = 4 << 20
     body_timeout_ms: int = 30_000
 
     def __post_init__(self) -> None:
@@ -177,6 +179,16 @@ class Limits:
                 f"max_inflight_bytes ({self.max_inflight_bytes}) must be at least "
                 f"max_body_bytes ({self.max_body_bytes})"
             )
+        # One client can always send one body of max_body_bytes. Its share is at most
+        # the whole budget: a larger one (the default with a small max_inflight_bytes)
+        # means the whole budget.
+        if self.max_client_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_client_inflight_bytes ({self.max_client_inflight_bytes}) must be at "
+                f"least max_body_bytes ({self.max_body_bytes})"
+            )
+        if self.max_client_inflight_bytes > self.max_inflight_bytes:
+            object.__setattr__(self, "max_client_inflight_bytes", self.max_inflight_bytes)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -473,47 +485,81 @@ class MessageLog:
 
 
 class ByteBudget:
-    """At most ``limit`` bytes reserved at once; reservations wait in arrival order
-    (Kafka's ``queued.max.request.bytes``). A request that waits is not read, so
-    the server reads no more of its body than the HTTP server's own buffer."""
+    """At most ``limit`` bytes of request bodies held at once, and at most
+    ``client_limit`` of them by one client (peer address): Kafka's
+    ``queued.max.request.bytes``, per connection's peer as well.
 
-    def __init__(self, limit: int) -> None:
+    A body is reserved when its first bytes arrive (IncomingBody), never before: a
+    client that opens a body and sends nothing holds nothing (issue 20: 33 silent
+    chunked uploads each held 1 MiB of the 32 MiB until their deadline). A request
+    that waits is not read, so the server reads no more of its body than the HTTP
+    server's own buffer.
+
+    Waiters are granted in arrival order. A waiter blocked by its own client's share
+    does not block the others (only its own client's releases can unblock it); one
+    that does not fit the whole budget blocks those behind it, so that smaller ones
+    cannot starve it.
+    Invariants: ``used == sum(clients.values())``, ``clients[c] <= client_limit``,
+    ``used <= limit``; no client has a zero entry.
+    """
+
+    def __init__(self, limit: int, client_limit: int | None = None) -> None:
         self.limit = limit
+        self.client_limit = limit if client_limit is None else client_limit
         self.used = 0
-        self._queue: deque[tuple[int, anyio.Event]] = deque()
+        self.clients: dict[str, int] = {}
+        # Waiters: [client, size, event], in arrival order.
+        self._queue: deque[list[Any]] = deque()
 
-    @asynccontextmanager
-    async def reserve(self, size: int) -> AsyncIterator[None]:
-        if size > self.limit:
-            raise ValueError(f"cannot reserve {size} of {self.limit} bytes")
-        if not self._queue and self.used + size <= self.limit:
-            self.used += size
-        else:
-            entry = (size, anyio.Event())
-            self._queue.append(entry)
-            try:
-                await entry[1].wait()
-            except BaseException:
-                if entry[1].is_set():
-                    self._release(size)  # granted as we were cancelled
-                else:
-                    self._queue.remove(entry)
-                    self._grant()  # the next one may fit now
-                raise
+    def _take(self, client: str, size: int) -> None:
+        self.used += size
+        self.clients[client] = self.clients.get(client, 0) + size
+
+    async def acquire(self, client: str, size: int) -> None:
+        """Reserve ``size`` bytes for ``client``; waits until they fit."""
+        if size > self.client_limit:
+            raise ValueError(f"cannot reserve {size} of {self.client_limit} bytes")
+        if size <= 0:
+            return
+        entry: list[Any] = [client, size, anyio.Event()]
+        queue = self._queue
+        queue.append(entry)
+        self._grant()  # at once if nobody before it waits for the whole budget
+        if entry[2].is_set():
+            return
         try:
-            yield
-        finally:
-            self._release(size)
+            await entry[2].wait()
+        except BaseException:
+            if entry[2].is_set():
+                self.release(client, size)  # granted as we were cancelled
+            else:
+                queue.remove(entry)
+                self._grant()  # the ones behind it may fit now
+            raise
 
-    def _release(self, size: int) -> None:
+    def release(self, client: str, size: int) -> None:
+        if size <= 0:
+            return
         self.used -= size
+        left = self.clients[client] - size
+        if left:
+            self.clients[client] = left
+        else:
+            del self.clients[client]
         self._grant()
 
     def _grant(self) -> None:
+        # In order; a waiter over its client's share is passed over, one that does not
+        # fit the whole budget stops the walk (so later, smaller ones cannot starve it).
         queue = self._queue
-        while queue and self.used + queue[0][0] <= self.limit:
-            size, event = queue.popleft()
-            self.used += size
+        for entry in list(queue):
+            client, size, event = entry
+            if self.used + size > self.limit:
+                return
+            if self.clients.get(client, 0) + size > self.client_limit:
+                continue
+            queue.remove(entry)
+            self._take(client, size)
             event.set()
 
     def waiting(self) -> int:
@@ -528,11 +574,11 @@ class IncomingBody:
     """Receives one request body within the limits: ``async with
     IncomingBody(request, limit, budget).receive() as body``.
 
-    The body is streamed: never more than ``limit`` bytes of it are kept, and the
-    bytes kept are reserved in ``budget`` first (the declared Content-Length, or
-    ``limit`` for a chunked body) until the block ends. A 413 is raised as soon as
-    the body is known to exceed ``limit``: at once when Content-Length says so, or
-    when the streamed size passes it.
+    The body is streamed: never more than ``limit`` bytes of it are kept. When its
+    first bytes arrive, the body is reserved in ``budget`` for the request's peer
+    address (its Content-Length, or ``limit`` when chunked) until the block ends.
+    A 413 is raised as soon as the body is known to exceed ``limit``: at once when
+    Content-Length says so, or when the streamed size passes it.
 
     An answer sent while the client is still sending its body is often lost: the
     server closes a connection that has unread data, the kernel resets it, and the
@@ -572,16 +618,33 @@ class IncomingBody:
                 async for _ in self.request.stream():
                     pass  # dropped as it comes
             raise self.too_large()
-        async with self.budget.reserve(limit if declared is None else declared):
+        client = self.request.client
+        peer = client.host if client is not None else ""
+        budget = self.budget
+        held = 0  # reserved in budget for this body: 0 until its first bytes arrive
+        try:
             chunks: list[bytes] = []
             size = 0
             async for chunk in self.request.stream():
                 size += len(chunk)
                 if size <= limit:
+                    if not held and chunk:
+                        # The first bytes arrived: reserve the whole body now (its
+                        # Content-Length, or the limit when chunked), not before, so
+                        # a client that sends nothing holds nothing. Once reserved, a
+                        # body never waits again: reserving chunk by chunk would let
+                        # bodies under way each hold part of the budget and wait for
+                        # the rest, all of them, until their deadline. While we wait
+                        # here the HTTP server stops reading this connection.
+                        claim = declared if declared is not None else limit
+                        await budget.acquire(peer, claim)
+                        held = claim
                     chunks.append(chunk)
                     continue
                 self.oversized = True
                 chunks.clear()  # chunked and too large: keep nothing
+                budget.release(peer, held)
+                held = 0
                 if size > limit + DRAIN_BYTES:
                     break
             if self.oversized:
@@ -589,6 +652,8 @@ class IncomingBody:
             body = b"".join(chunks)
             chunks.clear()
             yield body
+        finally:
+            budget.release(peer, held)
 
 
 # -- a poll in the purgatory ---------------------------------------------------------------
@@ -652,6 +717,16 @@ class Fetch(DelayedOperation):
     def on_expiration(self) -> None:
         self.expired = True
 
+    def take_result(self) -> Response:
+        """The answer, which the operation lets go of: the purgatory may keep a
+        completed operation in a watch list until its topic is checked again or the
+        lists are purged (up to purge_interval of them), and it must not keep a
+        1 MiB answer alive there after the answer was sent (issue 20)."""
+        result = self.result
+        assert result is not None
+        self.result = None
+        return result
+
 
 # -- the service --------------------------------------------------------------------------
 
@@ -675,7 +750,9 @@ class LongPollService:
         self.limits = limits if limits is not None else Limits()
         self.tick = tick
         self.log = MessageLog(self.limits)
-        self.inflight = ByteBudget(self.limits.max_inflight_bytes)
+        self.inflight = ByteBudget(
+            self.limits.max_inflight_bytes, self.limits.max_client_inflight_bytes
+        )
         self.timer: Timer | None = None
         self.purgatory: Purgatory | None = None
         self.backend = ""
@@ -686,6 +763,7 @@ class LongPollService:
         self.completed = 0  # parked, answered because data arrived
         self.expired = 0  # parked, answered empty-handed or short at max_wait_ms
         self.disconnected = 0  # parked, client went away first
+        self.publishes_disconnected = 0  # the client left before its body arrived
         self.published = 0
         self.refused: dict[int, int] = {}  # status -> requests refused by a limit
 
@@ -743,6 +821,7 @@ class LongPollService:
             "completed": self.completed,
             "expired": self.expired,
             "disconnected": self.disconnected,
+            "publishes_disconnected": self.publishes_disconnected,
             "answered": answered,
             "published": self.published,
             "refused": {str(status): n for status, n in sorted(self.refused.items())},
@@ -759,6 +838,7 @@ class LongPollService:
             "dropped_topics": log.dropped_topics,
             "inflight_bytes": self.inflight.used,
             "inflight_waiting": self.inflight.waiting(),
+            "inflight_clients": len(self.inflight.clients),
             "limits": self.limits.as_dict(),
             "cpu_time": time.process_time(),
         }
@@ -835,8 +915,7 @@ class LongPollService:
         op = Fetch(self, topic, offset, min_bytes, max_bytes, max_wait_ms / 1000)
         if purgatory.try_complete_else_watch(op, (topic,)):
             self.immediate += 1
-            assert op.result is not None
-            return op.result
+            return op.take_result()
         # Parked. Wait for whichever comes first: the operation completes (on_complete
         # cancels this scope) or the client disconnects (receive() says so). Reading
         # receive() ourselves is what lets a dropped poll leave the purgatory at once.
@@ -856,6 +935,7 @@ class LongPollService:
                 op.abandoned = True
                 if op.force_complete():
                     self.disconnected += 1
+            op.scope = None
             self.log.unpark(topic)
         if op.abandoned:
             return Response(status_code=204)  # nobody is listening
@@ -863,8 +943,7 @@ class LongPollService:
             self.expired += 1
         else:
             self.completed += 1
-        assert op.result is not None
-        return op.result
+        return op.take_result()
 
     async def poll_wait_for(
         self,
@@ -1027,9 +1106,14 @@ class StreamedAnswer(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        for piece in self.pieces():
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            for piece in self.pieces():
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            # Sent (or abandoned): the messages are the log's, and retention may have
+            # dropped them meanwhile; nothing here keeps them alive any longer.
+            self.messages = []
 
 
 # -- request parsing ------------------------------------------------------------------------
@@ -1175,6 +1259,11 @@ def create_app(
                 ) from None
         except BadRequest as error:
             return service.refuse(error)
+        except ClientDisconnect:
+            # The client left before its body arrived (while it waited for the
+            # in-flight budget, say): normal, not an error. Nobody reads this answer.
+            service.publishes_disconnected += 1
+            return Response(status_code=204)
         return _json({"offset": offset})
 
     async def stats(request: Request) -> Response:
@@ -1347,6 +1436,11 @@ LIMIT_FLAGS = (
     ("--max-messages", "max_messages", "messages per answer"),
     ("--max-waiters", "max_waiters", "parked polls at once; more get 503"),
     ("--max-inflight-bytes", "max_inflight_bytes", "request bodies being received at once"),
+    (
+        "--max-client-inflight-bytes",
+        "max_client_inflight_bytes",
+        "of those, what one client (peer address) may hold",
+    ),
     ("--body-timeout-ms", "body_timeout_ms", "time to receive a body; slower clients get 408"),
 )
 

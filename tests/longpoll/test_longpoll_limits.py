@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import random
 import socket
 import subprocess
@@ -231,13 +232,14 @@ async def test_bodies_received_at_once_are_bounded(backend: str) -> None:
             answers[name] = await s.send(head.encode() + body)
 
         async with await anyio.connect_tcp(s.host, s.port) as slow:
-            # A: 100 bytes announced, 50 sent: its 100 bytes are reserved while it sends.
+            # A: 100 bytes announced, nothing sent yet: nothing reserved. Once 50 have
+            # come, its 100 bytes are reserved while it sends the rest.
             await slow.send(b"POST /topics/a HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n")
             await slow.send(b"a" * 50)
             await until(lambda: service.inflight.used == 100)
             async with anyio.create_task_group() as tg:
                 # B does not fit next to A: it waits, unread. C would fit, but comes
-                # after B: reservations are granted in order, so B is not starved.
+                # after B: new bodies are granted in order, so B is not starved.
                 tg.start_soon(post, "b", b"b" * 100)
                 await until(lambda: service.inflight.waiting() == 1)
                 tg.start_soon(post, "c", b"c" * 40)
@@ -250,6 +252,29 @@ async def test_bodies_received_at_once_are_bounded(backend: str) -> None:
         assert answers["c"][:1] == (200,)
         assert sorted(s.log.topics) == ["a", "b", "c"]
         assert service.inflight.used == 0
+        assert service.inflight.clients == {}
+
+
+async def test_one_client_holds_at_most_its_share() -> None:
+    budget = server.ByteBudget(100, 40)
+    await budget.acquire("x", 30)
+    granted: list[str] = []
+
+    async def take(client: str, size: int) -> None:
+        await budget.acquire(client, size)
+        granted.append(client)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(take, "x", 20)  # over x's share: waits for x's own bytes
+        await until(lambda: budget.waiting() == 1)
+        await take("y", 40)  # another client is not held up behind x's waiter
+        assert granted == ["y"]
+        budget.release("x", 30)
+        await until(lambda: granted == ["y", "x"])
+    assert (budget.used, budget.clients) == (60, {"x": 20, "y": 40})
+    budget.release("x", 20)
+    budget.release("y", 40)
+    assert (budget.used, budget.clients) == (0, {})
 
 
 # Characters JSON escapes in six bytes or two, and ones that take 2 to 4 bytes in UTF-8.
@@ -685,3 +710,82 @@ def test_limits_refuse_what_the_command_line_refuses() -> None:
         server.create_app(limits=server.Limits(), max_topics=3)
     with pytest.raises(ValueError, match="tick"):
         server.create_app(tick=float("nan"))
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_silent_uploads_hold_nothing_and_leaving_is_quiet(backend: str) -> None:
+    # Issue 20: 33 chunked POSTs that never sent a byte each reserved max_body_bytes of
+    # the in-flight budget until their deadline, and honest publishers timed out; each
+    # one that gave up left an "Exception in ASGI application" traceback.
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "hypercorn.error")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        async with running(
+            max_body_bytes=100, max_inflight_bytes=400, max_client_inflight_bytes=200
+        ) as s:
+            service = s.service
+            attackers: list[Any] = []
+            try:
+                for i in range(33):  # silent: headers only
+                    stream = await anyio.connect_tcp(s.host, s.port)
+                    attackers.append(stream)
+                    await stream.send(
+                        f"POST /topics/s{i} HTTP/1.1\r\nHost: t\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n".encode()
+                    )
+                for i in range(5):  # 90 of 100 bytes each, from the same address
+                    stream = await anyio.connect_tcp(s.host, s.port)
+                    attackers.append(stream)
+                    await stream.send(
+                        f"POST /topics/p{i} HTTP/1.1\r\nHost: t\r\n"
+                        "Content-Length: 100\r\n\r\n".encode()
+                        + b"p" * 90
+                    )
+                # Two partial bodies hold their client's share (each its
+                # Content-Length, reserved when its first bytes came), no more; the
+                # silent ones hold nothing; the other three partial ones wait.
+                await until(lambda: service.inflight.waiting() == 3)
+                assert service.inflight.used == 200
+                assert service.inflight.clients == {"127.0.0.1": 200}
+                # Another client is served at once, however often it publishes.
+                for _ in range(36):
+                    async with await anyio.connect_tcp(
+                        s.host, s.port, local_host="127.0.0.2"
+                    ) as honest:
+                        await honest.send(
+                            b"POST /topics/honest HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                            b"Content-Length: 5\r\n\r\nhello"
+                        )
+                        answer = b""
+                        try:
+                            while True:
+                                answer += await honest.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            pass
+                    assert parse_response(answer)[:1] == (200,), answer
+                assert service.log.topics["honest"].count == 36
+            finally:
+                for stream in attackers:
+                    await stream.aclose()
+            # Every attacker left: each request ends quietly, counted, its bytes freed.
+            await until(lambda: service.publishes_disconnected == 38)
+            stats = await s.stats()
+            assert stats["publishes_disconnected"] == 38
+            assert (stats["inflight_bytes"], stats["inflight_waiting"]) == (0, 0)
+            assert stats["inflight_clients"] == 0
+            assert sorted(service.log.topics) == ["honest"]
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    errors = [r for r in records.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]

@@ -169,3 +169,101 @@ def test_rss_under_attack_stays_within_the_documented_bound(backend: str) -> Non
         f"{growth / MiB:.1f} MiB; the bound is {bound / MiB:.1f} MiB"
     )
     assert growth <= bound, (growth / MiB, bound / MiB)
+
+
+# Issue 20: answers kept after they were sent. 8 rounds of 25 polls of 1 MiB answers:
+# 200 MiB kept before the fix, against a bound of about 80 MiB for these limits.
+ROUNDS = 8
+POLLS = 25
+
+
+async def _get(host: str, port: int, target: str) -> tuple[int, int]:
+    """One GET on its own connection, the answer read to the end: (status, bytes)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
+        data = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return int(data.split(None, 2)[1]), len(data)
+
+
+async def answered_polls(pid: int, url: str, expire: bool) -> tuple[int, int]:
+    """Rounds of POLLS polls answered with a 1 MiB message each: completed by a
+    publish on a fresh topic each, or (``expire``) expired short of a ``min_bytes``
+    they can never meet, with the message in their answer. VmRSS after a warm-up
+    round, and at the end."""
+    host, _, port_text = url.removeprefix("http://").rpartition(":")
+    port = int(port_text)
+    body = b"x" * MiB
+
+    async def one_round(name: str) -> None:
+        topics = [f"{name}-{i}" for i in range(POLLS)]
+        if expire:
+            # 8 topics at a time: 8 MiB, so that server-wide retention (16 MiB)
+            # keeps each message until its poll has expired with it.
+            answers = []
+            query = f"offset=0&max_wait_ms=50&min_bytes={2 * MiB}"
+            for first in range(0, POLLS, 8):
+                group = topics[first : first + 8]
+                published = await publish_all(host, port, [(f"/topics/{t}", body) for t in group])
+                assert published == {200: len(group)}
+                answers += await asyncio.gather(
+                    *(_get(host, port, f"/topics/{t}?{query}") for t in group)
+                )
+        else:
+            query = "offset=0&max_wait_ms=30000"
+            polls = [
+                asyncio.ensure_future(_get(host, port, f"/topics/{t}?{query}")) for t in topics
+            ]
+            # The server's own counter says when the polls are parked; it has no event
+            # a client could await.
+            while get_json(f"{url}/stats")["parked"] < POLLS:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+            published = await publish_all(host, port, [(f"/topics/{t}", body) for t in topics])
+            assert published == {200: POLLS}
+            answers = await asyncio.gather(*polls)
+        assert all(status == 200 and size > MiB for status, size in answers), answers
+
+    await one_round("warm")
+    before = rss(pid)
+    for r in range(ROUNDS):
+        await one_round(f"r{r}")
+    return before, rss(pid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("expire", [False, True], ids=["completed", "expired"])
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_rss_of_answered_polls_stays_within_the_documented_bound(
+    backend: str, expire: bool
+) -> None:
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in LIMITS.items()]
+    command = [sys.executable, str(EXAMPLE / "server.py"), "--port=0", f"--backend={backend}"]
+    process = subprocess.Popen(
+        [*command, *flags], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("listening on http://"), line
+        url = line.split()[-1]
+        before, after = asyncio.run(asyncio.wait_for(answered_polls(process.pid, url, expire), 120))
+        stats = get_json(f"{url}/stats")
+    finally:
+        process.terminate()
+        process.wait(30)
+
+    polls = (ROUNDS + 1) * POLLS
+    assert stats["expired" if expire else "completed"] == polls
+    assert stats["parked"] == 0
+    assert stats["retained_bytes"] <= LIMITS["total_retention_bytes"]
+    # Connections: the publishers', and one poll's each.
+    bound = server.Limits(**LIMITS).memory_bound(connections=CONNECTIONS + POLLS)
+    growth = after - before
+    print(
+        f"{backend}, {'expired' if expire else 'completed'}: {polls} polls of 1 MiB answers, "
+        f"VmRSS grew by {growth / MiB:.1f} MiB; the bound is {bound / MiB:.1f} MiB"
+    )
+    assert growth <= bound, (growth / MiB, bound / MiB)
