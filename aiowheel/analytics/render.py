@@ -122,13 +122,15 @@ def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 def headline_table(ratios: pd.DataFrame) -> Any:
     """The ratio table as a rich Table."""
     from rich.table import Table
+    from rich.text import Text
 
     headers, rows = headline_cells(ratios)
     table = Table(title="How many times better aiowheel is than each peer (> 1\u00d7: aiowheel)")
     for i, header in enumerate(headers):
         table.add_column(header, justify="right" if i >= 2 else "left")
     for row in rows:
-        table.add_row(*row)
+        # Text, not markup: a note's `pip install "aiowheel[uvloop]"` is no markup tag.
+        table.add_row(*map(Text, row))
     return table
 
 
@@ -178,6 +180,7 @@ def summary_table(summary: pd.DataFrame, width: int | None = None) -> Any:
     least important ones rather than cutting cells."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     headers, cells = summary_cells(summary)
     keep = list(range(len(headers)))
@@ -189,7 +192,7 @@ def summary_table(summary: pd.DataFrame, width: int | None = None) -> Any:
             numeric = index >= first_number
             table.add_column(headers[index], justify="right" if numeric else "left", no_wrap=True)
         for row in cells:
-            table.add_row(*(row[index] for index in keep))
+            table.add_row(*(Text(row[index]) for index in keep))  # a label's [..] is text
         if width is None or measure.measure(table).maximum <= width:
             return table
         droppable = [i for i in keep if headers[i] in _OPTIONAL_HEADERS]

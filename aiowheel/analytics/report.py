@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from aiowheel.bench.contenders import install_hint
+
 from .bench_results import BenchResultsError, find_bench_results, headline, load_bench_results
 from .inputs import TraceFiles, TraceInputError, find_traces, first_line, is_remote
 from .render import Headline
@@ -83,7 +85,7 @@ _SMALL_INPUT_ROWS: Final = 2_000_000
 _PROG: Final = "aiowheel report"
 #: The libraries the report imports (the `analytics` extra).
 _MODULES: Final = ("pyarrow", "pandas", "matplotlib", "rich", "pyspark")
-_INSTALL: Final = "pip install 'aiowheel[analytics]'"
+_INSTALL: Final = install_hint("analytics")
 
 
 class ReportError(Exception):
@@ -220,6 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TraceInputError, ReportError, BenchResultsError) as exc:
         _say("error", str(exc))
         return exc.status if isinstance(exc, ReportError) else 2
+    except KeyboardInterrupt:
+        # One line, not py4j's traceback from inside the Spark call; 130 = 128 + SIGINT.
+        print(f"\n{_PROG}: interrupted", file=sys.stderr)
+        return 130
     from .render import headline_table, summary_table
 
     if result.headline is not None and not result.headline.empty:
@@ -269,7 +275,7 @@ def java_problem() -> str | None:
     try:
         spark_version = importlib.metadata.version("pyspark")
     except importlib.metadata.PackageNotFoundError:
-        return "aiowheel report needs PySpark: pip install 'aiowheel[analytics]'."
+        return f"aiowheel report needs PySpark: {_INSTALL}."
     need = 17 if int(spark_version.split(".")[0]) >= 4 else 8
     home = os.environ.get("JAVA_HOME")
     if home:
@@ -485,12 +491,17 @@ class _Progress:
             poller.start()
         try:
             yield
+        except BaseException:
+            # Not "done": the bar shows the step stopped where it was.
+            self._live.update(task, description=f"{description} (stopped)")
+            raise
+        else:
+            total = self._live.tasks[task].total or 1
+            self._live.update(task, total=total, completed=total)
         finally:
             stop.set()
             if poller is not None:
                 poller.join()
-            total = self._live.tasks[task].total or 1
-            self._live.update(task, total=total, completed=total)
 
     def _poll(self, spark: SparkSession, task: Any, stop: threading.Event) -> None:
         # Every stage started during this step adds its tasks to the bar.

@@ -195,8 +195,21 @@ class Output:
     def warn(self, message: str) -> None:
         if self.json:
             self._line({"type": "warning", "message": message})
+        elif self._progress is not None:
+            from rich.text import Text
+
+            # Through the live bar's console, which prints above the bar: a plain
+            # print to the same stderr would be glued onto the bar's line.
+            self._progress.console.print(Text(f"warning: {message}"))
         else:
             print(f"warning: {message}", file=self.stderr)
+
+    def close(self) -> None:
+        """Stop the live bar (idempotent): after an interruption too, so that the
+        terminal is left on a clean line."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
 
     def results(self, results: list[Result]) -> None:
         if self.json:
@@ -217,9 +230,7 @@ class Output:
         self._print(head.workload, f" {head.variant}\n" + "\n".join(lines))
 
     def finish(self, results: list[Result]) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self.close()
         elapsed = time.perf_counter() - self._started
         load = machine()["loadavg"]
         if self.json:
@@ -336,7 +347,8 @@ def render_rich(table: Table) -> Any:
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    rich_table = RichTable(title=table.title, title_justify="left")
+    # Text, not markup, for the title too: a bracket in it is no markup tag.
+    rich_table = RichTable(title=Text(table.title), title_justify="left")
     for header, right in table.columns:
         # The metric's label may wrap; nothing else does.
         rich_table.add_column(

@@ -16,6 +16,7 @@ import pytest
 
 from aiowheel.analytics import report
 from aiowheel.analytics.inputs import find_traces, schema_problem
+from aiowheel.bench.contenders import install_hint
 from aiowheel.trace import ParquetRecorder, trace_schema
 
 pa = pytest.importorskip("pyarrow")
@@ -221,7 +222,7 @@ def test_missing_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.metadata, "version", missing)
     problem = report.java_problem()
     assert problem is not None
-    assert "pip install 'aiowheel[analytics]'" in problem
+    assert install_hint("analytics") in problem
 
 
 def test_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -519,7 +520,7 @@ def test_a_missing_library_is_one_line(
     out = tmp_path / "report"
     status, err = _run(capsys, str(trace), "--out", str(out))
     assert status == 2
-    _assert_one_line(err, f"needs {module},", "pip install 'aiowheel[analytics]'")
+    _assert_one_line(err, f"needs {module},", install_hint("analytics"))
     _assert_nothing_written(out)
 
 

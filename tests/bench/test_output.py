@@ -125,3 +125,40 @@ def test_json_output_and_skipped_lines() -> None:
     ]
     assert '"unavailable": {"aiowheel-uvloop": "uvloop is gone"}' in lines[0]
     assert stderr.getvalue() == "aiowheel bench: skipping aiowheel-uvloop: uvloop is gone\n"
+
+
+def test_rich_tables_print_brackets_as_text() -> None:
+    # Issue 21: rich read `[uvloop]` in a hint as a markup tag and dropped it.
+    from rich.console import Console
+
+    from aiowheel.bench.output import render_rich
+
+    table = Table(title='t: pip install "aiowheel[uvloop]"', columns=[("metric", False)])
+    table.sections = [[(["aiowheel-asyncio [compiled]"], True)]]
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, color_system=None).print(render_rich(table))
+    text = " ".join(buffer.getvalue().split())
+    assert 'pip install "aiowheel[uvloop]"' in text
+    assert "aiowheel-asyncio [compiled]" in text
+
+
+def test_a_warning_goes_above_the_live_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 21: a plain print to stderr was glued onto the progress bar's line.
+    output = Output(Settings(workloads=["churn"], contenders=[]), stderr=io.StringIO())
+    printed: list[str] = []
+
+    class Bar:
+        class console:  # stands in for rich.progress.Progress.console
+            @staticmethod
+            def print(text: object) -> None:
+                printed.append(str(text))
+
+        def stop(self) -> None:
+            printed.append("stopped")
+
+    output._progress = Bar()
+    output.warn("the machine is busy")
+    output.close()
+    output.close()
+    assert printed == ["warning: the machine is busy", "stopped"]
+    assert output.stderr.getvalue() == ""  # type: ignore[attr-defined]
