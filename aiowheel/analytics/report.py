@@ -566,6 +566,13 @@ def run_report(
                     _spark_session(master, driver_memory, verbose, jvm_options)
                 )
             result = _run_job(spark, files, steps, verbose, accuracy)
+            impossible = int(result.summary["impossible"].sum())
+            if impossible:
+                warnings.append(
+                    f"{impossible:,} impossible trace row(s) (ended before scheduled, or "
+                    "fired far before the deadline: a recording bug) are left out of the "
+                    f"lateness figures; {REPORT_MD} says which"
+                )
             where = spark.sparkContext.master or "?"
             version = spark.version
         with steps.step("figures and report.md"):
@@ -711,7 +718,9 @@ def _write_outputs(
         plots.plot_lateness_cdf(result.summary, staging / CDF_PNG)
         plots.plot_lateness_p99(result.windows, staging / P99_PNG)
         plots.plot_rates(result.windows, staging / RATES_PNG)
-        markdown = render_markdown(table, files, result.rows, master, version, source)
+        per_run = result.windows.groupby("run_id")["elapsed_s"].max()
+        longest = int(per_run.max()) + 1 if len(per_run) else None
+        markdown = render_markdown(table, files, result.rows, master, version, source, longest)
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
     except OSError as exc:
         raise ReportError(

@@ -282,12 +282,21 @@ def test_a_lateness_that_is_all_nan_is_a_note_not_a_traceback(tmp_path: Path) ->
     assert (tmp_path / "cdf.png").read_bytes()[:8] == PNG
 
 
-def test_early_timers_are_drawn_at_the_floor(tmp_path: Path) -> None:
+def test_early_timers_are_drawn_left_of_zero_and_counted(tmp_path: Path) -> None:
+    # Issue 21: early firings were drawn at 1 us, as the most punctual timers.
     summary = _summary([("r", "call_later", "uvloop", None, 10, 0)])
     summary["lateness_cdf"] = [[-0.002 + q / 100 for q in CDF_QUANTILES]]
+    summary["early"] = [3]
     figure = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
-    xs = figure.axes[0].get_lines()[0].get_xdata()
-    assert min(xs) == pytest.approx(1e-3)  # 1 us, not a negative number on a log axis
+    cdf, tail = figure.axes[0], figure.axes[1]
+    assert cdf.get_xscale() == "symlog"
+    xs = [x for x in cdf.get_lines()[0].get_xdata() if x < 0]
+    assert min(xs) == pytest.approx(-2.0)  # ms, on the early side of zero
+    assert cdf.get_xlim()[0] < -2.0
+    notes = [text.get_text() for text in cdf.texts]
+    assert "fired early: call_later-uvloop 3 of 10 (30.0%)" in notes
+    # The tail (1 - CDF, log-log) is about the late side: early is at its floor there.
+    assert min(tail.get_lines()[0].get_xdata()) == pytest.approx(1e-3)
 
 
 # -- the headline ----------------------------------------------------------------------
