@@ -225,7 +225,7 @@ class Output:
                 continue
             lines.append(
                 f"  {r.label:<34} {r.contender.label:<30} {fmt(r.median, r.unit):>14}"
-                f"  ({fmt(r.low)}{DASH}{fmt(r.high)})"
+                f"  ({_spread(r)})"
             )
         self._print(head.workload, f" {head.variant}\n" + "\n".join(lines))
 
@@ -331,7 +331,7 @@ def tables(results: list[Result]) -> list[Table]:
                 f"{r.label} ({r.unit})" if r.unit else r.label,
                 r.contender.label,
                 fmt(r.median),
-                f"{fmt(r.low)}{DASH}{fmt(r.high)}",
+                _spread(r),
             ]
             ratio_cells = [fmt_ratio(r.ratios.get(a)) if r.ratios else "" for a in ours]
             table.sections[-1].append(([*cells, *ratio_cells], r.contender.is_aiowheel))
@@ -341,6 +341,14 @@ def tables(results: list[Result]) -> list[Table]:
         ]
         out.append(table)
     return out
+
+
+def _spread(r: Result) -> str:
+    """min-max over the repetitions; "1 rep" when there was one (no spread to show:
+    "317-317" read as a figure that never varies)."""
+    if len(r.samples) <= 1:
+        return "1 rep"
+    return f"{fmt(r.low)}{DASH}{fmt(r.high)}"
 
 
 def render_rich(table: Table) -> Any:

@@ -171,6 +171,9 @@ def test_report_runs_quick_sizes_unless_full() -> None:
     assert cli.settings_from(parser.parse_args(["--report"])).quick
     assert not cli.settings_from(parser.parse_args(["--report", "--full"])).quick
     assert not cli.settings_from(parser.parse_args([])).quick
+    # Three repetitions for the report too (one repetition's ratios flip, issue 21).
+    assert cli.settings_from(parser.parse_args(["--report"])).reps == 3
+    assert cli.settings_from(parser.parse_args(["--quick"])).reps == 1
     settings = cli.settings_from(parser.parse_args(["--report", "--out", "o"]))
     assert settings.trace_dir == Path("o") / "traces"
     assert cli.settings_from(parser.parse_args(["--report"])).trace_dir == Path("bench-out/traces")

@@ -162,3 +162,16 @@ def test_a_warning_goes_above_the_live_bar(monkeypatch: pytest.MonkeyPatch) -> N
     output.close()
     assert printed == ["warning: the machine is busy", "stopped"]
     assert output.stderr.getvalue() == ""  # type: ignore[attr-defined]
+
+
+def test_a_single_repetition_is_marked_not_shown_as_a_spread() -> None:
+    # Issue 21: with one repetition, min-max read "317-317", as if it never varied.
+    ours, peer = CONTENDERS[0], CONTENDERS[3]
+    rows = [
+        Result("churn", "N=10", 10, "pair_ns", "pair", "ns", "lower", ours, [317.0]),
+        Result("churn", "N=10", 10, "pair_ns", "pair", "ns", "lower", peer, [300.0, 360.0]),
+    ]
+    fill_ratios(rows)
+    (table,) = tables(rows)
+    spreads = [cells[4] for section in table.sections for cells, _bold in section]
+    assert spreads == ["1 rep", "300\u2013360"]
