@@ -113,7 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "spread 100,000; idle 10,000 and 100,000)",
     )
     parser.add_argument(
-        "--reps", type=_positive_int, help="repetitions per contender (default 3, --report too; 1 with --quick)"
+        "--reps",
+        type=_positive_int,
+        help="repetitions per contender (default 3, --report too; 1 with --quick)",
     )
     parser.add_argument(
         "--ops", type=_positive_int, help="timed operations per repetition for churn and rearm"
