@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .bench_results import BenchResults
+from .bench_results import SINGLE_REPETITION, BenchResults
 from .inputs import TraceFiles
 from .plots import metric_name, times
 from .schema import (
@@ -80,7 +80,10 @@ def headline_subtitle(bench: BenchResults) -> str:
         parts.append("quick sizes" if settings["quick"] else "full sizes")
     reps = settings.get("reps")
     if isinstance(reps, int):
-        parts.append(f"median of {reps} repetition{'s' if reps != 1 else ''}")
+        if reps == 1:
+            parts.append("ONE repetition per figure: ratios can flip between runs")
+        else:
+            parts.append(f"median of {reps} repetitions")
     if machine.get("python"):
         parts.append(f"Python {machine['python']}")
     if isinstance(machine.get("cpus"), int):
@@ -115,7 +118,12 @@ def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 continue
             row = match.iloc[0]
             ratio = float(row["ratio"])
-            cells.append(times(ratio) if not math.isnan(ratio) else (row["note"] or "-"))
+            if math.isnan(ratio):
+                cells.append(row["note"] or "-")
+            elif row["note"] == SINGLE_REPETITION:
+                cells.append(f"{times(ratio)} ({SINGLE_REPETITION})")
+            else:
+                cells.append(times(ratio))
         rows.append(cells)
     return headers, rows
 

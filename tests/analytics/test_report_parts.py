@@ -392,13 +392,15 @@ def test_report_md_opens_with_the_headline_figure_and_its_table() -> None:
     first_figure = text.index("](")
     assert text[first_figure:].startswith(f"]({schema.HEADLINE_PNG})")
     table = [line for line in text.splitlines() if line.startswith("| fire N=50,000 |")]
+    # One repetition (a --quick run): every ratio says so (issue 21).
     assert table[0] == (
-        "| fire N=50,000 | callbacks/s (1/s, higher is better) | 3\u00d7 | 1.9\u00d7 | 26\u00d7 |"
+        "| fire N=50,000 | callbacks/s (1/s, higher is better) | 3\u00d7 (1 rep) "
+        "| 1.9\u00d7 (1 rep) | 26\u00d7 (1 rep) |"
     )
     assert text.index("## Headline") < text.index("## The traces")
     for name in (schema.CDF_PNG, schema.P99_PNG, schema.RATES_PNG):
         assert f"]({name})" in text
-    assert "quick sizes, median of 1 repetition" in text
+    assert "quick sizes, ONE repetition per figure: ratios can flip between runs" in text
 
 
 def test_report_md_says_what_the_headline_needs_without_bench_results() -> None:
