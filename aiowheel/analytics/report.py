@@ -369,7 +369,15 @@ def _spark_session(
         _runtime_conf(spark)
         yield spark
     finally:
-        spark.stop()
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        try:
+            spark.stop()
+        except Exception:
+            # Stopping after Ctrl-C can fail in py4j (the call it interrupted left the
+            # gateway mid-answer): that must not replace the interruption, which
+            # ends in one line (main), with a traceback.
+            if not interrupted:
+                raise
         if log is not None:
             with contextlib.suppress(OSError):
                 log.unlink()
