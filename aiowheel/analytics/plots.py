@@ -345,7 +345,7 @@ def _early_note(part: pd.DataFrame) -> str:
         for name, (early, fired) in counts.items()
         if early and fired
     ]
-    return "fired early: " + ("; ".join(said) if said else "none")
+    return "fired early:\n" + ("\n".join(said) if said else "none")
 
 
 def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
@@ -397,18 +397,8 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
         cdf_ax.set_xlim(earliest * 1.5 if earliest < 0 else 0.0, highest * 1.5)
         for ax in (cdf_ax, tail_ax):
             ax.grid(True, which="both", alpha=0.25)
-        # Upper left: a CDF rises to the right, so that corner stays clear.
-        cdf_ax.text(
-            0.01,
-            0.97,
-            _early_note(part),
-            transform=cdf_ax.transAxes,
-            ha="left",
-            va="top",
-            fontsize=7,
-            color="0.25",
-            wrap=True,
-        )
+        # Above the panel, right of its title: inside, it would cover the curves.
+        cdf_ax.set_title(_early_note(part), loc="right", fontsize=7, color="0.25")
         cdf_ax.set_ylim(0, 1.02)
         cdf_ax.set_ylabel("fraction fired\nat most this late", fontsize=8)
         cdf_ax.set_title(f"{workload}: lateness CDF", loc="left", fontsize=10)
