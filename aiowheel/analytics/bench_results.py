@@ -175,6 +175,10 @@ def _json_type(value: Any) -> str:
     return "an object"
 
 
+#: A headline ratio's note when the peer's figure is one repetition's.
+SINGLE_REPETITION: Final = "1 rep"
+
+
 def headline(bench: BenchResults) -> pd.DataFrame:
     """Each peer against the aiowheel contender on its backend, per workload variant
     and metric, in the bench's order; metrics without ratios (counts that are the same
@@ -204,6 +208,9 @@ def headline(bench: BenchResults) -> pd.DataFrame:
             note = f"no {ours} result"
         elif math.isnan(value):
             note = "no meaningful ratio"
+        elif len(r.get("samples") or ()) <= 1:
+            # One repetition: no spread, and such ratios flip between runs (issue 21).
+            note = SINGLE_REPETITION
         rows.append(
             {
                 "workload": r["workload"],

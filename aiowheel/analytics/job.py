@@ -10,7 +10,11 @@ but Spark: Python runs on the driver only, which collects the (small) aggregates
 
 Definitions (documented in docs/analytics.md):
 
-* lateness = fired_at - deadline, for fired timers only;
+* lateness = fired_at - deadline, for fired timers only; a timer with lateness < 0
+  fired early (counted as ``early``);
+* an impossible row (ended before it was scheduled, or fired more than
+  ``IMPOSSIBLY_EARLY_S`` early: a recording bug) is counted as ``impossible`` and left
+  out of the lateness and lifetime figures;
 * lifetime = (fired_at or cancelled_at) - scheduled_at;
 * percentile p of a group = the smallest value v such that at least a fraction p of
   the group's values are <= v (nearest rank), computed with ``percentile_approx`` at a
@@ -35,6 +39,7 @@ from .inputs import TraceFiles, TraceInputError, schema_problem
 from .schema import (
     ACCURACY,
     CDF_QUANTILES,
+    IMPOSSIBLY_EARLY_S,
     LIFETIME_QUANTILES,
     RUN_KEYS,
     SUMMARY_KEYS,
@@ -135,18 +140,41 @@ def _to_unix(column: Column) -> Column:
     return column + (F.col("wall_anchor") - F.col("clock_anchor"))
 
 
-def summary_frame(traces: DataFrame, accuracy: int = ACCURACY) -> DataFrame:
-    """Per run and label: counts, cancel ratio, lateness and lifetime percentiles."""
+def _impossible() -> Column:
+    """A row no timer can have made: ended before it was scheduled, or fired more than
+    IMPOSSIBLY_EARLY_S before its deadline (a recording bug; event loops fire at most a
+    clock tick early, 1 ms on uvloop)."""
     from pyspark.sql import functions as F
 
-    lifetime = _ended_at() - F.col("scheduled_at")
+    return F.coalesce(
+        (_ended_at() < F.col("scheduled_at")) | (F.col("lateness") < -IMPOSSIBLY_EARLY_S),
+        F.lit(False),
+    )
+
+
+def _lateness() -> Column:
+    """The lateness of a fired timer, null on an impossible row (counted, not drawn)."""
+    from pyspark.sql import functions as F
+
+    return F.when(~_impossible(), F.col("lateness"))
+
+
+def summary_frame(traces: DataFrame, accuracy: int = ACCURACY) -> DataFrame:
+    """Per run and label: counts (early and impossible rows too), cancel ratio,
+    lateness and lifetime percentiles (impossible rows left out of these)."""
+    from pyspark.sql import functions as F
+
+    lifetime = F.when(~_impossible(), _ended_at() - F.col("scheduled_at"))
+    lateness = _lateness()
     grouped = traces.groupBy(*SUMMARY_KEYS).agg(
         F.count(F.lit(1)).alias("scheduled"),
         F.count("fired_at").alias("fired"),
         F.count("cancelled_at").alias("cancelled"),
-        F.percentile_approx("lateness", list(CDF_QUANTILES), accuracy).alias("lateness_cdf"),
-        F.max("lateness").alias("lateness_max"),
-        F.avg("lateness").alias("lateness_mean"),
+        F.count(F.when(lateness < 0, 1)).alias("early"),
+        F.count(F.when(_impossible(), 1)).alias("impossible"),
+        F.percentile_approx(lateness, list(CDF_QUANTILES), accuracy).alias("lateness_cdf"),
+        F.max(lateness).alias("lateness_max"),
+        F.avg(lateness).alias("lateness_mean"),
         F.percentile_approx(lifetime, list(LIFETIME_QUANTILES.values()), accuracy).alias(
             "lifetime_q"
         ),
@@ -161,6 +189,8 @@ def summary_frame(traces: DataFrame, accuracy: int = ACCURACY) -> DataFrame:
         "scheduled",
         "fired",
         "cancelled",
+        "early",
+        "impossible",
         (F.col("cancelled") / F.col("scheduled")).alias("cancel_ratio"),
     ]
     for name, q in SUMMARY_QUANTILES.items():
@@ -198,7 +228,7 @@ def windows_frame(traces: DataFrame) -> DataFrame:
     ended = traces.groupBy(*run, F.floor(_to_unix(_ended_at())).alias("epoch_s")).agg(
         F.count("fired_at").alias("fired"),
         F.count("cancelled_at").alias("cancelled"),
-        F.percentile_approx("lateness", 0.99, WINDOW_ACCURACY).alias("lateness_p99"),
+        F.percentile_approx(_lateness(), 0.99, WINDOW_ACCURACY).alias("lateness_p99"),
     )
     keys = [*RUN_KEYS, "run_start", "epoch_s"]
     joined: DataFrame = scheduled.join(ended, keys, "full_outer").na.fill(

@@ -313,9 +313,10 @@ def times(ratio: float) -> str:
 # -- lateness distribution ---------------------------------------------------------------
 
 
-def _cdf_points(values: Any) -> list[tuple[float, float]]:
+def _cdf_points(values: Any, floor: float | None = None) -> list[tuple[float, float]]:
     """(lateness ms, quantile) pairs with a finite lateness; none when the job found no
-    lateness (all null or NaN)."""
+    lateness (all null or NaN). Early firings keep their sign unless ``floor`` lifts
+    them to it (the tail panel: 1 - CDF is about the late side, on a log axis)."""
     if values is None or len(values) != len(CDF_QUANTILES):
         return []
     points = []
@@ -324,8 +325,27 @@ def _cdf_points(values: Any) -> list[tuple[float, float]]:
             continue
         ms = float(value) * 1000.0
         if math.isfinite(ms):
-            points.append((max(ms, _FLOOR_MS), q))
+            points.append((ms if floor is None else max(ms, floor), q))
     return points
+
+
+def _count_of(row: Any, column: str) -> int:
+    value = getattr(row, column, 0)
+    return 0 if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
+
+
+def _early_note(part: pd.DataFrame) -> str:
+    """Per contender, how many of its fired timers fired early, for the panel's caption."""
+    counts: dict[str, list[int]] = {}
+    for row in part.itertuples():
+        early, fired = counts.setdefault(row.contender, [0, 0])
+        counts[row.contender] = [early + _count_of(row, "early"), fired + int(row.fired)]
+    said = [
+        f"{name} {early:,} of {fired:,} ({100 * early / fired:.1f}%)"
+        for name, (early, fired) in counts.items()
+        if early and fired
+    ]
+    return "fired early:\n" + ("\n".join(said) if said else "none")
 
 
 def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
@@ -349,8 +369,10 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
     styles = _styles(summary["label"])
     for (cdf_ax, tail_ax), (workload, part) in zip(axes, drawable, strict=False):
         lowest, highest = math.inf, 0.0
+        earliest = 0.0
         for row in part.itertuples():
-            points = _cdf_points(row.lateness_cdf)
+            signed = _cdf_points(row.lateness_cdf)
+            points = _cdf_points(row.lateness_cdf, _FLOOR_MS)
             if not points:
                 continue
             style = {
@@ -361,29 +383,39 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
             }
             xs = [x for x, _ in points]
             lowest, highest = min(lowest, min(xs)), max(highest, max(xs))
-            cdf_ax.plot(xs, [q for _, q in points], **style)
+            earliest = min(earliest, min(x for x, _ in signed))
+            # Early firings on their own side of zero (symmetric log scale), never
+            # drawn as the most punctual.
+            cdf_ax.plot([x for x, _ in signed], [q for _, q in signed], **style)
             # 1 - q below 1/fired says nothing: no sample that rare was seen.
             rarest = 1.0 / row.fired
             tail = [(x, 1.0 - q) for x, q in points if 1.0 - q >= rarest]
             tail_ax.plot([x for x, _ in tail], [t for _, t in tail], **style)
+        tail_ax.set_xscale("log")
+        tail_ax.set_xlim(lowest / 1.5, highest * 1.5)
+        cdf_ax.set_xscale("symlog", linthresh=_FLOOR_MS * 10)
+        cdf_ax.set_xlim(earliest * 1.5 if earliest < 0 else 0.0, highest * 1.5)
         for ax in (cdf_ax, tail_ax):
-            ax.set_xscale("log")
-            ax.set_xlim(lowest / 1.5, highest * 1.5)
             ax.grid(True, which="both", alpha=0.25)
+        # Above the panel, right of its title: inside, it would cover the curves.
+        cdf_ax.set_title(_early_note(part), loc="right", fontsize=7, color="0.25")
         cdf_ax.set_ylim(0, 1.02)
         cdf_ax.set_ylabel("fraction fired\nat most this late", fontsize=8)
         cdf_ax.set_title(f"{workload}: lateness CDF", loc="left", fontsize=10)
         tail_ax.set_yscale("log")
         tail_ax.set_ylabel("fraction later\n(1 - CDF)", fontsize=8)
         tail_ax.set_title(f"{workload}: tail (p99 at 1e-2)", loc="left", fontsize=10)
-    for ax in axes[-1]:
-        if drawable:
-            ax.set_xlabel(
-                "lateness, ms (log scale; on time or early is drawn at 1 \u00b5s)", fontsize=9
-            )
+    if drawable:
+        axes[-1][0].set_xlabel(
+            "lateness, ms (symmetric log: early firings left of 0, linear within \u00b110 \u00b5s)",
+            fontsize=9,
+        )
+        axes[-1][1].set_xlabel(
+            "lateness, ms (log; early or on time drawn at 1 \u00b5s)", fontsize=9
+        )
     _legend(
         figure,
-        "How late timers fired, per workload (further left is better)",
+        "How late timers fired, per workload (closer to 0 is better; left of 0: fired early)",
         summary["contender"] if drawable else [],
         list(summary["label"]) if drawable else [],
     )

@@ -10,13 +10,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .bench_results import BenchResults
+from .bench_results import SINGLE_REPETITION, BenchResults
 from .inputs import TraceFiles
 from .plots import metric_name, times
 from .schema import (
     BENCH_RESULTS,
     CDF_PNG,
     HEADLINE_PNG,
+    IMPOSSIBLY_EARLY_S,
     P99_PNG,
     RATES_PNG,
     SUMMARY_CSV,
@@ -79,7 +80,10 @@ def headline_subtitle(bench: BenchResults) -> str:
         parts.append("quick sizes" if settings["quick"] else "full sizes")
     reps = settings.get("reps")
     if isinstance(reps, int):
-        parts.append(f"median of {reps} repetition{'s' if reps != 1 else ''}")
+        if reps == 1:
+            parts.append("ONE repetition per figure: ratios can flip between runs")
+        else:
+            parts.append(f"median of {reps} repetitions")
     if machine.get("python"):
         parts.append(f"Python {machine['python']}")
     if isinstance(machine.get("cpus"), int):
@@ -114,7 +118,12 @@ def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 continue
             row = match.iloc[0]
             ratio = float(row["ratio"])
-            cells.append(times(ratio) if not math.isnan(ratio) else (row["note"] or "-"))
+            if math.isnan(ratio):
+                cells.append(row["note"] or "-")
+            elif row["note"] == SINGLE_REPETITION:
+                cells.append(f"{times(ratio)} ({SINGLE_REPETITION})")
+            else:
+                cells.append(times(ratio))
         rows.append(cells)
     return headers, rows
 
@@ -122,13 +131,15 @@ def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 def headline_table(ratios: pd.DataFrame) -> Any:
     """The ratio table as a rich Table."""
     from rich.table import Table
+    from rich.text import Text
 
     headers, rows = headline_cells(ratios)
     table = Table(title="How many times better aiowheel is than each peer (> 1\u00d7: aiowheel)")
     for i, header in enumerate(headers):
         table.add_column(header, justify="right" if i >= 2 else "left")
     for row in rows:
-        table.add_row(*row)
+        # Text, not markup: a note's `pip install "aiowheel[uvloop]"` is no markup tag.
+        table.add_row(*map(Text, row))
     return table
 
 
@@ -178,6 +189,7 @@ def summary_table(summary: pd.DataFrame, width: int | None = None) -> Any:
     least important ones rather than cutting cells."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     headers, cells = summary_cells(summary)
     keep = list(range(len(headers)))
@@ -189,7 +201,7 @@ def summary_table(summary: pd.DataFrame, width: int | None = None) -> Any:
             numeric = index >= first_number
             table.add_column(headers[index], justify="right" if numeric else "left", no_wrap=True)
         for row in cells:
-            table.add_row(*(row[index] for index in keep))
+            table.add_row(*(Text(row[index]) for index in keep))  # a label's [..] is text
         if width is None or measure.measure(table).maximum <= width:
             return table
         droppable = [i for i in keep if headers[i] in _OPTIONAL_HEADERS]
@@ -245,6 +257,120 @@ the 1{X} line. From `{headline.bench.path}`{f" ({subtitle})" if subtitle else ""
 """
 
 
+#: Per-second figures of runs shorter than this are left out of report.md (1-3 points
+#: per line, contenders hidden under each other, say nothing a reader can use).
+MIN_SECONDS_PER_FIGURE: Final = 5
+
+
+def _same_repetition_note(headline: Headline) -> str:
+    if headline.ratios is None or headline.ratios.empty:
+        return ""
+    return """
+The traces come from one extra repetition per contender and workload, run after the
+measured ones and not measured itself (recording every timer costs time). The tables
+below are therefore from another repetition than the headline's medians: a figure in
+both (a lateness percentile, say) can differ between them; the headline's is the one
+to compare contenders by, the traces show the shape of one run.
+"""
+
+
+#: What each contender is, for the report's readers.
+CONTENDER_NOTES: Final = {
+    "aiowheel-asyncio": "`aiowheel.Timer` on the default asyncio loop",
+    "aiowheel-uvloop": "`aiowheel.Timer` on uvloop",
+    "aiowheel-trio": "`aiowheel.Timer` on trio (through anyio)",
+    "call_later-asyncio": "`loop.call_later`/`call_at` on asyncio (a heap of TimerHandles)",
+    "call_later-uvloop": "`loop.call_later`/`call_at` on uvloop (libuv's timer heap)",
+    "trio-native": (
+        "trio's own deadlines: a task per timer sleeping in a `CancelScope` whose "
+        "deadline is the timer's"
+    ),
+    "deadline-asyncio": (
+        "the idle workload only: aiohttp's way with idle timeouts, a stored deadline per "
+        "connection and one `loop.call_at` per connection that re-checks it when it fires"
+    ),
+    "deadline-uvloop": "`deadline-asyncio`'s way on uvloop",
+}
+
+
+def _legend_section(summary: pd.DataFrame) -> str:
+    """Every contender and every line style in the figures, explained."""
+    names = contender_order(summary["contender"])
+    lines = [f"- `{name}`: {CONTENDER_NOTES.get(name, 'named by its trace')}" for name in names]
+    labels = sorted({label for label in summary["label"] if isinstance(label, str)})
+    style = (
+        "Line style is the timers' *label*: timers without one are drawn solid, each "
+        "label in its own dash pattern (named in each figure's legend). "
+    )
+    if labels:
+        style += "Labels here: " + ", ".join(f"`{label}`" for label in labels) + "."
+        if "bench" in labels:
+            style += (
+                " `bench` is the name of the kafka workload's `Purgatory` (aiowheel "
+                "labels a purgatory's timers with its name), so aiowheel's kafka lines "
+                "are dashed: it is the same kind of timer as elsewhere."
+            )
+    else:
+        style += "No timer here has a label, so every line is solid."
+    return "\n### Contenders and line styles\n\n" + "\n".join(lines) + f"\n\n{style}\n"
+
+
+def _impossible_note(summary: pd.DataFrame) -> str:
+    if "impossible" not in summary or not summary["impossible"].fillna(0).sum():
+        return ""
+    bad = summary[summary["impossible"].fillna(0) > 0]
+    said = ", ".join(
+        f"{int(row.impossible):,} of {row.contender} in {row.workload}" for row in bad.itertuples()
+    )
+    return f"""
+**Impossible rows left out**: {said}. These timers ended before they were
+scheduled, or fired more than {IMPOSSIBLY_EARLY_S * 1000:g} ms before their deadline,
+which no event loop does: a recording bug in what wrote the trace. They are counted
+in `impossible` in `{SUMMARY_CSV}` and left out of every lateness figure.
+"""
+
+
+def _early_lines(summary: pd.DataFrame) -> str:
+    if "early" not in summary:
+        return ""
+    early = summary.groupby(["workload", "contender"], sort=False)[["early", "fired"]].sum()
+    said = [
+        f"{contender} in {workload}: {int(row.early):,} of {int(row.fired):,} "
+        f"({100 * row.early / row.fired:.1f}%)"
+        for (workload, contender), row in early.iterrows()
+        if row.early and row.fired
+    ]
+    if not said:
+        return "No timer fired early.\n"
+    return "Fired early: " + "; ".join(said) + ".\n"
+
+
+def _per_second_sections(longest_run_s: int | None) -> str:
+    if longest_run_s is not None and longest_run_s < MIN_SECONDS_PER_FIGURE:
+        return f"""### Per-second figures
+
+Not shown: the longest traced run lasted {longest_run_s} s, so a per-second line
+would have {longest_run_s} point(s), and contenders would hide under each other. The
+figures are still written (`{P99_PNG}`, `{RATES_PNG}`), and the counts are in
+`{WINDOWS_PARQUET}`; runs of {MIN_SECONDS_PER_FIGURE} s or more (`aiowheel bench
+--report --full`) show them here.
+"""
+    return f"""### Lateness p99 over time
+
+![Lateness p99 per second]({P99_PNG})
+
+The p99 lateness of the timers that fired in each second. Spikes line up with loop
+stalls (a slow callback, a GC pause, a burst of expiries).
+
+### Timers fired and cancelled per second
+
+![Fired and cancelled per second]({RATES_PNG})
+
+A timeout that is cancelled before it fires (the usual fate of an idle or request
+timeout) shows up on the right; the cancel ratio is in the summary.
+"""
+
+
 def render_markdown(
     summary: pd.DataFrame,
     files: TraceFiles,
@@ -252,8 +378,13 @@ def render_markdown(
     master: str,
     version: str,
     headline: Headline,
+    longest_run_s: int | None = None,
 ) -> str:
-    """report.md: the headline (figure and ratio table), then the trace analysis."""
+    """report.md: the headline (figure and ratio table), then the trace analysis.
+
+    ``longest_run_s``: seconds of the longest traced run; per-second figures of runs
+    shorter than MIN_SECONDS_PER_FIGURE are not shown (a line of 1-3 points), and
+    report.md says so."""
     headers, cells = summary_cells(summary)
     table = _markdown_table(headers, cells, headers.index(_FIRST_NUMBER))
     paths = files.paths
@@ -268,7 +399,8 @@ def render_markdown(
 {rows:,} timers from {len(paths)} trace file(s), analysed with Spark {version} ({master}).
 Each figure has one panel per workload, and each contender has the same colour in
 every panel and every figure.
-
+{_same_repetition_note(headline)}
+{_legend_section(summary)}{_impossible_note(summary)}
 ### Summary
 
 Lateness is `fired_at - deadline` of fired timers, in milliseconds; percentiles are
@@ -281,25 +413,15 @@ nearest-rank. The full table, with lifetimes (end minus schedule time), is in
 
 ![Lateness CDF per workload]({CDF_PNG})
 
-Left: the fraction of fired timers at most that late (x is logarithmic). A curve
-further left is better; a long flat top means a few timers were very late. Right: the
-tail (1 - CDF, both axes logarithmic): where a curve crosses 1e-2 is its p99, 1e-3 its
-p99.9, so the tails compare directly.
+Left: the fraction of fired timers at most that late, on a symmetric logarithmic
+scale: timers that fired *early* are left of 0 (linear within 10 \u00b5s of it), and
+each panel says how many fired early, per contender. A curve closer to 0 is better; a
+long flat top means a few timers were very late. Right: the tail (1 - CDF, both axes
+logarithmic; early and on-time firings sit at 1 \u00b5s there): where a curve crosses
+1e-2 is its p99, 1e-3 its p99.9, so the tails compare directly.
 
-### Lateness p99 over time
-
-![Lateness p99 per second]({P99_PNG})
-
-The p99 lateness of the timers that fired in each second. Spikes line up with loop
-stalls (a slow callback, a GC pause, a burst of expiries).
-
-### Timers fired and cancelled per second
-
-![Fired and cancelled per second]({RATES_PNG})
-
-A timeout that is cancelled before it fires (the usual fate of an idle or request
-timeout) shows up on the right; the cancel ratio is in the summary.
-
+{_early_lines(summary)}
+{_per_second_sections(longest_run_s)}
 ### Inputs
 
 {shown}

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from aiowheel.bench.contenders import install_hint
+
 from .bench_results import BenchResultsError, find_bench_results, headline, load_bench_results
 from .inputs import TraceFiles, TraceInputError, find_traces, first_line, is_remote
 from .render import Headline
@@ -83,7 +85,7 @@ _SMALL_INPUT_ROWS: Final = 2_000_000
 _PROG: Final = "aiowheel report"
 #: The libraries the report imports (the `analytics` extra).
 _MODULES: Final = ("pyarrow", "pandas", "matplotlib", "rich", "pyspark")
-_INSTALL: Final = "pip install 'aiowheel[analytics]'"
+_INSTALL: Final = install_hint("analytics")
 
 
 class ReportError(Exception):
@@ -220,6 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TraceInputError, ReportError, BenchResultsError) as exc:
         _say("error", str(exc))
         return exc.status if isinstance(exc, ReportError) else 2
+    except KeyboardInterrupt:
+        # One line, not py4j's traceback from inside the Spark call; 130 = 128 + SIGINT.
+        print(f"\n{_PROG}: interrupted", file=sys.stderr)
+        return 130
     from .render import headline_table, summary_table
 
     if result.headline is not None and not result.headline.empty:
@@ -269,7 +275,7 @@ def java_problem() -> str | None:
     try:
         spark_version = importlib.metadata.version("pyspark")
     except importlib.metadata.PackageNotFoundError:
-        return "aiowheel report needs PySpark: pip install 'aiowheel[analytics]'."
+        return f"aiowheel report needs PySpark: {_INSTALL}."
     need = 17 if int(spark_version.split(".")[0]) >= 4 else 8
     home = os.environ.get("JAVA_HOME")
     if home:
@@ -363,7 +369,15 @@ def _spark_session(
         _runtime_conf(spark)
         yield spark
     finally:
-        spark.stop()
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        try:
+            spark.stop()
+        except Exception:
+            # Stopping after Ctrl-C can fail in py4j (the call it interrupted left the
+            # gateway mid-answer): that must not replace the interruption, which
+            # ends in one line (main), with a traceback.
+            if not interrupted:
+                raise
         if log is not None:
             with contextlib.suppress(OSError):
                 log.unlink()
@@ -485,12 +499,17 @@ class _Progress:
             poller.start()
         try:
             yield
+        except BaseException:
+            # Not "done": the bar shows the step stopped where it was.
+            self._live.update(task, description=f"{description} (stopped)")
+            raise
+        else:
+            total = self._live.tasks[task].total or 1
+            self._live.update(task, total=total, completed=total)
         finally:
             stop.set()
             if poller is not None:
                 poller.join()
-            total = self._live.tasks[task].total or 1
-            self._live.update(task, total=total, completed=total)
 
     def _poll(self, spark: SparkSession, task: Any, stop: threading.Event) -> None:
         # Every stage started during this step adds its tasks to the bar.
@@ -555,6 +574,13 @@ def run_report(
                     _spark_session(master, driver_memory, verbose, jvm_options)
                 )
             result = _run_job(spark, files, steps, verbose, accuracy)
+            impossible = int(result.summary["impossible"].sum())
+            if impossible:
+                warnings.append(
+                    f"{impossible:,} impossible trace row(s) (ended before scheduled, or "
+                    "fired far before the deadline: a recording bug) are left out of the "
+                    f"lateness figures; {REPORT_MD} says which"
+                )
             where = spark.sparkContext.master or "?"
             version = spark.version
         with steps.step("figures and report.md"):
@@ -700,7 +726,9 @@ def _write_outputs(
         plots.plot_lateness_cdf(result.summary, staging / CDF_PNG)
         plots.plot_lateness_p99(result.windows, staging / P99_PNG)
         plots.plot_rates(result.windows, staging / RATES_PNG)
-        markdown = render_markdown(table, files, result.rows, master, version, source)
+        per_run = result.windows.groupby("run_id")["elapsed_s"].max()
+        longest = int(per_run.max()) + 1 if len(per_run) else None
+        markdown = render_markdown(table, files, result.rows, master, version, source, longest)
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
     except OSError as exc:
         raise ReportError(

@@ -19,6 +19,7 @@ __all__ = [
     "CDF_QUANTILES",
     "CONTENDERS",
     "HEADLINE_PNG",
+    "IMPOSSIBLY_EARLY_S",
     "LIFETIME_QUANTILES",
     "OUTPUTS",
     "P99_PNG",
@@ -55,6 +56,9 @@ CDF_QUANTILES: Final[tuple[float, ...]] = tuple(
         | set(SUMMARY_QUANTILES.values())
     )
 )
+#: A fired timer this many seconds early is a recording bug, not a timer: event loops
+#: fire at most a clock tick early (uvloop's clock has 1 ms resolution).
+IMPOSSIBLY_EARLY_S: Final = 0.01
 #: percentile_approx's default accuracy: relative rank error 1e-4 (exact on groups of
 #: up to 5,000 values). `aiowheel report --accuracy 100000` trades time for 1e-5
 #: (measured on 10M rows: about 2.5x the summary's time).

@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiowheel
 from aiowheel import _compiled
@@ -109,8 +110,18 @@ def missing_backend(backend: str) -> str | None:
     try:
         importlib.import_module(backend)
     except ImportError:
-        return f'{backend} is not installed (pip install "aiowheel[{backend}]")'
+        return f"{backend} is not installed ({install_hint(backend)})"
     return None
+
+
+def install_hint(extra: str) -> str:
+    """How to install ``extra``: from a checkout (a pyproject.toml next to the package)
+    ``pip install ".[extra]"``, since the package may not be on any registry yet."""
+    root = Path(__file__).resolve().parents[2]
+    checkout = (root / "pyproject.toml").is_file() and (root / "aiowheel").is_dir()
+    if checkout:
+        return f'pip install ".[{extra}]" (in {root})'
+    return f'pip install "aiowheel[{extra}]"'
 
 
 @dataclass

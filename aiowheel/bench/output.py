@@ -195,8 +195,21 @@ class Output:
     def warn(self, message: str) -> None:
         if self.json:
             self._line({"type": "warning", "message": message})
+        elif self._progress is not None:
+            from rich.text import Text
+
+            # Through the live bar's console, which prints above the bar: a plain
+            # print to the same stderr would be glued onto the bar's line.
+            self._progress.console.print(Text(f"warning: {message}"))
         else:
             print(f"warning: {message}", file=self.stderr)
+
+    def close(self) -> None:
+        """Stop the live bar (idempotent): after an interruption too, so that the
+        terminal is left on a clean line."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
 
     def results(self, results: list[Result]) -> None:
         if self.json:
@@ -212,14 +225,12 @@ class Output:
                 continue
             lines.append(
                 f"  {r.label:<34} {r.contender.label:<30} {fmt(r.median, r.unit):>14}"
-                f"  ({fmt(r.low)}{DASH}{fmt(r.high)})"
+                f"  ({_spread(r)})"
             )
         self._print(head.workload, f" {head.variant}\n" + "\n".join(lines))
 
     def finish(self, results: list[Result]) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self.close()
         elapsed = time.perf_counter() - self._started
         load = machine()["loadavg"]
         if self.json:
@@ -320,7 +331,7 @@ def tables(results: list[Result]) -> list[Table]:
                 f"{r.label} ({r.unit})" if r.unit else r.label,
                 r.contender.label,
                 fmt(r.median),
-                f"{fmt(r.low)}{DASH}{fmt(r.high)}",
+                _spread(r),
             ]
             ratio_cells = [fmt_ratio(r.ratios.get(a)) if r.ratios else "" for a in ours]
             table.sections[-1].append(([*cells, *ratio_cells], r.contender.is_aiowheel))
@@ -332,11 +343,20 @@ def tables(results: list[Result]) -> list[Table]:
     return out
 
 
+def _spread(r: Result) -> str:
+    """min-max over the repetitions; "1 rep" when there was one (no spread to show:
+    "317-317" read as a figure that never varies)."""
+    if len(r.samples) <= 1:
+        return "1 rep"
+    return f"{fmt(r.low)}{DASH}{fmt(r.high)}"
+
+
 def render_rich(table: Table) -> Any:
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    rich_table = RichTable(title=table.title, title_justify="left")
+    # Text, not markup, for the title too: a bracket in it is no markup tag.
+    rich_table = RichTable(title=Text(table.title), title_justify="left")
     for header, right in table.columns:
         # The metric's label may wrap; nothing else does.
         rich_table.add_column(

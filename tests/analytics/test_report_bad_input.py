@@ -4,6 +4,7 @@ nothing written to DIR. These checks run before Spark starts, so no JVM is neede
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from aiowheel.analytics import report
 from aiowheel.analytics.inputs import find_traces, schema_problem
+from aiowheel.bench.contenders import install_hint
 from aiowheel.trace import ParquetRecorder, trace_schema
 
 pa = pytest.importorskip("pyarrow")
@@ -221,7 +223,7 @@ def test_missing_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.metadata, "version", missing)
     problem = report.java_problem()
     assert problem is not None
-    assert "pip install 'aiowheel[analytics]'" in problem
+    assert install_hint("analytics") in problem
 
 
 def test_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -519,7 +521,7 @@ def test_a_missing_library_is_one_line(
     out = tmp_path / "report"
     status, err = _run(capsys, str(trace), "--out", str(out))
     assert status == 2
-    _assert_one_line(err, f"needs {module},", "pip install 'aiowheel[analytics]'")
+    _assert_one_line(err, f"needs {module},", install_hint("analytics"))
     _assert_nothing_written(out)
 
 
@@ -571,3 +573,37 @@ def test_bench_results_given_but_bad(
     assert status == 2
     _assert_one_line(err, str(tmp_path), "a directory, not a file")
     _assert_nothing_written(out)
+
+
+def test_ctrl_c_ends_in_one_line_and_status_130(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    make_trace: Callable[..., Path],
+    good_rows: list[dict[str, object]],
+) -> None:
+    # Issue 21: Ctrl-C during the Spark job printed a 40-60 line traceback.
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "run_report", interrupted)
+    status, err = _run(capsys, str(make_trace(good_rows)), "--out", str(tmp_path / "r"))
+    assert status == 130
+    assert err.strip() == "aiowheel report: interrupted"
+
+
+def test_an_interrupted_step_is_not_shown_as_done() -> None:
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    with report._Progress(console, True) as steps:
+        with steps.step("finished"):
+            pass
+        with pytest.raises(KeyboardInterrupt), steps.step("summary per run and label"):
+            raise KeyboardInterrupt
+        live = steps._live
+        assert live is not None
+        done, stopped = live.tasks
+    assert done.finished
+    assert not stopped.finished
+    assert stopped.description == "summary per run and label (stopped)"

@@ -282,12 +282,20 @@ def test_a_lateness_that_is_all_nan_is_a_note_not_a_traceback(tmp_path: Path) ->
     assert (tmp_path / "cdf.png").read_bytes()[:8] == PNG
 
 
-def test_early_timers_are_drawn_at_the_floor(tmp_path: Path) -> None:
+def test_early_timers_are_drawn_left_of_zero_and_counted(tmp_path: Path) -> None:
+    # Issue 21: early firings were drawn at 1 us, as the most punctual timers.
     summary = _summary([("r", "call_later", "uvloop", None, 10, 0)])
     summary["lateness_cdf"] = [[-0.002 + q / 100 for q in CDF_QUANTILES]]
+    summary["early"] = [3]
     figure = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
-    xs = figure.axes[0].get_lines()[0].get_xdata()
-    assert min(xs) == pytest.approx(1e-3)  # 1 us, not a negative number on a log axis
+    cdf, tail = figure.axes[0], figure.axes[1]
+    assert cdf.get_xscale() == "symlog"
+    xs = [x for x in cdf.get_lines()[0].get_xdata() if x < 0]
+    assert min(xs) == pytest.approx(-2.0)  # ms, on the early side of zero
+    assert cdf.get_xlim()[0] < -2.0
+    assert cdf.get_title(loc="right") == "fired early:\ncall_later-uvloop 3 of 10 (30.0%)"
+    # The tail (1 - CDF, log-log) is about the late side: early is at its floor there.
+    assert min(tail.get_lines()[0].get_xdata()) == pytest.approx(1e-3)
 
 
 # -- the headline ----------------------------------------------------------------------
@@ -383,13 +391,15 @@ def test_report_md_opens_with_the_headline_figure_and_its_table() -> None:
     first_figure = text.index("](")
     assert text[first_figure:].startswith(f"]({schema.HEADLINE_PNG})")
     table = [line for line in text.splitlines() if line.startswith("| fire N=50,000 |")]
+    # One repetition (a --quick run): every ratio says so (issue 21).
     assert table[0] == (
-        "| fire N=50,000 | callbacks/s (1/s, higher is better) | 3\u00d7 | 1.9\u00d7 | 26\u00d7 |"
+        "| fire N=50,000 | callbacks/s (1/s, higher is better) | 3\u00d7 (1 rep) "
+        "| 1.9\u00d7 (1 rep) | 26\u00d7 (1 rep) |"
     )
     assert text.index("## Headline") < text.index("## The traces")
     for name in (schema.CDF_PNG, schema.P99_PNG, schema.RATES_PNG):
         assert f"]({name})" in text
-    assert "quick sizes, median of 1 repetition" in text
+    assert "quick sizes, ONE repetition per figure: ratios can flip between runs" in text
 
 
 def test_report_md_says_what_the_headline_needs_without_bench_results() -> None:

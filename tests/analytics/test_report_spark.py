@@ -234,8 +234,11 @@ def test_report_end_to_end_on_a_recorded_timer_run(
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("# aiowheel timer report")
     assert "No headline: no bench-results.json was found next to the traces" in markdown
-    for name in (schema.CDF_PNG, schema.P99_PNG, schema.RATES_PNG):
-        assert f"]({name})" in markdown
+    assert f"]({schema.CDF_PNG})" in markdown
+    # A run of a second or two: a per-second line of 1-2 points says nothing (issue 21).
+    assert "Not shown: the longest traced run lasted" in markdown
+    for name in (schema.P99_PNG, schema.RATES_PNG):
+        assert f"]({name})" not in markdown
     assert "| e2e | aiowheel-asyncio | idle |" in markdown
 
 
@@ -410,3 +413,32 @@ def test_a_trace_whose_lateness_is_all_nan_still_gets_a_report(
     assert (out / schema.CDF_PNG).read_bytes()[:8] == PNG
     table = pd.read_csv(out / "summary.csv")
     assert table["fired"].sum() == 20
+
+
+def test_impossible_rows_are_counted_flagged_and_not_drawn(
+    spark: Any, tmp_path: Path, tracegen: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 21: the trio baseline recorded re-armed timers 30 s early, and the report
+    # drew them. Early by a clock tick (uvloop) is real and counted as early.
+    rows = [
+        tracegen.row(i, scheduled_at=1.0, deadline=1.5, fired_at=1.5 + i / 1000, run_id="r")
+        for i in range(1, 11)
+    ]
+    rows.append(tracegen.row(11, scheduled_at=1.0, deadline=1.5, fired_at=1.4995, run_id="r"))
+    rows.append(tracegen.row(12, scheduled_at=1.0, deadline=31.5, fired_at=1.5, run_id="r"))
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    tracegen.write(traces / "r.parquet", rows)
+    out = tmp_path / "report"
+    assert report.main([str(traces), "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "1 impossible trace row(s)" in err
+    table = pd.read_csv(out / "summary.csv")
+    (row,) = table.itertuples()
+    assert (row.fired, row.early, row.impossible) == (12, 1, 1)
+    assert row.lateness_p50_ms > 0  # the -30 s row is not in the percentiles
+    assert row.lifetime_p50_s > 0
+    markdown = (out / schema.REPORT_MD).read_text()
+    assert "**Impossible rows left out**: 1 of" in markdown
+    assert "Fired early: " in markdown
+    assert "1 of 12" in markdown

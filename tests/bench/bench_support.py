@@ -24,7 +24,7 @@ import pytest
 
 import aiowheel
 from aiowheel.bench import cli
-from aiowheel.bench.contenders import CONTENDERS
+from aiowheel.bench.contenders import CONTENDERS, install_hint
 from aiowheel.bench.registry import WORKLOADS
 
 TINY = [
@@ -76,8 +76,8 @@ RESULT_KEYS = {
 AIOWHEEL = {"aiowheel-asyncio", "aiowheel-uvloop", "aiowheel-trio"}
 
 #: Why a contender whose event loop is not installed sits out.
-UVLOOP_MISSING = 'uvloop is not installed (pip install "aiowheel[uvloop]")'
-TRIO_MISSING = 'trio is not installed (pip install "aiowheel[trio]")'
+UVLOOP_MISSING = f"uvloop is not installed ({install_hint('uvloop')})"
+TRIO_MISSING = f"trio is not installed ({install_hint('trio')})"
 
 #: What a core-only install lacks (`pip install aiowheel`: anyio only).
 NOT_IN_CORE = ["uvloop", "trio", "rich", "pyarrow", "pyspark", "pandas", "matplotlib"]

@@ -14,13 +14,18 @@ from bench_support import TINY, UVLOOP_MISSING, StandInRecorder, applicable, par
 
 import aiowheel.__main__ as cli_main
 from aiowheel.bench import cli
+from aiowheel.bench.contenders import install_hint
 
 
-def _fake_report(monkeypatch: pytest.MonkeyPatch, status: int) -> list[list[str]]:
-    """Stand in for aiowheel.analytics.report (pyspark, Java) and record its argv."""
+def _fake_report(
+    monkeypatch: pytest.MonkeyPatch, status: int, java: str | None = None
+) -> list[list[str]]:
+    """Stand in for aiowheel.analytics.report (pyspark, Java) and record its argv;
+    ``java`` is what its java_problem() says (None: a Java runtime was found)."""
     calls: list[list[str]] = []
     fake = types.ModuleType("aiowheel.analytics.report")
     fake.main = lambda argv: calls.append(list(argv)) or status  # type: ignore[attr-defined]
+    fake.java_problem = lambda: java  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "aiowheel.analytics.report", fake)
     monkeypatch.setitem(sys.modules, "aiowheel.analytics", types.ModuleType("aiowheel.analytics"))
     return calls
@@ -166,6 +171,58 @@ def test_report_runs_quick_sizes_unless_full() -> None:
     assert cli.settings_from(parser.parse_args(["--report"])).quick
     assert not cli.settings_from(parser.parse_args(["--report", "--full"])).quick
     assert not cli.settings_from(parser.parse_args([])).quick
+    # Three repetitions for the report too (one repetition's ratios flip, issue 21).
+    assert cli.settings_from(parser.parse_args(["--report"])).reps == 3
+    assert cli.settings_from(parser.parse_args(["--quick"])).reps == 1
     settings = cli.settings_from(parser.parse_args(["--report", "--out", "o"]))
     assert settings.trace_dir == Path("o") / "traces"
     assert cli.settings_from(parser.parse_args(["--report"])).trace_dir == Path("bench-out/traces")
+
+
+def test_report_without_java_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 21: the whole benchmark ran before the report said Java was missing.
+    calls = _fake_report(monkeypatch, 0, java="Spark needs a Java 17+ runtime and none was found")
+    args = ["-w", "fire", *TINY, "--report", "--out", str(tmp_path / "out")]
+    assert cli.run(parse(args), args, trace_factory=StandInRecorder) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing was measured
+    assert captured.err == (
+        "aiowheel bench: error: --report: Spark needs a Java 17+ runtime and none was found\n"
+    )
+    assert calls == []
+
+
+def test_report_of_a_workload_without_traces_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 21: `bench --report -w memory` ended in argparse's "the following
+    # arguments are required: TRACES" from `aiowheel report`.
+    calls = _fake_report(monkeypatch, 0)
+    args = ["-w", "memory", *TINY, "--report", "--out", str(tmp_path / "out")]
+    assert cli.run(parse(args), args, trace_factory=StandInRecorder) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("aiowheel bench: error: --report analyses traces, and memory")
+    assert captured.err.count("\n") == 1
+    assert calls == []
+
+
+def test_ctrl_c_ends_in_one_line_and_status_130(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.Runner, "run", interrupted)
+    args = ["-w", "churn", *TINY]
+    assert cli.run(parse(args), args) == 130
+    assert capsys.readouterr().err.strip() == "aiowheel bench: interrupted"
+
+
+def test_install_hints_from_a_checkout_point_at_the_checkout() -> None:
+    # Issue 21: the package is not on a registry yet; this test runs in a checkout.
+    hint = install_hint("uvloop")
+    assert hint.startswith('pip install ".[uvloop]"')
+    assert str(Path(cli.__file__).resolve().parents[2]) in hint

@@ -33,3 +33,59 @@ def test_unknown_backend_or_kind() -> None:
 
     with pytest.raises(ValueError, match="unknown contender kind 'heap'"):
         run_fresh("asyncio", enter)
+
+
+def test_a_trio_timer_re_armed_after_its_deadline_was_delivered_records_that_deadline() -> None:
+    # Issue 21: the traced rearm run wrote the new deadline into a scope whose old one
+    # trio had already delivered; the task then fired and recorded the new deadline
+    # with the old firing (lateness -30 s).
+    trio = pytest.importorskip("trio")
+    from trio.testing import MockClock
+
+    from aiowheel.bench.env import TrioNativeTimers
+
+    rows: list[tuple[object, ...]] = []
+
+    class Rows:
+        def record(self, *row: object) -> None:
+            rows.append(row)
+
+    fired: list[float] = []
+    clock = MockClock()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            timers = TrioNativeTimers(nursery, Rows())  # type: ignore[arg-type]
+            timer = timers.call_later(1.0, lambda: fired.append(trio.current_time()))
+            await trio.testing.wait_all_tasks_blocked()
+            # The deadline passed and its cancellation was delivered, the task not run
+            # yet (as when the deadline passes between two batches of re-arms; the
+            # cancel stands in for trio's run loop delivering the deadline).
+            clock.jump(1.5)
+            timer.scope.cancel()
+            timer.reset(30.0)
+            assert timer.deadline == 1.0
+
+    trio.run(main, clock=clock)
+    assert fired == [1.5]
+    ((_id, _parent, scheduled, deadline, level, fired_at, cancelled_at),) = rows
+    assert (scheduled, deadline, level, fired_at, cancelled_at) == (0.0, 1.0, -1, 1.5, None)
+
+
+def test_a_pending_trio_timer_is_re_armed() -> None:
+    trio = pytest.importorskip("trio")
+    from trio.testing import MockClock
+
+    from aiowheel.bench.env import TrioNativeTimers
+
+    fired: list[float] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            timers = TrioNativeTimers(nursery)
+            timer = timers.call_later(1.0, lambda: fired.append(trio.current_time()))
+            await trio.sleep(0.5)
+            timer.reset(30.0)
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert fired == [30.5]

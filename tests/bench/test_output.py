@@ -125,3 +125,53 @@ def test_json_output_and_skipped_lines() -> None:
     ]
     assert '"unavailable": {"aiowheel-uvloop": "uvloop is gone"}' in lines[0]
     assert stderr.getvalue() == "aiowheel bench: skipping aiowheel-uvloop: uvloop is gone\n"
+
+
+def test_rich_tables_print_brackets_as_text() -> None:
+    # Issue 21: rich read `[uvloop]` in a hint as a markup tag and dropped it.
+    from rich.console import Console
+
+    from aiowheel.bench.output import render_rich
+
+    table = Table(title='t: pip install "aiowheel[uvloop]"', columns=[("metric", False)])
+    table.sections = [[(["aiowheel-asyncio [compiled]"], True)]]
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, color_system=None).print(render_rich(table))
+    text = " ".join(buffer.getvalue().split())
+    assert 'pip install "aiowheel[uvloop]"' in text
+    assert "aiowheel-asyncio [compiled]" in text
+
+
+def test_a_warning_goes_above_the_live_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 21: a plain print to stderr was glued onto the progress bar's line.
+    output = Output(Settings(workloads=["churn"], contenders=[]), stderr=io.StringIO())
+    printed: list[str] = []
+
+    class Bar:
+        class console:  # stands in for rich.progress.Progress.console
+            @staticmethod
+            def print(text: object) -> None:
+                printed.append(str(text))
+
+        def stop(self) -> None:
+            printed.append("stopped")
+
+    output._progress = Bar()
+    output.warn("the machine is busy")
+    output.close()
+    output.close()
+    assert printed == ["warning: the machine is busy", "stopped"]
+    assert output.stderr.getvalue() == ""  # type: ignore[attr-defined]
+
+
+def test_a_single_repetition_is_marked_not_shown_as_a_spread() -> None:
+    # Issue 21: with one repetition, min-max read "317-317", as if it never varied.
+    ours, peer = CONTENDERS[0], CONTENDERS[3]
+    rows = [
+        Result("churn", "N=10", 10, "pair_ns", "pair", "ns", "lower", ours, [317.0]),
+        Result("churn", "N=10", 10, "pair_ns", "pair", "ns", "lower", peer, [300.0, 360.0]),
+    ]
+    fill_ratios(rows)
+    (table,) = tables(rows)
+    spreads = [cells[4] for section in table.sections for cells, _bold in section]
+    assert spreads == ["1 rep", "300\u2013360"]

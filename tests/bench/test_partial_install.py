@@ -11,6 +11,8 @@ from pathlib import Path
 
 from bench_support import NOT_IN_CORE, TRIO_MISSING, UVLOOP_MISSING, run_without
 
+from aiowheel.bench.contenders import install_hint
+
 TINY = ["--n", "100", "--ops", "200", "--reps", "1"]
 SKIP_LINES = {
     f"aiowheel bench: skipping aiowheel-uvloop: {UVLOOP_MISSING}",
@@ -62,11 +64,11 @@ def test_core_only_refuses_what_needs_an_extra_in_one_line(tmp_path: Path) -> No
     for args, message in [
         (
             ["--trace", "t"],
-            '--trace records Parquet traces with pyarrow: pip install "aiowheel[analytics]"',
+            f"--trace records Parquet traces with pyarrow: {install_hint('analytics')}",
         ),
         (
             ["--report"],
-            '--report records Parquet traces with pyarrow: pip install "aiowheel[analytics]"',
+            f"--report records Parquet traces with pyarrow: {install_hint('analytics')}",
         ),
         (["-c", "aiowheel-uvloop"], f"contender aiowheel-uvloop cannot run: {UVLOOP_MISSING}"),
         (["-c", "trio"], f"contender aiowheel-trio cannot run: {TRIO_MISSING}"),
