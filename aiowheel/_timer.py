@@ -136,7 +136,7 @@ class TimerStats:
     """A snapshot of a timer's counters (``Timer.stats()``)."""
 
     pending: int  #: timers not yet started, expired async callbacks waiting for a worker included
-    scheduled: int  #: arms: schedules, re-arms of fired/cancelled handles, periodic runs
+    scheduled: int  #: arms (schedules, re-arms of fired or cancelled handles, periodic runs)
     fired: int  #: callbacks started (those that raised included)
     cancelled: int  #: timers cancelled while pending
     failed: int  #: callbacks that raised
