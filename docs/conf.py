@@ -70,9 +70,9 @@ nitpick_ignore_regex = [
     # buffer type of aiowheel/middleware/_streams.py. Not part of the API, so not
     # documented.
     ("py:class", r"aiowheel\._handle\.TracedHandle"),
-    # Type variables and parameter specifications (T, P) of the generic signatures:
+    # Type variables (T, and Ts for a callback's arguments) of the generic signatures:
     # Sphinx renders them as class references, but they have no page of their own.
-    ("py:class", r"aiowheel\.\w+\.(T|P)(\.args|\.kwargs)?"),
+    ("py:class", r"(aiowheel\.\w+\.)?(T|Ts)"),
     ("py:class", r"(aiowheel\.middleware\._streams\.)?_(StreamWatch|ReaduntilBuffer)"),
 ]
 
