@@ -156,16 +156,49 @@ def select_core(package: str, directory: Path) -> bool:
         REASON = ""
         return True
     REASON, warn = problem
+    if warn and REASON.startswith(_FAILED):
+        # A build without a C compiler stays that way until the next install, and
+        # every command (``aiowheel --help`` too) imports the package: said once per
+        # install, by the first import (then recorded in the manifest; if the
+        # install is read-only, once per process).
+        warn = _first_time(directory)
     if warn:
         advice = (
             "install a C compiler and reinstall aiowheel"
             if REASON.startswith(_FAILED)
             else "rebuild it with `pip install .` (or `pip install -e .`)"
         )
-        warnings.warn(
+        _warn(
             f"aiowheel: running the pure-Python core: {REASON}; for the compiled one, "
-            f"{advice}; to run pure Python without this warning, set {PURE_ENV}=1",
-            stacklevel=3,
+            f"{advice}; to run pure Python without this warning, set {PURE_ENV}=1"
         )
     _use_pure(package, directory)
     return False
+
+
+def _first_time(directory: Path) -> bool:
+    """True unless the failed build's warning was shown before (``"warned"`` in the
+    manifest); records that it now is."""
+    manifest = _manifest(directory)
+    if manifest is None or manifest.get("warned"):
+        return manifest is None
+    try:
+        (directory / MANIFEST).write_text(
+            json.dumps({**manifest, "warned": True}, indent=1, sort_keys=True),
+            encoding="utf-8",
+        )
+    except OSError:
+        pass  # a read-only install: warned once per process instead
+    return True
+
+
+def _warn(message: str) -> None:
+    """Warn about the core, never so that the import fails: under ``-W error`` (or a
+    filter that turns warnings into errors) the warning is written to stderr instead,
+    since a slower core is no reason for ``import aiowheel`` to raise."""
+    try:
+        # stacklevel 4: the warning points at the ``import aiowheel`` that chose the
+        # core (this function, select_core, aiowheel/__init__.py, the importer).
+        warnings.warn(message, stacklevel=4)
+    except Warning:
+        print(f"warning: {message}", file=sys.stderr, flush=True)

@@ -52,7 +52,7 @@ import logging
 import math
 import sys
 from _thread import get_ident
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import (
@@ -63,7 +63,9 @@ from typing import (
     SupportsFloat,
     SupportsIndex,
     TypeVar,
+    TypeVarTuple,
     cast,
+    overload,
 )
 
 import anyio
@@ -102,6 +104,10 @@ __all__ = ["Timer", "TimerStats"]
 logger: Final = logging.getLogger("aiowheel")
 
 T = TypeVar("T")
+# The callback's positional arguments, checked against ``*args`` (as typeshed types
+# ``loop.call_later``). Not a ParamSpec: ``P.args`` must come with ``P.kwargs``, and
+# the scheduling calls pass no keyword arguments to the callback (``label`` is theirs).
+Ts = TypeVarTuple("Ts")
 # Final: compiled, these are C statics rather than lookups in the module's dict on
 # every use (docs/design.md, "Rules for compiled modules").
 _INF: Final = math.inf
@@ -136,7 +142,7 @@ class TimerStats:
     """A snapshot of a timer's counters (``Timer.stats()``)."""
 
     pending: int  #: timers not yet started, expired async callbacks waiting for a worker included
-    scheduled: int  #: arms: schedules, re-arms of fired/cancelled handles, periodic runs
+    scheduled: int  #: arms (schedules, re-arms of fired or cancelled handles, periodic runs)
     fired: int  #: callbacks started (those that raised included)
     cancelled: int  #: timers cancelled while pending
     failed: int  #: callbacks that raised
@@ -639,11 +645,29 @@ class Timer:
 
     # -- scheduling -----------------------------------------------------------------
 
+    @overload
     def schedule_nowait(
         self,
         delay: SupportsFloat,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*Ts], Awaitable[T]],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    @overload
+    def schedule_nowait(
+        self,
+        delay: SupportsFloat,
+        callback: Callable[[*Ts], T],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    def schedule_nowait(
+        self,
+        delay: SupportsFloat,
+        callback: Callable[[*Ts], Any],
+        *args: *Ts,
         label: str | None = None,
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` ``delay`` seconds from now; ``TimerFull`` at
@@ -678,11 +702,29 @@ class Timer:
             live.driver.arm(when)
         return handle
 
+    @overload
     def schedule_at_nowait(
         self,
         deadline: SupportsFloat,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*Ts], Awaitable[T]],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    @overload
+    def schedule_at_nowait(
+        self,
+        deadline: SupportsFloat,
+        callback: Callable[[*Ts], T],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    def schedule_at_nowait(
+        self,
+        deadline: SupportsFloat,
+        callback: Callable[[*Ts], Any],
+        *args: *Ts,
         label: str | None = None,
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` at the absolute ``deadline`` (loop clock)."""
@@ -698,11 +740,29 @@ class Timer:
         self._file(live, handle, deadline, deadline <= now, new=True)
         return handle
 
+    @overload
     async def schedule(
         self,
         delay: SupportsFloat,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*Ts], Awaitable[T]],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    @overload
+    async def schedule(
+        self,
+        delay: SupportsFloat,
+        callback: Callable[[*Ts], T],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    async def schedule(
+        self,
+        delay: SupportsFloat,
+        callback: Callable[[*Ts], Any],
+        *args: *Ts,
         label: str | None = None,
     ) -> TimerHandle[Any]:
         """Like ``schedule_nowait``, but waits for room while ``max_pending`` is reached;
@@ -714,11 +774,29 @@ class Timer:
             await self._wait_for_room()
         return self.schedule_nowait(delay, callback, *args, label=label)
 
+    @overload
     async def schedule_at(
         self,
         deadline: SupportsFloat,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*Ts], Awaitable[T]],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    @overload
+    async def schedule_at(
+        self,
+        deadline: SupportsFloat,
+        callback: Callable[[*Ts], T],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> TimerHandle[T]: ...
+
+    async def schedule_at(
+        self,
+        deadline: SupportsFloat,
+        callback: Callable[[*Ts], Any],
+        *args: *Ts,
         label: str | None = None,
     ) -> TimerHandle[Any]:
         """Like ``schedule_at_nowait``, waiting for room while ``max_pending`` is reached."""
@@ -770,8 +848,8 @@ class Timer:
     def every(
         self,
         interval: SupportsFloat,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*Ts], object],
+        *args: *Ts,
         fixed_rate: bool = True,
         label: str | None = None,
     ) -> PeriodicHandle:
@@ -1423,7 +1501,7 @@ class Timer:
 
     # -- threads ----------------------------------------------------------------------
 
-    def call_threadsafe(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+    def call_threadsafe(self, fn: Callable[[*Ts], T], *args: *Ts) -> concurrent.futures.Future[T]:
         """Run ``fn(*args)`` on the timer's event loop, from any thread.
 
         Returns a ``concurrent.futures.Future`` of its result (or exception):
@@ -1457,11 +1535,29 @@ class Timer:
             future.set_exception(error)
         return future
 
+    @overload
     def schedule_threadsafe(
         self,
         delay: SupportsFloat,
-        callback: Callable[..., Any],
-        *args: Any,
+        callback: Callable[[*Ts], Awaitable[T]],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> concurrent.futures.Future[TimerHandle[T]]: ...
+
+    @overload
+    def schedule_threadsafe(
+        self,
+        delay: SupportsFloat,
+        callback: Callable[[*Ts], T],
+        *args: *Ts,
+        label: str | None = None,
+    ) -> concurrent.futures.Future[TimerHandle[T]]: ...
+
+    def schedule_threadsafe(
+        self,
+        delay: SupportsFloat,
+        callback: Callable[[*Ts], Any],
+        *args: *Ts,
         label: str | None = None,
     ) -> concurrent.futures.Future[TimerHandle[Any]]:
         """``schedule_nowait`` from any thread: a ``concurrent.futures.Future`` of the

@@ -111,7 +111,7 @@ class TraceRecorder(Protocol):
         """Flush and close; called once, from a worker thread, when the timer closes."""
 
 
-#: The trace schema: column name -> Arrow type name (``str(pyarrow type)``).
+#: The trace schema, each column name mapped to its Arrow type name (``str(pyarrow type)``).
 #: Timestamps are float64 seconds on the recording loop's clock (asyncio
 #: ``loop.time()``, ``trio.current_time()``): the clock the timer's deadlines are on,
 #: kept as is, so no precision is invented or lost. ``clock_anchor`` and
@@ -340,7 +340,7 @@ class ParquetRecorder:
 
     @property
     def dropped(self) -> int:
-        """Rows dropped: the writer could not keep up, or it failed."""
+        """How many rows were dropped, because the writer could not keep up or failed."""
         return self._dropped_full + self._dropped_failed
 
     @property

@@ -196,3 +196,64 @@ def test_no_build_is_silent_but_a_failed_build_warns(tmp_path: Path) -> None:
 def test_pure_requested(value: str, pure: bool) -> None:
     assert _compiled.pure_requested({"AIOWHEEL_PURE": value}) is pure
     assert _compiled.pure_requested({}) is False
+
+
+def _failed_copy(tmp_path: Path) -> Path:
+    """A copy of the package as a build without a C compiler leaves it: the sources,
+    no extension, and the manifest saying why."""
+    copy = tmp_path / "aiowheel"
+    shutil.copytree(
+        PACKAGE_DIR,
+        copy,
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", _compiled.MANIFEST),
+    )
+    failed = {"compiler": "mypyc", "compiled": False, "reason": "no C compiler (gcc not found)"}
+    (copy / _compiled.MANIFEST).write_text(json.dumps(failed), encoding="utf-8")
+    return copy
+
+
+def _import(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AIOWHEEL_")}
+    environ.update(PYTHONPATH=str(tmp_path))
+    return subprocess.run(
+        [sys.executable, *flags, "-c", "import aiowheel; print(aiowheel.COMPILED)"],
+        env=environ,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_failed_build_warns_once_per_install(tmp_path: Path) -> None:
+    """Every command imports the package (``aiowheel --help`` too): the no-compiler
+    warning is said by the first import of the install, not by every one."""
+    copy = _failed_copy(tmp_path)
+    first = _import(tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "False"
+    assert "no C compiler (gcc not found)" in first.stderr
+    assert json.loads((copy / _compiled.MANIFEST).read_text(encoding="utf-8"))["warned"] is True
+    second = _import(tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "False"
+    assert second.stderr == ""
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_the_core_warning_never_fails_the_import(tmp_path: Path, edit: bool) -> None:
+    """Under ``-W error`` the warning (a failed build, or a stale one) is written to
+    stderr and the import goes on, on the pure core."""
+    copy = _failed_copy(tmp_path)
+    if edit:
+        if _compiled._extension(PACKAGE_DIR, "_wheel") is None:
+            pytest.skip("no compiled core built")
+        shutil.rmtree(copy)
+        shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        with (copy / "_wheel.py").open("a", encoding="utf-8") as f:
+            f.write("\n# edited after the build\n")
+    result = _import(tmp_path, "-W", "error")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    assert "pure-Python core" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,57 @@
+"""A user's program, type-checked by mypy and pyright as CI installs the package
+(tests/typing/check.sh, run by .ci/run): the callbacks' arguments are checked against
+``*args``, and ``wait()`` gives the callback's result type (awaited for an async
+callback). Lines ending in an expect-error comment must be reported by both checkers; nothing
+else may be. Never run, only checked.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import assert_type
+
+import aiowheel
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+async def fetch(url: str) -> bytes:
+    return url.encode()
+
+
+def tick() -> None:
+    pass
+
+
+async def main() -> None:
+    async with aiowheel.Timer() as timer:
+        handle = timer.schedule_nowait(0.5, add, 1, 2)
+        assert_type(handle, aiowheel.TimerHandle[int])
+        assert_type(await handle.wait(), int)
+
+        later = await timer.schedule(0.5, fetch, "https://example.org")
+        assert_type(await later.wait(), bytes)  # awaited: not Awaitable[bytes]
+
+        at = timer.schedule_at_nowait(timer.time() + 1, add, 1, 2, label="sum")
+        assert_type(await at.wait(), int)
+        at2 = await timer.schedule_at(timer.time() + 1, fetch, "u")
+        assert_type(await at2.wait(), bytes)
+
+        periodic = timer.every(1.0, tick)
+        assert_type(periodic, aiowheel.PeriodicHandle)
+
+        future = timer.schedule_threadsafe(0.1, add, 1, 2)
+        assert_type(future, concurrent.futures.Future[aiowheel.TimerHandle[int]])
+        assert_type(timer.call_threadsafe(add, 1, 2), concurrent.futures.Future[int])
+
+        timer.schedule_nowait(0.5, add, 1, "2")  # expect-error
+        timer.schedule_nowait(0.5, add, 1)  # expect-error
+        await timer.schedule(0.5, fetch, 3)  # expect-error
+        timer.schedule_at_nowait(1.0, add, 1, 2, 3)  # expect-error
+        timer.every(1.0, add, 1)  # expect-error
+        timer.call_threadsafe(add, "1", 2)  # expect-error
+        timer.schedule_threadsafe(0.1, fetch)  # expect-error
+        name: str = await handle.wait()  # expect-error
+        print(name)
