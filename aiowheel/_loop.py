@@ -125,7 +125,11 @@ class _WheelLoop:
         if delay is None:
             raise TypeError("delay must not be None")
         loop: Any = self
-        return self.call_at(loop.time() + delay, callback, *args, context=context)
+        handle = self.call_at(loop.time() + delay, callback, *args, context=context)
+        trace = getattr(handle, "_source_traceback", None)
+        if trace and isinstance(handle, _WheelTimerHandle):
+            del trace[-1]  # this frame, as the base loop does
+        return handle
 
     def call_at(
         self,
@@ -152,6 +156,9 @@ class _WheelLoop:
             if check_callback is not None:
                 check_callback(callback, "call_at")
         handle = _WheelTimerHandle(when, callback, args, loop, context)
+        trace = getattr(handle, "_source_traceback", None)
+        if trace:
+            del trace[-1]  # this frame, as the base loop does
         entry = _Entry(handle)
         handle._entry = entry
         handle._scheduled = True
