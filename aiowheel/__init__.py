@@ -16,6 +16,7 @@ COMPILED: bool = _select_core(__name__, _Path(__file__).parent)
 
 from ._exceptions import TimerCancelled, TimerClosed, TimerError, TimerFull
 from ._handle import PeriodicHandle, TimerHandle
+from ._loop import EventLoopPolicy, new_event_loop, run
 from ._timeout import Timeout
 from ._timer import Timer, TimerStats
 from .purgatory import DelayedOperation, Purgatory
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "COMPILED",
     "DelayedOperation",
+    "EventLoopPolicy",
     "PeriodicHandle",
     "Purgatory",
     "Timeout",
@@ -38,4 +40,6 @@ __all__ = [
     "TimerStats",
     "TraceRecorder",
     "__version__",
+    "new_event_loop",
+    "run",
 ]

@@ -1,0 +1,106 @@
+"""Run CPython's own asyncio test suites with every default loop from aiowheel.
+
+Usage: ``python tools/asyncio_suite.py [--base asyncio|uvloop|plain-uvloop] [-j 2]
+[module ...]``. Each module (``test.test_asyncio.<name>``) runs in its own process, with
+the default policy's ``new_event_loop`` replaced, so every loop a test gets from
+``asyncio.new_event_loop()`` (or a policy its module installs) is
+``aiowheel.new_event_loop(base=...)``. ``plain-uvloop`` runs the same modules on plain
+uvloop loops, the reference that ``--base uvloop`` is compared against (docs/loop.md).
+Exit status 0 when no module fails (``--compare``: when no test fails on aiowheel's
+uvloop loop that passes on plain uvloop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import re
+import subprocess
+import sys
+import time
+
+MODULES = [
+    "test_timeouts",
+    "test_waitfor",
+    "test_tasks",
+    "test_events",
+    "test_base_events",
+    "test_locks",
+    "test_queues",
+    "test_futures",
+    "test_streams",
+    "test_taskgroups",
+    "test_pep492",
+    "test_unix_events",
+    "test_sock_lowlevel",
+    "test_selector_events",
+]
+
+# Runs in the child: patch the default policy's loop factory, then run the module.
+_CHILD = """
+import asyncio, sys, unittest
+base = sys.argv[1]
+if base == "plain-uvloop":
+    import uvloop
+    factory = uvloop.new_event_loop
+else:
+    import aiowheel
+    def factory(base=base):
+        return aiowheel.new_event_loop(base=base)
+asyncio.events.BaseDefaultEventLoopPolicy.new_event_loop = lambda self: factory()
+unittest.main(module="test.test_asyncio." + sys.argv[2], argv=["x", "-v"], exit=True)
+"""
+
+_RESULT = re.compile(
+    r"^(test\w+) \(([\w.]+)\)[^\n]*? \.\.\. "
+    r"(ok|FAIL|ERROR|skipped.*|expected failure|unexpected success)$",
+    re.M,
+)
+
+
+def run_module(base: str, module: str) -> tuple[str, int, dict[str, str], float]:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, base, module],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    results = {f"{m[2]}.{m[1]}": m[3].split()[0] for m in _RESULT.finditer(proc.stderr)}
+    return module, proc.returncode, results, time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="asyncio", choices=["asyncio", "uvloop", "plain-uvloop"])
+    parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument("--compare", action="store_true", help="uvloop: also run plain uvloop")
+    parser.add_argument("modules", nargs="*", default=MODULES)
+    args = parser.parse_args()
+    bases = [args.base] + (["plain-uvloop"] if args.compare else [])
+    outcome: dict[str, dict[str, str]] = {b: {} for b in bases}
+    codes: dict[str, dict[str, int]] = {b: {} for b in bases}
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_module, b, m): b for b in bases for m in args.modules}
+        for future in concurrent.futures.as_completed(futures):
+            b = futures[future]
+            module, code, results, took = future.result()
+            outcome[b].update(results)
+            codes[b][module] = code
+            bad = sum(1 for r in results.values() if r in ("FAIL", "ERROR"))
+            print(
+                f"{b:13} {module:22} rc={code} tests={len(results):4} failed={bad:3} {took:5.1f}s"
+            )
+    if args.compare:
+        ours, ref = outcome[args.base], outcome["plain-uvloop"]
+        worse = sorted(t for t, r in ours.items() if r in ("FAIL", "ERROR") and ref.get(t) == "ok")
+        for test in worse:
+            print("fails only on aiowheel:", test)
+        return 1 if worse else 0
+    failed = [m for m, c in codes[args.base].items() if c != 0]
+    print("failed modules:", failed or "none")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
