@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import sys
 from _thread import get_ident
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar
 

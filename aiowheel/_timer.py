@@ -1060,7 +1060,7 @@ class Timer:
         handle._result = _PENDING
         handle._scheduled_at = now
         self._file(live, handle, deadline, deadline <= now, new=False)
-        previous = None  # its finalizer may run now: the period is filed (see _move)
+        del previous  # its finalizer may run now: the period is filed (see _move)
 
     def _periodic_halt(self, live: _Running, handle: PeriodicHandle) -> None:
         # Stop a periodic timer that is in a run: its reserved next period is cancelled.
