@@ -566,7 +566,9 @@ class Wheel:
             # The replacement first: its allocation may run finalizers that change the
             # heap, so look again if the top moved.
             fresh = Bucket(level)
-            if not heap or heap[0] is not top:
+            # Compare the fields, not the tuple's identity: compiled, `top` is an
+            # unboxed tuple, and boxing it again makes a new object every time.
+            if not heap or heap[0][3] is not bucket or heap[0][0] != start:
                 continue
             _heappop(heap)
             bucket.tick = None
