@@ -66,6 +66,17 @@ _RUNNING: Final[Any] = _Sentinel("RUNNING")
 _CANCELLED: Final[Any] = _Sentinel("CANCELLED")
 
 
+def release(obj: object) -> None:
+    """Drop a reference the caller kept alive on purpose, here and nowhere earlier.
+
+    The re-entrancy rule (docs/design.md, "Re-entrancy") holds an old result or
+    awaitable in a local until the change it belonged to is complete, because its
+    finalizer is user code. Compiled, a local dies at its *last use*, not where it is
+    rebound or deleted: ``old = None`` or ``del old`` after an unread ``old`` would let
+    mypyc free the object at the read, right in the middle of the change. Passing it
+    here is that last use, on both cores."""
+
+
 class _Failure:
     """The exception a callback raised, kept for ``wait()``.
 

@@ -91,6 +91,7 @@ from ._handle import (
     TimerHandle,
     TracedHandle,
     _Failure,
+    release,
     without_frame,
 )
 from ._timeout import Guard, Timeout, Wake
@@ -985,7 +986,6 @@ class Timer:
         live.wheel.reserve(deadline)
         bucket: object = handle._bucket
         due = deadline <= now
-        old: Any = None
         if bucket is None:
             # Fired or cancelled: a new pending period starts.
             old = handle._result
@@ -993,7 +993,7 @@ class Timer:
             if isinstance(handle, TracedHandle):
                 handle._scheduled_at = now
             self._file(live, handle, deadline, due, new=True)
-            old = None  # its finalizer may run now: the handle is filed and counted
+            release(old)  # its finalizer may run now: the handle is filed and counted
             return
         if bucket is live.pool.queue:
             live.pool.queue.remove(handle)
@@ -1001,7 +1001,6 @@ class Timer:
             handle._result = _PENDING
             self._file(live, handle, deadline, due, new=False)
             close_awaitable(old)  # user code (a coroutine's finally): last
-            old = None
             return
         if not due:
             when = live.wheel.extend(handle, deadline)
@@ -1060,7 +1059,7 @@ class Timer:
         handle._result = _PENDING
         handle._scheduled_at = now
         self._file(live, handle, deadline, deadline <= now, new=False)
-        del previous  # its finalizer may run now: the period is filed (see _move)
+        release(previous)  # its finalizer may run now: the period is filed (see _move)
 
     def _periodic_halt(self, live: _Running, handle: PeriodicHandle) -> None:
         # Stop a periodic timer that is in a run: its reserved next period is cancelled.
