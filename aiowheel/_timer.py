@@ -80,7 +80,7 @@ from ._checks import (
     seconds,
     too_far,
 )
-from ._dispatch import WorkerPool, close_awaitable, inside
+from ._dispatch import WorkerPool, close_awaitable
 from ._driver import Driver, backend_name, current_clock, loop_clock, make_driver
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import (
@@ -354,9 +354,9 @@ class Timer:
         with anyio.CancelScope(shield=True):
             await self.aclose()
             parts = self._parts
-            if parts is not None and inside.get() is not self:
-                # aclose() called by one of the timer's own jobs did not wait for the
-                # workers (it runs on one); the block does not end before they have.
+            if parts is not None and not parts.pool.inside():
+                # aclose() called by one of the timer's own jobs did not wait for its
+                # own worker; the block does not end before every worker has.
                 await parts.stopped.wait()
                 await parts.pool.join()
         outer = self._outer_tg
@@ -372,7 +372,6 @@ class Timer:
         # stops the driver and cancels each worker's own scope (not the group's, so
         # that an async callback that calls aclose() is not cancelled by its own call),
         # then sets `closing`, and the group ends once every child has returned.
-        inside.set(self)
         stopped: anyio.Event | None = None
         try:
             async with anyio.create_task_group() as tg:
@@ -415,9 +414,13 @@ class Timer:
         if self._state is _CLOSED:
             return []
         cancelled = self._shut(live)
-        if inside.get() is not self:
+        # Whoever calls, every running callback has ended when aclose() returns, but
+        # the one that calls it (its worker would wait for itself). A task that a
+        # callback started is not that callback: the callback is cancelled, and
+        # waited for (docs/usage.md, "Shutting down").
+        if not live.pool.inside():
             await live.stopped.wait()
-            await live.pool.join()
+        await live.pool.join()
         if self._recorder is not None:
             with anyio.CancelScope(shield=True):
                 try:
