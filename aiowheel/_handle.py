@@ -7,10 +7,10 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 
 A handle talks to its timer through four methods, ``Timer._cancel``,
 ``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a periodic handle adds
-``_periodic_next`` and ``_periodic_stop``), and reads two attributes, ``Timer._now``
-(the loop clock) and ``Timer._loop_thread`` (the loop's thread), for the one path it keeps
-inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every read of
-every connection and would pay a third of its cost for a method call. The timer owns
+``_periodic_next`` and ``_periodic_stop``), and reads ``Timer._now`` (the loop clock)
+and asks ``Timer._on_owner_loop()`` (the caller's thread and loop) for the one path it
+keeps inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every read
+of every connection and would pay a third of its cost for the full ``_reset``. The timer owns
 every counter and every state change; the handle owns its two state slots below,
 which the timer, its wheel and its worker pool write.
 
@@ -209,7 +209,7 @@ class TimerHandle(WheelEntry, Generic[T]):
             # and a call from a foreign thread included, goes to the timer.
             timer = self._timer
             deadline = timer._now() + delay
-            if _INF > deadline >= bucket.time and _get_ident() == timer._loop_thread:
+            if _INF > deadline >= bucket.time and timer._on_owner_loop():
                 self._deadline = deadline
                 return
         self._timer._reset(self, delay)

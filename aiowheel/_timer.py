@@ -35,11 +35,14 @@ itself (a bug) closes the timer and makes every later call say why: never stuck.
 Loop affinity. A timer belongs to the event loop that started it. Every call that
 changes it compares the calling thread with the loop's (``_thread.get_ident()``, about
 45 ns here) and raises ``RuntimeError`` for a foreign caller; threads go through
-``call_threadsafe``/``schedule_threadsafe``. The calls that wait or set things up
-(``wait``, ``aclose``, ``every``, ``timeout``, ``schedule``/``schedule_at`` waiting for
-room) also compare the running asyncio loop, which catches a second loop in the same
-thread; ``asyncio._get_running_loop()`` costs about 230 ns on CPython 3.11, five times
-the thread check, so the calls that run per timer do without it.
+``call_threadsafe``/``schedule_threadsafe``. In the owner's thread, a second event loop
+(the owner one stopped between two ``run_until_complete``, another one running; an
+asyncio loop nested in trio's thread) is caught by ``_Running.elsewhere()``, which asks
+the owner loop whether it runs, in one attribute read or one C call (20-40 ns). The
+obvious test, ``asyncio._get_running_loop() is loop``, makes a ``getpid()`` system
+call whenever a loop runs (about 230-350 ns on CPython 3.11, more than a whole
+``cancel()``), so only the calls that wait or set things up (``wait``, ``aclose``,
+``every``, ``timeout``, ``schedule``/``schedule_at`` waiting for room) make it too.
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ _ASYNC_ON_ERROR: Final = (
 )
 _ONE_RESOURCE: Final = "a timer is one resource of its event loop; share the timer itself"
 _get_ident: Final = get_ident
+_get_running_loop: Final = asyncio._get_running_loop
 
 # Bounds of the constructor's arguments: a tick below a microsecond is finer than any
 # loop clock; a wheel of more than 65,536 buckets costs seconds to build and gains
@@ -186,7 +190,9 @@ class _Running:
         "driver",
         "loop",
         "pool",
+        "stdlib",
         "stopped",
+        "thread",
         "wheel",
     )
 
@@ -204,11 +210,33 @@ class _Running:
             self.clock = loop_clock(loop)
             self.loop = loop
             self.call_soon_threadsafe = loop.call_soon_threadsafe
+        # For elsewhere(): the owner's thread, and whether the loop is asyncio's own
+        # (looptime's too), which keeps the thread it runs in as ``_thread_id``.
+        self.thread = _get_ident()
+        self.stdlib = isinstance(self.loop, asyncio.BaseEventLoop)
         self.wheel = Wheel(timer._tick, timer._wheel_size, self.clock())
         self.driver: Driver = make_driver(backend, timer._fire_due)
         self.pool = WorkerPool(timer, timer._max_concurrency, backend, tg)
         self.closing = anyio.Event()
         self.stopped = anyio.Event()
+
+    def elsewhere(self) -> bool:
+        """True when, in the owner's thread (checked first by the caller), the event
+        loop that runs is not the timer's: a second loop in the same thread.
+
+        Cheap enough for every call that changes the timer (docs/design.md, "Loop
+        affinity"): asyncio's own loop says in one attribute which thread runs it
+        (None once stopped); uvloop's is_running() is one C call; on trio, the only
+        other loop that can run in its thread is an asyncio one nested in it, and
+        ``asyncio._get_running_loop()`` answers None without a system call when no
+        asyncio loop runs (the getpid() it makes otherwise is what makes it too slow
+        for the asyncio case)."""
+        loop = self.loop
+        if loop is None:
+            return _get_running_loop() is not None
+        if self.stdlib:
+            return bool(cast(Any, loop)._thread_id != self.thread)
+        return not loop.is_running()
 
 
 class _Waiter:
@@ -623,6 +651,13 @@ class Timer:
             live.loop is not None and asyncio._get_running_loop() is not live.loop
         ):
             raise self._foreign(live)
+        if live.elsewhere():  # trio: an asyncio loop nested in its thread
+            raise self._foreign(live)
+
+    def _on_owner_loop(self) -> bool:
+        """For the handle's inline reset: open, and called from the owner loop."""
+        live = self._live
+        return live is not None and _get_ident() == self._loop_thread and not live.elsewhere()
 
     def _foreign(self, live: _Running) -> RuntimeError:
         return RuntimeError(
@@ -636,7 +671,7 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed()
-        if _get_ident() != self._loop_thread:
+        if _get_ident() != self._loop_thread or live.elsewhere():
             raise self._foreign(live)
         return live
 
@@ -680,7 +715,7 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed()
-        if _get_ident() != self._loop_thread:
+        if _get_ident() != self._loop_thread or live.elsewhere():
             raise self._foreign(live)
         # A finite float passes with two tests; anything else goes through the rule.
         seconds_ = delay if type(delay) is float and delay - delay == 0.0 else seconds(delay)
@@ -893,7 +928,7 @@ class Timer:
         live = self._live
         if live is None:
             return False
-        if _get_ident() != self._loop_thread:
+        if _get_ident() != self._loop_thread or live.elsewhere():
             raise self._foreign(live)
         bucket = handle._bucket
         if bucket is None:
