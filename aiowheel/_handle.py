@@ -106,7 +106,9 @@ def without_frame(exc: BaseException) -> BaseException:
 class TimerHandle(WheelEntry, Generic[T]):
     """A scheduled callback. Returned by ``Timer.schedule`` and friends."""
 
-    __slots__ = ("_args", "_callback", "_context", "_result", "_timer")
+    # __weakref__: users keep handles in WeakValueDictionaries (the compiled core has
+    # the slot through Generic; setup.py makes it safe there).
+    __slots__ = ("__weakref__", "_args", "_callback", "_context", "_result", "_timer")
 
     def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._timer = timer
