@@ -734,6 +734,8 @@ class Timer:
         else:
             # Due now: the next pass, not the next tick.
             when = live.wheel.insert_due(handle, now + seconds_)
+        if self._live is not live:
+            self._closed_while_filing(live, handle, True)
         self._pending += 1
         self._scheduled += 1
         if when < self._wake_at:
@@ -875,6 +877,8 @@ class Timer:
         # and move the driver's wake-up earlier if its bucket comes due first.
         wheel = live.wheel
         when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
+        if self._live is not live:
+            self._closed_while_filing(live, handle, new)
         if new:
             self._pending += 1
             self._scheduled += 1
@@ -883,6 +887,20 @@ class Timer:
         if when < self._wake_at:
             self._wake_at = when
             live.driver.arm(when)
+
+    def _closed_while_filing(self, live: _Running, handle: TimerHandle[Any], new: bool) -> NoReturn:
+        # An allocation while filing `handle` (the handle itself, a level, the heap's
+        # tuple) ran the garbage collector, and a finalizer or a gc.callbacks hook
+        # closed the timer (docs/design.md, "Re-entrancy"). The call fails with
+        # TimerClosed, and the counters stay exact: nothing is pending on a closed timer.
+        if handle._bucket is not None:
+            live.wheel.remove(handle)  # filed in the closed timer's wheel: take it back
+            if not new:
+                self._cancelled += 1  # it was pending, out of the close's reach
+        elif new:
+            self._cancelled -= 1  # the close took it before this call counted it
+        handle._result = _CANCELLED
+        raise self._closed()
 
     def every(
         self,
@@ -1004,6 +1022,8 @@ class Timer:
         # unless the whole re-arm can be done. (The levels first: creating one may
         # run finalizers that change the handle; see _move.)
         live.wheel.reserve(deadline)
+        if self._live is not live:
+            raise self._closed()  # the collector ran, and user code closed the timer
         if isinstance(handle, PeriodicHandle):
             self._periodic_rearm(live, handle, deadline)
             return
@@ -1093,6 +1113,8 @@ class Timer:
         else:
             deadline = handle._next_deadline(now)
         live.wheel.reserve(deadline)  # levels first (see _move)
+        if self._live is not live or not handle._active:
+            return  # meanwhile, user code (the collector's) closed the timer or stopped it
         previous: Any = handle._result
         handle._result = _PENDING
         handle._scheduled_at = now

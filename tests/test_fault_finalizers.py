@@ -20,14 +20,16 @@ from typing import Any
 import anyio
 import pytest
 
-from aiowheel import PeriodicHandle, Timer, TimerHandle
+from aiowheel import PeriodicHandle, Timer, TimerClosed, TimerHandle
 
 pytestmark = pytest.mark.anyio
 
 TICK = 0.001
-# aclose() from a finalizer is in tests/test_reentrancy.py (one case): stepped from a
-# gc.callbacks hook inside the event loop's own code it is not yet covered here.
-ACTIONS = ["reset", "cancel", "schedule"]
+ACTIONS = ["reset", "cancel", "schedule", "aclose"]
+# A finalizer can only close the timer by stepping aclose() itself (it cannot await).
+# On trio that parks the current task in trio's own wait, which then resumes the
+# wrong task ("Should never have been rescheduled"): not something a program can do.
+TRIO_NO_ACLOSE = "a finalizer cannot step aclose() on trio (see ACTIONS)"
 
 
 def noop() -> None:
@@ -116,8 +118,10 @@ class Scene:
 @pytest.mark.parametrize("source", ["__del__", "gc.callbacks"])
 @pytest.mark.parametrize("action", ACTIONS)
 async def test_finalizer_re_entrancy_keeps_the_accounting(
-    action: str, source: str, target: str
+    action: str, source: str, target: str, backend: str
 ) -> None:
+    if action == "aclose" and backend == "trio":
+        pytest.skip(TRIO_NO_ACLOSE)
     async with Timer(tick=TICK) as timer:
         scene = Scene(timer, action)
         runs: list[int] = []
@@ -141,8 +145,13 @@ async def test_finalizer_re_entrancy_keeps_the_accounting(
                 handle.reset(0.01)  # drops the old result: its finalizer re-enters
             else:
                 with at_next_collection(scene.act):
-                    handle.reset(100.0)  # creates levels: the collector runs
+                    try:
+                        handle.reset(100.0)  # creates levels: the collector runs
+                    except TimerClosed:
+                        assert action == "aclose"  # the timer closed during the call
             scene.check()
+            if timer.closed:
+                assert not handle.pending()
         else:
             periodic: PeriodicHandle = timer.every(0.01, callback)
             scene.target = periodic
@@ -167,4 +176,42 @@ async def test_finalizer_re_entrancy_keeps_the_accounting(
             assert len(timer) == 0
         await timer.aclose()
         scene.check()
+        scene.finish()
+
+
+ENTRIES: dict[str, Callable[[Timer, TimerHandle[Any]], object]] = {
+    "schedule_nowait": lambda timer, fired: timer.schedule_nowait(100.0, noop),
+    "schedule_at_nowait": lambda timer, fired: timer.schedule_at_nowait(timer.time() + 100.0, noop),
+    "every": lambda timer, fired: timer.every(100.0, noop),
+    "reset": lambda timer, fired: fired.reset(100.0),
+    "reset_at": lambda timer, fired: fired.reset_at(timer.time() + 100.0),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+async def test_the_collector_closes_the_timer_during_a_call(entry: str, backend: str) -> None:
+    """A gc.callbacks hook steps aclose() at the first collection inside a call that
+    files a timer (a 100 s deadline creates levels on a fresh timer): the call raises
+    TimerClosed or returns, and either way nothing is left pending on the closed timer."""
+    if backend == "trio":
+        pytest.skip(TRIO_NO_ACLOSE)
+    async with Timer(tick=TICK) as timer:
+        fired = timer.schedule_nowait(0, noop)
+        with anyio.fail_after(5):
+            await fired.wait()
+        scene = Scene(timer, "aclose")
+        scene.target = fired
+        result: object = None
+        with at_next_collection(scene.act):
+            try:
+                result = ENTRIES[entry](timer, fired)
+            except TimerClosed:
+                pass
+        assert scene.acted == 1
+        assert timer.closed
+        scene.check()
+        assert len(timer) == 0
+        assert not fired.pending()
+        if isinstance(result, TimerHandle):
+            assert not result.pending()
         scene.finish()
