@@ -364,19 +364,20 @@ class PeriodicHandle(TracedHandle[Any]):
     def _run(self) -> Any:
         # The run starts (the timer reserves the next period's slot), the callback is
         # called; a plain callback's run ends here, an async one's when its worker has
-        # awaited it (Timer._job_ended). The awaitable is handed back as it is, so a
+        # awaited it (Engine._job_ended). The awaitable is handed back as it is, so a
         # queued run that never starts is closed like any async callback's.
-        timer = self._timer
-        timer._periodic_begin(self)
+        engine = self._timer._engine
+        assert engine is not None  # a run needs a started timer
+        engine.periodic_begin(self)
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            timer._periodic_end(self)
+            engine.periodic_end(self)
             raise
         if result is not None and _is_awaitable(result):
-            timer._periodic_queued(self)
+            engine.periodic_queued(self)
             return result
-        timer._periodic_end(self)
+        engine.periodic_end(self)
         return result
 
     def _next_deadline(self, now: float) -> float:
