@@ -3,7 +3,7 @@
 This replaces Kafka's reaper thread blocked in ``DelayQueue.poll``. A driver knows
 one thing, the instant of its next wake-up, and calls ``on_wakeup`` then. It never
 wakes periodically: with no timers it is not armed at all. What it wakes is the
-timer's pass (``Timer._fire_due``), which never raises but for ``SystemExit`` and
+timer's pass (``Engine.fire_due``), which never raises but for ``SystemExit`` and
 ``KeyboardInterrupt`` and re-arms the driver itself (docs/design.md, guarantee 5).
 
 * ``AsyncioDriver`` uses one ``loop.call_at`` handle. Re-arming it (only when a timer

@@ -12,7 +12,7 @@ everything that happens once a timer is filed (docs/design.md, "Module map"):
   hands back, and ``run_one`` is the only place where the pass calls a callback, and
   where its exception rules live (``WorkerPool._run`` applies the same rules to jobs);
 * waiters (``handle.wait()``, room under ``max_pending``, the drain), tracing, and
-  shutdown (``shut``; ``break_`` when the wheel itself raised).
+  closing (``close``; ``break_`` when the wheel itself raised).
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
 plain method; the owner builds the pool (which may need one) and assigns ``pool``.
@@ -96,7 +96,7 @@ class Engine:
         limit: int,
         on_error: Callable[[TimerHandle[Any], BaseException], object],
         tracing: TraceRecorder | None,
-        on_shut: Callable[[], None],
+        on_close: Callable[[], None],
         closed_error: Callable[[], BaseException],
     ) -> None:
         self.backend = backend
@@ -121,15 +121,15 @@ class Engine:
         self.on_error = on_error
         # The recorder rows are written to, until a record() raises (recorder_failed).
         self.tracing = tracing
-        # What the owner does when the engine shuts (stop accepting), and the error a
-        # call on the shut engine raises.
-        self._on_shut = on_shut
+        # What the owner does when the engine closes (stop accepting), and the error a
+        # call on the closed engine raises.
+        self._on_close = on_close
         self._closed_error = closed_error
 
-        # Closed: shut, for good. Draining: aclose(drain=True) waits for the rest.
+        # Closed: for good. Draining: aclose(drain=True) waits for the rest.
         self.closed = False
         self.draining = False
-        self.broken: BaseException | None = None  # what shut it, if not aclose
+        self.broken: BaseException | None = None  # what closed it, if not aclose
         # When the driver is armed for; -inf during a pass (no re-arming from
         # callbacks: the pass re-arms once at its end), inf when idle.
         self.wake_at = _INF
@@ -711,14 +711,14 @@ class Engine:
         for event in waiters:
             event.set()
 
-    # -- shutdown -------------------------------------------------------------------
+    # -- closing --------------------------------------------------------------------
 
-    def shut(self) -> list[TimerHandle[Any]]:
+    def close(self) -> list[TimerHandle[Any]]:
         """Close for good: after it, nothing is pending and nobody waits. Returns the
         cancelled handles in deadline order."""
         self.closed = True
         self.wake_at = _INF
-        self._on_shut()  # the owner stops accepting timers first
+        self._on_close()  # the owner stops accepting timers first
         self.driver.stop()
         try:
             cancelled = self.cancel_everything()
@@ -781,7 +781,7 @@ class Engine:
         return handles
 
     def break_(self, exc: BaseException) -> None:
-        """The wheel raised: a bug, and its state cannot be trusted. Shut rather than
+        """The wheel raised: a bug, and its state cannot be trusted. Close rather than
         stay stuck, and make every later call say why."""
         logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
         if self.closed:
@@ -795,7 +795,7 @@ class Engine:
         try:
             # Every handle it held (the wheel, the buckets a pass had taken, the run
             # queue) is cancelled, and its wait() raises TimerClosed from `exc`.
-            self.stranded.update(self.shut())
+            self.stranded.update(self.close())
         except Exception:
             logger.exception("while closing the broken timer")
 

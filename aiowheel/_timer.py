@@ -5,7 +5,7 @@ Rooms (docs/design.md, "Module map"):
 * ``Timer`` (here) checks every call, admits timers under ``max_pending``, starts and
   closes; it keeps the hottest paths inline (``schedule_nowait``, ``cancel``);
 * the engine (``_engine.py``) runs a started timer: the parts, the counters, the
-  pass, re-filing, the worker pool's accounting, waiters, tracing and shutdown;
+  pass, re-filing, the worker pool's accounting, waiters, tracing and closing;
 * ``Wheel`` (``_wheel.py``) files handles and hands back expired buckets; a driver
   (``_driver.py``) calls ``Engine.fire_due`` when the earliest one comes due; plain
   callbacks run right there, like ``call_later`` callbacks, and a callback that
@@ -119,7 +119,7 @@ MAX_WHEEL_SIZE = 1 << 16
 
 class _State(enum.Enum):
     NEW = "new"
-    OPEN = "running"
+    OPEN = "open"
     DRAINING = "draining"
     CLOSED = "closed"
 
@@ -300,8 +300,8 @@ class Timer:
                     self._limit,
                     self._on_error,
                     self._recorder,
-                    self._on_shut,
-                    self._closed,
+                    self._on_close,
+                    self._closed_error,
                 )
                 live.pool = WorkerPool(live, self._max_concurrency, backend, tg)
                 inside.set(live)
@@ -340,7 +340,7 @@ class Timer:
                 await live.wait_idle()
         if self._state is _CLOSED:
             return []
-        cancelled = live.shut()
+        cancelled = live.close()
         if inside.get() is not live:
             await live.stopped.wait()
             await live.pool.join()
@@ -354,14 +354,14 @@ class Timer:
                     logger.exception("aiowheel: the trace recorder failed to close")
         return cancelled
 
-    def _on_shut(self) -> None:
-        # The engine is shutting (aclose(), or an internal error): accept no more.
+    def _on_close(self) -> None:
+        # The engine is closing (aclose(), or an internal error): accept no more.
         live = self._live
         self._state = _CLOSED
         self._live = None
         if live is not None:
             self._levels = live.wheel.levels
-            live.closing.set()  # the supervisor returns once the engine has shut
+            live.closing.set()  # the supervisor returns
 
     # -- clock and introspection ----------------------------------------------------
 
@@ -461,10 +461,24 @@ class Timer:
             return f"the timer stopped after an internal error: {broken!r}"
         return "the timer is closed"
 
-    def _closed(self) -> TimerClosed:
+    def _closed_error(self) -> TimerClosed:
         error = TimerClosed(self._closed_reason())
         error.__cause__ = self._engine.broken if self._engine is not None else None
         return error
+
+    # The owner check (module docstring, "Loop affinity"), in one place: _here checks
+    # the thread (the per-timer calls; schedule_nowait and _cancel keep a tagged inline
+    # copy), _check_owner the thread and the running loop (the calls that wait or set
+    # things up), _open both on an open timer.
+
+    def _here(self) -> Engine:
+        """The engine, for a call from the timer's thread; else raise."""
+        live = self._live
+        if live is None:
+            raise self._closed_error()
+        if _get_ident() != self._loop_thread:
+            raise self._foreign(live)
+        return live
 
     def _check_owner(self, live: Engine) -> None:
         if _get_ident() != self._loop_thread or (
@@ -472,28 +486,20 @@ class Timer:
         ):
             raise self._foreign(live)
 
+    def _open(self) -> Engine:
+        """The engine, for a call from the timer's own loop; else raise."""
+        live = self._live
+        if live is None:
+            raise self._closed_error()
+        self._check_owner(live)
+        return live
+
     def _foreign(self, live: Engine) -> RuntimeError:
         return RuntimeError(
             f"this Timer belongs to the {live.backend} event loop that started it; call it "
             "from that loop, or from another thread use timer.call_threadsafe() or "
             "timer.schedule_threadsafe()"
         )
-
-    def _here(self) -> Engine:
-        """The running parts, for a call from the timer's thread; else raise."""
-        live = self._live
-        if live is None:
-            raise self._closed()
-        if _get_ident() != self._loop_thread:
-            raise self._foreign(live)
-        return live
-
-    def _open(self) -> Engine:
-        """The running parts, for a call from the timer's own loop; else raise."""
-        live = self._here()
-        if live.loop is not None and asyncio._get_running_loop() is not live.loop:
-            raise self._foreign(live)
-        return live
 
     # -- scheduling -----------------------------------------------------------------
 
@@ -528,8 +534,8 @@ class Timer:
         # inline copy names its rule.
         live = self._live
         if live is None:
-            raise self._closed()
-        if _get_ident() != self._loop_thread:  # inline copy of the owner check (_here)
+            raise self._closed_error()
+        if _get_ident() != self._loop_thread:  # inline copy of the owner check, _here
             raise self._foreign(live)
         # A finite float passes with two tests; anything else goes through the rule.
         seconds_ = delay if type(delay) is float and delay - delay == 0.0 else seconds(delay)
@@ -694,7 +700,7 @@ class Timer:
         live = self._open()
         if self._state is not _OPEN:
             # Draining: aclose(drain=True) has cancelled the periodic timers.
-            raise self._closed()
+            raise self._closed_error()
         period = seconds(interval, "interval")
         if not period > 0:
             raise ValueError(f"interval must be a positive finite number, got {interval!r}")
@@ -720,7 +726,7 @@ class Timer:
         live = self._live
         if live is None:
             return False
-        if _get_ident() != self._loop_thread:  # inline copy of the owner check (_here)
+        if _get_ident() != self._loop_thread:  # inline copy of the owner check, _here
             raise self._foreign(live)
         bucket = handle._bucket
         if bucket is None:
@@ -773,7 +779,7 @@ class Timer:
         """What ``wait()`` of a cancelled handle raises."""
         engine = self._engine
         if engine is not None and handle in engine.stranded:
-            return self._closed()
+            return self._closed_error()
         return TimerCancelled(f"{handle!r} was cancelled")
 
     async def _wait(self, handle: TimerHandle[Any]) -> Any:
@@ -812,7 +818,7 @@ class Timer:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         live = self._live
         if live is None:
-            future.set_exception(self._closed())
+            future.set_exception(self._closed_error())
             return future
 
         def run() -> None:
@@ -830,7 +836,7 @@ class Timer:
         try:
             live.call_soon_threadsafe(run)
         except Exception as exc:  # the loop is closed, or trio's run has finished
-            error = self._closed()
+            error = self._closed_error()
             error.__cause__ = exc
             future.set_exception(error)
         return future
@@ -893,7 +899,7 @@ class Timer:
         if wake.closed:
             # aclose() cancelled it: the sleep would never end (TimerClosed, as for
             # every call on a closed timer).
-            raise self._closed()
+            raise self._closed_error()
 
     def timeout(self, delay: SupportsFloat) -> Timeout:
         """``with timer.timeout(delay) as t:`` cancels the block and raises
