@@ -29,18 +29,17 @@ settle the handle first and then propagate (docs/design.md, guarantee 5).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Coroutine
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
-from anyio.abc import TaskGroup
 
 from ._handle import _RUNNING, TimerHandle, _Failure, without_frame
 from ._wheel import Bucket
 
 if TYPE_CHECKING:
+    from ._driver import Backend
     from ._engine import Engine
 
 __all__ = ["RunQueue", "WorkerPool", "inside"]
@@ -73,13 +72,11 @@ class WorkerPool:
     """At most ``max_concurrency`` worker tasks awaiting queued jobs, FIFO."""
 
     __slots__ = (
+        "_backend",
         "_closed",
         "_host",
-        "_loop",
         "_parked",
         "_scopes",
-        "_tasks",
-        "_tg",
         "busy",
         "limit",
         "queue",
@@ -87,7 +84,7 @@ class WorkerPool:
         "workers",
     )
 
-    def __init__(self, host: Engine, max_concurrency: int, backend: str, tg: TaskGroup) -> None:
+    def __init__(self, host: Engine, max_concurrency: int, backend: Backend) -> None:
         self._host = host
         self.limit = max_concurrency
         self.queue = RunQueue()
@@ -97,13 +94,9 @@ class WorkerPool:
         self._parked: list[anyio.Event] = []
         self._scopes: set[anyio.CancelScope] = set()
         self._closed = False
-        # Spawning: on asyncio the pass that needs a worker runs inside a call_at
-        # callback, where no task is current, so anyio cannot tell the backend and its
-        # task groups cannot be used: spawn with loop.create_task and join by hand. On
-        # trio the pass runs in the driver's task, inside the timer's task group.
-        self._tg = tg
-        self._loop = asyncio.get_running_loop() if backend != "trio" else None
-        self._tasks: set[asyncio.Task[None]] = set()
+        # How workers start, are joined and tell their own cancellation apart is
+        # the backend's (aiowheel/_driver.py, AsyncioBackend and TrioBackend).
+        self._backend = backend
 
     # -- the timer's side ---------------------------------------------------------------
 
@@ -137,30 +130,14 @@ class WorkerPool:
             parked.set()
 
     async def join(self) -> None:
-        """Wait for the asyncio workers (trio's live in the timer's task group)."""
-        current = asyncio.current_task() if self._loop is not None else None
-        tasks = [task for task in self._tasks if task is not current]
-        if tasks:
-            await asyncio.wait(tasks)
+        """Wait for the workers (but the calling one) to end."""
+        await self._backend.join()
 
     # -- workers ------------------------------------------------------------------------
 
     def _spawn(self) -> None:
         self.workers += 1
-        if self._loop is not None:
-            task = self._loop.create_task(self._worker())
-            self._tasks.add(task)
-            task.add_done_callback(self._forget)
-        else:
-            self._tg.start_soon(self._worker)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            # A worker killed by SystemExit/KeyboardInterrupt: that went up through
-            # the loop already; retrieving it here keeps asyncio from logging it again
-            # when the task is collected.
-            task.exception()
+        self._backend.spawn(self._worker)
 
     async def _worker(self) -> None:
         inside.set(self._host)
@@ -245,10 +222,7 @@ class WorkerPool:
         return not runs
 
     def _really_cancelled(self, scope: anyio.CancelScope) -> bool:
-        if scope.cancel_called or self._loop is None:
-            return True  # ours, or trio's (user code cannot raise trio.Cancelled)
-        task = asyncio.current_task()
-        return task is not None and task.cancelling() > 0
+        return self._backend.cancelled_by_us(scope)
 
 
 def close_awaitable(awaitable: object) -> None:

@@ -40,7 +40,7 @@ import anyio
 
 from ._checks import full
 from ._dispatch import close_awaitable
-from ._driver import Driver, loop_clock, make_driver
+from ._driver import Backend, Driver
 from ._exceptions import TimerCancelled
 from ._handle import (
     _CANCELLED,
@@ -90,7 +90,7 @@ class Engine:
 
     def __init__(
         self,
-        backend: str,
+        backend: Backend,
         tick: float,
         wheel_size: int,
         limit: int,
@@ -99,21 +99,13 @@ class Engine:
         on_close: Callable[[], None],
         closed_error: Callable[[], BaseException],
     ) -> None:
+        # What differs between event loops is the backend's (aiowheel/_driver.py); its
+        # clock and loop are copied here for the hot paths.
         self.backend = backend
-        self.call_soon_threadsafe: Callable[[Callable[[], object]], object]
-        if backend == "trio":
-            import trio
-
-            self.clock: Callable[[], float] = trio.current_time
-            self.loop: asyncio.AbstractEventLoop | None = None
-            self.call_soon_threadsafe = trio.lowlevel.current_trio_token().run_sync_soon
-        else:
-            loop = asyncio.get_running_loop()
-            self.clock = loop_clock(loop)
-            self.loop = loop
-            self.call_soon_threadsafe = loop.call_soon_threadsafe
+        self.clock: Callable[[], float] = backend.clock
+        self.loop: asyncio.AbstractEventLoop | None = backend.loop
         self.wheel = Wheel(tick, wheel_size, self.clock())
-        self.driver: Driver = make_driver(backend, self.fire_due)
+        self.driver: Driver = backend.make_driver(self.fire_due)
         # The owner's supervisor waits on `closing`; `stopped` once it has returned.
         self.closing = anyio.Event()
         self.stopped = anyio.Event()

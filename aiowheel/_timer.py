@@ -84,7 +84,7 @@ from ._checks import (
     too_far,
 )
 from ._dispatch import WorkerPool, inside
-from ._driver import backend_name, current_clock
+from ._driver import backend_name, current_clock, make_backend
 from ._engine import ASYNC_ON_ERROR, Engine
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import _CANCELLED, _PENDING, PeriodicHandle, TimerHandle, TracedHandle
@@ -293,8 +293,9 @@ class Timer:
         stopped: anyio.Event | None = None
         try:
             async with anyio.create_task_group() as tg:
+                parts = make_backend(backend, tg)
                 live = Engine(
-                    backend,
+                    parts,
                     self._tick,
                     self._wheel_size,
                     self._limit,
@@ -303,7 +304,7 @@ class Timer:
                     self._on_close,
                     self._closed_error,
                 )
-                live.pool = WorkerPool(live, self._max_concurrency, backend, tg)
+                live.pool = WorkerPool(live, self._max_concurrency, parts)
                 inside.set(live)
                 stopped = live.stopped
                 await live.driver.start(tg)
@@ -386,7 +387,7 @@ class Timer:
     def backend(self) -> str:
         """``"asyncio"``, ``"uvloop"`` or ``"trio"`` while started, ``""`` before."""
         live = self._live
-        return live.backend if live is not None else ""
+        return live.backend.name if live is not None else ""
 
     @property
     def closed(self) -> bool:
@@ -496,7 +497,7 @@ class Timer:
 
     def _foreign(self, live: Engine) -> RuntimeError:
         return RuntimeError(
-            f"this Timer belongs to the {live.backend} event loop that started it; call it "
+            f"this Timer belongs to the {live.backend.name} event loop that started it; call it "
             "from that loop, or from another thread use timer.call_threadsafe() or "
             "timer.schedule_threadsafe()"
         )
@@ -834,7 +835,7 @@ class Timer:
                 future.set_result(result)
 
         try:
-            live.call_soon_threadsafe(run)
+            live.backend.call_soon_threadsafe(run)
         except Exception as exc:  # the loop is closed, or trio's run has finished
             error = self._closed_error()
             error.__cause__ = exc

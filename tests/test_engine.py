@@ -1,7 +1,9 @@
 """The engine on its own: ``aiowheel._engine.Engine`` driven directly, with no Timer
 around it and no task group of its own (what the drop-in event loop will do).
 
-Each test builds an engine on the running loop (asyncio, uvloop or trio), replaces
+Each test builds an engine on the running loop's backend (asyncio, uvloop or trio,
+aiowheel/_driver.py) inside a task group of the test's own (trio's workers go there),
+replaces
 its driver with one that records what it is asked (so nothing wakes by itself) and
 its clock with one the test moves, then calls the pass, ``fire_due``, by hand. So the
 tests are exact on every backend, uvloop's real clock included. The handles belong to
@@ -19,7 +21,7 @@ import pytest
 
 from aiowheel import Timer, TimerClosed, TimerFull
 from aiowheel._dispatch import WorkerPool
-from aiowheel._driver import backend_name
+from aiowheel._driver import backend_name, make_backend
 from aiowheel._engine import Engine
 from aiowheel._handle import _CANCELLED, _PENDING, PeriodicHandle, TimerHandle, _Failure
 
@@ -99,15 +101,15 @@ async def rig(*, limit: int = 1000, max_concurrency: int = 4) -> AsyncIterator[R
     def closed_error() -> BaseException:
         return TimerClosed("the engine is closed")
 
-    backend = backend_name()
-    engine = Engine(backend, TICK, 64, limit, on_error, None, on_close, closed_error)
-    driver = RecordingDriver()
-    engine.driver = driver
-    state = Rig(engine, driver, engine.clock())
-    holder.append(state)
-    engine.clock = state.clock
     async with anyio.create_task_group() as tg:
-        engine.pool = WorkerPool(engine, max_concurrency, backend, tg)
+        backend = make_backend(backend_name(), tg)
+        engine = Engine(backend, TICK, 64, limit, on_error, None, on_close, closed_error)
+        driver = RecordingDriver()
+        engine.driver = driver
+        state = Rig(engine, driver, engine.clock())
+        holder.append(state)
+        engine.clock = state.clock
+        engine.pool = WorkerPool(engine, max_concurrency, backend)
         try:
             yield state
         finally:
