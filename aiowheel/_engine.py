@@ -34,7 +34,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import anyio
 
@@ -82,6 +82,7 @@ class _Waiter:
         self.outcome: Any = _PENDING
 
 
+@final  # compiled, calls between its own methods are direct (no vtable)
 class Engine:
     """The running parts and the accounting of one started timer."""
 
@@ -171,7 +172,8 @@ class Engine:
             self.wake_idle()
 
     def note_lateness(self, handle: TimerHandle[Any], now: float) -> None:
-        """Lateness: the worst start time minus deadline."""
+        """Lateness: the worst start time minus deadline. (Inline copy, tagged:
+        ``run_due``.)"""
         lateness = now - handle._deadline
         if lateness > self.lateness_max:
             self.lateness_max = lateness
@@ -481,6 +483,10 @@ class Engine:
     def run_due(self, buckets: list[Bucket], now: float) -> None:
         """Run every handle of the expired ``buckets``, one at a time off the front: a
         callback may cancel or re-arm later handles of a bucket, which unlinks them."""
+        # The common counts are kept in locals and written once, at the end (run_one
+        # writes only the rare ones: a failure, a callback queued for a worker).
+        fired = 0
+        lateness_max = self.lateness_max
         index = 0
         # Declared here so that `finally` can drop it: a stored exception's traceback
         # keeps this frame alive, and the frame must not keep the last handle alive.
@@ -497,6 +503,10 @@ class Engine:
                         break
                     handle = cast("TimerHandle[Any]", entry)  # the timer files only these
                     self.pending -= 1
+                    fired += 1
+                    lateness = now - handle._deadline  # inline copy of note_lateness
+                    if lateness > lateness_max:
+                        lateness_max = lateness
                     self.run_one(handle, now)
         except BaseException as exc:
             # SystemExit/KeyboardInterrupt (from a callback or on_error): put back
@@ -506,16 +516,17 @@ class Engine:
                 raise
             logger.exception("aiowheel: the pass stopped early; the rest fires next pass")
         finally:
+            self.fired += fired
+            self.lateness_max = lateness_max
             handle = None
 
     def run_one(self, handle: TimerHandle[Any], now: float) -> None:
-        """Run one expired handle (popped and no longer counted pending): the only
+        """Run one expired handle (popped, counted fired, no longer pending): the only
         place where the pass calls a callback. Its exception rules, as in
         ``WorkerPool._run``: a callback's exception, ``CancelledError`` and
         ``GeneratorExit`` included, is its failure alone (reported to ``on_error``);
         ``SystemExit`` and ``KeyboardInterrupt`` settle the handle and propagate.
         A callback that returns an awaitable is queued for a worker, still pending."""
-        self.note_lateness(handle, now)
         recorder = self.tracing
         if recorder is not None:
             # The trace row describes this firing: read it before the callback runs,
@@ -527,7 +538,6 @@ class Engine:
             row_scheduled_at = traced._scheduled_at
             row_deadline = traced._deadline
             row_level = traced._level
-        self.fired += 1
         outcome: Any = None
         result: Any = None
         try:
