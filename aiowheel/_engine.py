@@ -528,6 +528,7 @@ class Engine:
         ``SystemExit`` and ``KeyboardInterrupt`` settle the handle and propagate.
         A callback that returns an awaitable is queued for a worker, still pending."""
         recorder = self.tracing
+        traced: TracedHandle[Any] | None = None
         if recorder is not None:
             # The trace row describes this firing: read it before the callback runs,
             # since a callback may re-arm its own handle. (A traced timer files only
@@ -538,47 +539,57 @@ class Engine:
             row_scheduled_at = traced._scheduled_at
             row_deadline = traced._deadline
             row_level = traced._level
+        args = handle._args
         outcome: Any = None
         result: Any = None
         try:
-            # In the context captured at schedule time (loop.call_later's rule);
-            # without arguments, no tuple is built for the call.
-            args = handle._args
-            if args:
-                result = handle._context.run(handle._callback, *args)
-            else:
-                result = handle._context.run(handle._callback)
-        except _EXIT as exc:
-            # Settle this one, then let it stop the loop (run_due re-files the rest).
-            self.failed += 1
-            outcome = _Failure(without_frame(exc))
-            if handle._bucket is None:
-                handle._result = outcome
-            self.settle(handle, outcome)
-            raise
-        except BaseException as exc:
-            self.failed += 1
-            outcome = _Failure(without_frame(exc))
-            if handle._bucket is None:  # unless it re-armed itself
-                handle._result = outcome
             try:
-                self.report(handle, exc)  # on_error may re-arm the handle
-            except _EXIT:
-                self.settle(handle, outcome)  # on_error's SystemExit...
+                # In the context captured at schedule time (loop.call_later's rule);
+                # without arguments, no tuple is built for the call.
+                if args:
+                    result = handle._context.run(handle._callback, *args)
+                else:
+                    result = handle._context.run(handle._callback)
+            except _EXIT as exc:
+                # Settle this one, then let it stop the loop (run_due re-files the rest).
+                self.failed += 1
+                outcome = _Failure(without_frame(exc))
+                if handle._bucket is None:
+                    handle._result = outcome
+                self.settle(handle, outcome)
                 raise
-        else:
-            if result is not None and hasattr(type(result), "__await__"):
-                self.fired -= 1  # it fires when a worker starts it
-                self.pending += 1
-                self.pool.submit(handle, result)
-                return
-            outcome = result
-            if handle._bucket is None:
-                handle._result = result
-        if self.waiters:
-            self.settle(handle, outcome)
-        if recorder is not None:
-            self.write_row(row_id, row_label, row_scheduled_at, row_deadline, row_level, now, None)
+            except BaseException as exc:
+                self.failed += 1
+                outcome = _Failure(without_frame(exc))
+                if handle._bucket is None:  # unless it re-armed itself
+                    handle._result = outcome
+                try:
+                    self.report(handle, exc)  # on_error may re-arm the handle
+                except _EXIT:
+                    self.settle(handle, outcome)  # on_error's SystemExit...
+                    raise
+            else:
+                if result is not None and hasattr(type(result), "__await__"):
+                    self.fired -= 1  # it fires when a worker starts it
+                    self.pending += 1
+                    self.pool.submit(handle, result)
+                    return
+                outcome = result
+                if handle._bucket is None:
+                    handle._result = result
+            if self.waiters:
+                self.settle(handle, outcome)
+            if recorder is not None:
+                self.write_row(
+                    row_id, row_label, row_scheduled_at, row_deadline, row_level, now, None
+                )
+        finally:
+            # A stored exception's traceback keeps this frame alive (the callback's
+            # frame links back to it), and the frame must not keep the handle, its
+            # arguments or its outcome alive with it (pure Python; compiled functions
+            # have no frame).
+            traced = outcome = result = None
+            del handle, args
 
     def refile(self, buckets: list[Bucket]) -> None:
         # One at a time: each entry stays linked (pending, findable by aclose) until
