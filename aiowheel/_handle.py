@@ -5,23 +5,44 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 (four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
 (docs/benchmarks.md gives the bytes per pending timer on each core).
 
-A handle talks to its timer through four methods, ``Timer._cancel``,
-``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a periodic handle adds
-``_periodic_next`` and ``_periodic_stop``), and reads two attributes, ``Timer._now``
-(the loop clock) and ``Timer._loop_thread`` (the loop's thread), for the one path it keeps
-inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every read of
-every connection and would pay a third of its cost for a method call. The timer owns
-every counter and every state change; the handle owns its two state slots below,
-which the timer, its wheel and its worker pool write.
+A handle talks to its timer through six methods, ``Timer._cancel``,
+``Timer._reset``, ``Timer._reset_at``, ``Timer._wait``, ``Timer._cancelled_error`` and
+``Timer._periodic_stop`` (a periodic handle's run calls the engine,
+``Engine.periodic_begin``/``periodic_queued``/``periodic_end``), and reads two
+attributes, ``Timer._now`` (the loop clock) and ``Timer._loop_thread`` (the loop's
+thread), for the one path it keeps inline: the lazy ``reset`` of the idle-timeout
+pattern, which runs on every read of every connection and would pay a third of its
+cost for a method call. The timer and its engine own every counter and every state
+change; the handle owns its two state slots, which the modules below write.
 
-State lives in two slots:
+State lives in two slots. ``_bucket`` is the container holding the handle while it is
+pending, ``None`` otherwise; ``_result`` says the rest. The states, and who writes
+each slot to enter them:
 
-* ``_bucket`` is the container holding the handle while it is *pending* (a wheel
-  bucket, a bucket handed back by the wheel as expired, or the timer's run queue of
-  async callbacks waiting for a worker), ``None`` otherwise;
-* ``_result`` is ``_PENDING`` until the callback starts, then ``_RUNNING`` while an
-  async callback runs, then the callback's return value or a ``_Failure``;
-  ``_CANCELLED`` once cancelled. While queued for a worker it holds the awaitable.
+=========  =================================  ============================  ==========
+state      ``_bucket``                        ``_result``                   written by
+=========  =================================  ============================  ==========
+pending    a wheel bucket, or a bucket the    ``_PENDING``                  ``_wheel``
+           wheel handed back as expired                                     (bucket);
+                                                                            ``_handle``,
+                                                                            ``_engine``
+                                                                            (result)
+queued     the pool's run queue (``RunQueue``) the awaitable to run         ``_dispatch``
+running    ``None``                           ``_PENDING`` (a plain         ``_dispatch``
+                                              callback, in the pass) or     (``_RUNNING``)
+                                              ``_RUNNING`` (an async one,
+                                              on a worker)
+done       ``None``                           the return value, or a        ``_engine``
+                                              ``_Failure``
+cancelled  ``None``                           ``_CANCELLED``                ``_timer``,
+                                                                            ``_engine``
+=========  =================================  ============================  ==========
+
+*Pending* covers queued (``pending()`` is true for both: they count in ``len(timer)``).
+*Running* is a callback that has started and not finished (``WorkerPool.running``
+counts those on workers); *closed* is said of a timer only (``Timer.closed``,
+``Engine.closed``, ``WorkerPool`` closing with it). A handle re-armed while it runs is
+pending again; its run settles it only if nothing re-armed it meanwhile.
 """
 
 from __future__ import annotations
@@ -364,19 +385,20 @@ class PeriodicHandle(TracedHandle[Any]):
     def _run(self) -> Any:
         # The run starts (the timer reserves the next period's slot), the callback is
         # called; a plain callback's run ends here, an async one's when its worker has
-        # awaited it (Timer._job_ended). The awaitable is handed back as it is, so a
+        # awaited it (Engine._job_ended). The awaitable is handed back as it is, so a
         # queued run that never starts is closed like any async callback's.
-        timer = self._timer
-        timer._periodic_begin(self)
+        engine = self._timer._engine
+        assert engine is not None  # a run needs a started timer
+        engine.periodic_begin(self)
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            timer._periodic_end(self)
+            engine.periodic_end(self)
             raise
         if result is not None and _is_awaitable(result):
-            timer._periodic_queued(self)
+            engine.periodic_queued(self)
             return result
-        timer._periodic_end(self)
+        engine.periodic_end(self)
         return result
 
     def _next_deadline(self, now: float) -> float:

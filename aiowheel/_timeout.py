@@ -110,7 +110,7 @@ class Timeout:
         if self._closed and self._scope.cancelled_caught:
             # The guard is gone with its timer: the block ends rather than run
             # unguarded (aclose(drain=True) would have let the deadline come).
-            raise self._timer._closed() from exc
+            raise self._timer._closed_error() from exc
         return bool(suppressed)
 
     def _expire(self) -> None:

@@ -34,6 +34,7 @@ from support import Probe, assert_on_time
 
 from aiowheel import Timer, TimerCancelled, TimerHandle
 from aiowheel._dispatch import RunQueue, WorkerPool, close_awaitable
+from aiowheel._driver import AsyncioBackend
 from aiowheel._wheel import WheelEntry
 
 pytestmark = pytest.mark.anyio
@@ -928,4 +929,6 @@ async def test_a_job_that_cancels_its_own_worker_task_is_stopped_and_replaced(
         assert victim.done()
         stats = timer.stats()
         assert (stats.failed, stats.running, stats.workers) == (0, 0, 1)
-        assert len(pool._tasks) == 1
+        backend = pool._backend  # the worker tasks are the backend's (AsyncioBackend)
+        assert isinstance(backend, AsyncioBackend)
+        assert len(backend._tasks) == 1
