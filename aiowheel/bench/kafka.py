@@ -32,10 +32,17 @@ in turn, step by step (ABAB...), so drift hits all of them alike.
 
 It is a ``SearchedWorkload`` (``workload.py``): the runner hands it the contenders
 and it returns every figure.
+
+``purgatory`` (``Cycle`` below), a repeated workload, times one request's cycle through
+the purgatory alone, without the load generator: a new ``DelayedOperation``,
+``try_complete_else_watch`` on one of 1,000 keys, and its ``force_complete`` N
+requests later (N in flight, 40,000 by default); the peer is the same cycle written by
+hand on ``loop.call_later`` with a dict of sets of watched requests.
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import random
@@ -50,9 +57,9 @@ from .contenders import Contender
 from .env import Env, open_env, percentile, run_fresh
 from .results import Result
 from .settings import Settings
-from .workload import Metric, Progress, Remote, SearchedWorkload, Trace
+from .workload import Metric, Progress, Remote, RepeatedWorkload, SearchedWorkload, Trace
 
-__all__ = ["CASES", "Kafka", "ProbeResult", "run_probe"]
+__all__ = ["CASES", "Cycle", "Kafka", "ProbeResult", "run_probe"]
 
 TIMEOUT = 0.200
 #: case -> (completion p50, p75), seconds
@@ -475,3 +482,114 @@ class Kafka(SearchedWorkload):
                         recorder,
                     )
         return results
+
+
+# -- purgatory: the request cycle -----------------------------------------------------
+
+#: The cycle's timeout: long enough that no request expires while it is measured.
+_CYCLE_TIMEOUT = 30.0
+_CYCLE_BATCH = 1_000  # requests between two yields to the loop
+
+
+class _HandRequest:
+    """The hand-written purgatory's request: its timeout handle and its key."""
+
+    __slots__ = ("done", "handle", "key")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.done = False
+        self.handle: Any = None
+
+
+class Cycle(RepeatedWorkload):
+    name = "purgatory"
+    title = "purgatory request cycle: new op, watch on one key, complete N requests later"
+    metrics = (Metric("cycle_ns", "per request (create + watch + complete)", "ns", "lower"),)
+    kinds = frozenset({"aiowheel", "call_later"})
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [40_000]
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> int:
+        ops = settings.ops if settings.ops is not None else 200_000 if settings.quick else 400_000
+        return max(ops, n + _CYCLE_BATCH)
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "keys": _KEYS,
+            "timeout_s": _CYCLE_TIMEOUT,
+            "aiowheel": "DelayedOperation subclass; try_complete_else_watch; force_complete",
+            "call_later": "call_later + dict of sets; cancel + discard",
+        }
+
+    async def run(
+        self, env: Env, n: int, data: int, settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        ops = data
+        checkpoint = env.checkpoint
+        perf = time.perf_counter
+        ring: list[Any] = [None] * n
+        keys = [(i % _KEYS,) for i in range(_KEYS)]
+        timeout = _CYCLE_TIMEOUT
+        if env.contender.is_aiowheel:
+            assert env.timer is not None
+
+            class Operation(aiowheel.DelayedOperation):
+                __slots__ = ()
+
+            purgatory = aiowheel.Purgatory(env.timer, name="cycle")
+            watch = purgatory.try_complete_else_watch
+
+            def cycle(start: int, stop: int) -> None:
+                for i in range(start, stop):
+                    slot = i % n
+                    old = ring[slot]
+                    if old is not None:
+                        old.force_complete()
+                    op = ring[slot] = Operation(timeout)
+                    watch(op, keys[i % _KEYS])
+
+        else:
+            call_later = env.call_later
+            watchers: dict[int, set[_HandRequest]] = {}
+
+            def expire(request: _HandRequest) -> None:
+                if not request.done:
+                    request.done = True
+                    watchers[request.key].discard(request)
+
+            def cycle(start: int, stop: int) -> None:
+                for i in range(start, stop):
+                    slot = i % n
+                    old = ring[slot]
+                    if old is not None and not old.done:
+                        old.done = True
+                        old.handle.cancel()
+                        watchers[old.key].discard(old)
+                    key = i % _KEYS
+                    request = ring[slot] = _HandRequest(key)
+                    request.handle = call_later(timeout, expire, request)
+                    watch_set = watchers.get(key)
+                    if watch_set is None:
+                        watch_set = watchers[key] = set()
+                    watch_set.add(request)
+
+        # Warm up: fill the window (N in flight), then time the steady state.
+        for start in range(0, n, _CYCLE_BATCH):
+            cycle(start, min(n, start + _CYCLE_BATCH))
+            await checkpoint()
+        gc.collect()
+        starts = range(n, n + ops, _CYCLE_BATCH)
+        t0 = perf()
+        for start in starts:
+            cycle(start, start + _CYCLE_BATCH)
+            await checkpoint()
+        elapsed = perf() - t0
+        done = len(starts) * _CYCLE_BATCH
+        for request in ring:  # leave nothing pending behind
+            if env.contender.is_aiowheel:
+                request.force_complete()
+            elif not request.done:
+                request.handle.cancel()
+        return {"cycle_ns": elapsed / done * 1e9}
