@@ -38,9 +38,9 @@ same accounting, with what the event loop changes:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from types import TracebackType
-from typing import Any, SupportsFloat, SupportsIndex
+from typing import Any, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio
 
@@ -49,7 +49,17 @@ from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import TimerHandle
 from ._timer import Timer
 
-__all__ = ["DelayedOperation", "Purgatory"]
+__all__ = ["DelayedOperation", "Purgatory", "Watchers"]
+
+_C = TypeVar("_C")
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # not a runtime dependency: the pure core only needs a no-op
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
+        return lambda cls: cls
+
 
 # Operation states. An operation moves forward only: NEW -> WATCHED -> COMPLETED or
 # CANCELLED, or NEW -> COMPLETED (completed before or instead of being watched).
@@ -82,30 +92,29 @@ _NOT_INITIALISED = (
 )
 
 
-class DelayedOperation:
-    """An operation that completes once: by its condition, or by its timeout.
+def _state_of(op: object) -> int:
+    """``op``'s state, or the ``TypeError`` for what is not an initialised operation."""
+    if not isinstance(op, _DelayedOperation):
+        raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+    try:
+        return op._state
+    except AttributeError:
+        raise TypeError(_NOT_INITIALISED.format(op)) from None
 
-    Subclass it and override
 
-    * ``try_complete()``: check the condition; if it holds, ``return
-      self.force_complete()``; otherwise return ``False``. The default never completes,
-      for operations that only a timeout or an explicit ``force_complete()`` ends;
-    * ``on_complete()``: runs exactly once, whichever way the operation completed
-      (build the response here);
-    * ``on_expiration()``: runs right after ``on_complete()`` when the timeout won.
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
+class _DelayedOperation:
+    """The state and the logic of ``DelayedOperation`` (documented there).
 
-    ``timeout`` (seconds, a finite number >= 0) counts from the moment the operation
-    is handed to ``Purgatory.try_complete_else_watch``.
-
-    An exception raised by ``try_complete``, ``on_complete`` or ``on_expiration``
-    propagates to whoever triggered it: the caller of ``check_and_complete``,
-    ``force_complete`` or ``try_complete_else_watch``, or, for an expiry, the timer's
-    ``on_error``. The operation stays completed either way and its waiters are woken.
+    A native class on the compiled core, so that the purgatory reads and writes an
+    operation's state as C struct fields; ``DelayedOperation`` below is the public,
+    subclassable face, a plain class that adds weak-reference support (the compiled
+    core cannot give a native class a safe ``__weakref__``; tests/test_parity.py).
     """
 
-    # The base keeps its state in slots; subclasses are free to have a ``__dict__``.
+    # The state lives in slots on the pure core (the compiler ignores __slots__ and
+    # makes them struct fields); subclasses are free to have a ``__dict__``.
     __slots__ = (
-        "__weakref__",
         "_entries",
         "_event",
         "_handle",
@@ -117,8 +126,11 @@ class DelayedOperation:
 
     def __init__(self, timeout: SupportsFloat) -> None:
         # The timer's one rule for times (aiowheel/_checks.py: finite, no bool), plus
-        # ">= 0".
-        seconds_ = seconds(timeout, "timeout")
+        # ">= 0". A float takes the inline path, as in Timer.schedule_nowait.
+        if type(timeout) is float and timeout - timeout == 0.0:
+            seconds_: float = timeout
+        else:
+            seconds_ = seconds(timeout, "timeout")
         if seconds_ < 0:
             raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
         self._timeout = seconds_
@@ -128,8 +140,8 @@ class DelayedOperation:
         # The purgatory this operation was handed to (never reset: an operation is
         # watched at most once).
         self._purgatory: Purgatory | None = None
-        # How many watch-list entries refer to this operation (see Purgatory), and
-        # the keys it was watched on (so a purge visits only the lists it is in).
+        # How many watch lists hold this operation (see Purgatory), and the keys it
+        # was watched on (so a purge visits only the lists it is in).
         self._entries = 0
         self._keys: tuple[Hashable, ...] = ()
         # Created by the first wait(): an operation nobody waits for costs no event.
@@ -145,7 +157,7 @@ class DelayedOperation:
                 f"{type(self).__name__} cannot be copied or pickled once handed to a "
                 "purgatory: it is one operation, watched and timed there"
             )
-        return super().__reduce_ex__(protocol)
+        return object.__reduce_ex__(self, protocol)
 
     # -- to override -------------------------------------------------------------------
 
@@ -178,8 +190,12 @@ class DelayedOperation:
         return self._state == _CANCELLED
 
     def __repr__(self) -> str:
-        state = ("new", "watched", "completed", "cancelled")[getattr(self, "_state", 0)]
-        return f"<{type(self).__name__} {state} timeout={getattr(self, '_timeout', '?')}>"
+        try:
+            state = ("new", "watched", "completed", "cancelled")[self._state]
+            timeout: object = self._timeout
+        except AttributeError:  # a subclass that did not call super().__init__
+            state, timeout = "new", "?"
+        return f"<{type(self).__name__} {state} timeout={timeout}>"
 
     # -- completion --------------------------------------------------------------------
 
@@ -200,7 +216,8 @@ class DelayedOperation:
             self._release()
             self.on_complete()
         finally:
-            self._wake()
+            if self._event is not None:
+                self._wake()
         return True
 
     def _expire(self) -> None:
@@ -251,6 +268,78 @@ class DelayedOperation:
             raise TimerCancelled(f"{self!r} was cancelled by its purgatory")
 
 
+@mypyc_attr(native_class=False)
+class DelayedOperation(_DelayedOperation):
+    """An operation that completes once: by its condition, or by its timeout.
+
+    Subclass it and override
+
+    * ``try_complete()``: check the condition; if it holds, ``return
+      self.force_complete()``; otherwise return ``False``. The default never completes,
+      for operations that only a timeout or an explicit ``force_complete()`` ends;
+    * ``on_complete()``: runs exactly once, whichever way the operation completed
+      (build the response here);
+    * ``on_expiration()``: runs right after ``on_complete()`` when the timeout won.
+
+    ``timeout`` (seconds, a finite number >= 0) counts from the moment the operation
+    is handed to ``Purgatory.try_complete_else_watch``.
+
+    An exception raised by ``try_complete``, ``on_complete`` or ``on_expiration``
+    propagates to whoever triggered it: the caller of ``check_and_complete``,
+    ``force_complete`` or ``try_complete_else_watch``, or, for an expiry, the timer's
+    ``on_error``. The operation stays completed either way and its waiters are woken.
+    """
+
+    __slots__ = ("__weakref__",)
+
+
+class Watchers:
+    """One key's watch list (Kafka's ``Watchers``): the operations watched on ``key``,
+    in watch order.
+
+    A dict used as an insertion-ordered set, keyed by ``id(op)``: O(1) removal of any
+    entry, iteration in watch order, and no reliance on the operation's own
+    ``__hash__``/``__eq__`` (a dataclass subclass defines ``__eq__`` and so has no
+    ``__hash__``). The purgatory keeps one per key that has entries, and drops it when
+    it empties.
+    """
+
+    __slots__ = ("key", "ops")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.ops: dict[int, _DelayedOperation] = {}
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __repr__(self) -> str:
+        return f"<Watchers {self.key!r} ops={len(self.ops)}>"
+
+    def watch(self, op: _DelayedOperation) -> bool:
+        """Add ``op``; False when it is already in the list (the same key twice)."""
+        ops = self.ops
+        ident = id(op)
+        if ident in ops:
+            return False
+        ops[ident] = op
+        return True
+
+    def remove(self, op: _DelayedOperation) -> bool:
+        """Remove ``op``'s entry; False when this list does not hold it."""
+        ops = self.ops
+        ident = id(op)
+        if ops.get(ident) is op:
+            del ops[ident]
+            return True
+        return False
+
+    def snapshot(self) -> list[_DelayedOperation]:
+        """The operations, in watch order, as a list the caller may walk while user
+        code changes this one."""
+        return list(self.ops.values())
+
+
 class Purgatory:
     """Delayed operations watched on keys and timed on a ``Timer``.
 
@@ -280,13 +369,10 @@ class Purgatory:
         self._timer = timer
         self._name = name
         self._purge_interval = purge_interval
-        # key -> watch list. A watch list is a dict used as an insertion-ordered set,
-        # keyed by id(op): O(1) removal of any entry, iteration in watch order, and no
-        # reliance on the operation's own __hash__/__eq__ (a dataclass subclass
-        # defines __eq__ and so has no __hash__).
+        # key -> its watch list (Watchers).
         # Invariants: every list in the map is non-empty after each public call
         # returns; op._entries == the number of lists holding op.
-        self._watchers: dict[Hashable, dict[int, DelayedOperation]] = {}
+        self._watchers: dict[Hashable, Watchers] = {}
         self._delayed = 0  # watched operations not finished
         self._watched = 0  # entries in all watch lists
         self._stale = 0  # finished operations with _entries > 0
@@ -295,7 +381,7 @@ class Purgatory:
         # entry goes (_drop_entry), not at the next purge: an operation that left its
         # lists must not be kept alive here, with whatever it holds (a long-poll's
         # 1 MiB answer, issue 20), for up to 2 * purge_interval more completions.
-        self._stale_ops: dict[int, DelayedOperation] = {}
+        self._stale_ops: dict[int, _DelayedOperation] = {}
         self._walking = 0  # check_and_complete walks in progress (re-entrancy depth)
         self._closed = False
 
@@ -338,7 +424,7 @@ class Purgatory:
 
     # -- operations --------------------------------------------------------------------
 
-    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
+    def try_complete_else_watch(self, op: _DelayedOperation, keys: Iterable[Hashable]) -> bool:
         """Complete ``op`` now if it can be; otherwise watch it on every key and start
         its timeout. Returns ``True`` when it completed right away (then it is neither
         watched nor timed), ``False`` when it was parked.
@@ -350,18 +436,16 @@ class Purgatory:
         timer is not started), ``RuntimeError`` from outside the timer's loop.
         """
         _check_owner(self._timer)
-        try:
-            state = op._state
-        except AttributeError:
-            if not isinstance(op, DelayedOperation):
-                raise TypeError(f"op must be a DelayedOperation, got {op!r}") from None
-            raise TypeError(_NOT_INITIALISED.format(op)) from None
-        if isinstance(keys, (str, bytes)):
+        state = _state_of(op)
+        if type(keys) is tuple:
+            watched: tuple[Hashable, ...] = keys
+        elif isinstance(keys, (str, bytes)):
             raise TypeError(f"keys must be a collection of keys, got the string {keys!r}")
-        keys = tuple(keys)
-        if not keys:
+        else:
+            watched = tuple(keys)
+        if not watched:
             raise ValueError("an operation must be watched on at least one key")
-        for key in keys:
+        for key in watched:
             hash(key)  # TypeError for an unhashable key, before anything changes
         if op._purgatory is not None:
             raise RuntimeError(f"{op!r} was already handed to {op._purgatory!r}")
@@ -384,19 +468,15 @@ class Purgatory:
         op._purgatory = self
         self._delayed += 1
         watchers = self._watchers
-        ident = id(op)
         added = 0
-        for key in keys:
+        for key in watched:
             watch_list = watchers.get(key)
             if watch_list is None:
-                watchers[key] = {ident: op}
-            elif ident in watch_list:
-                continue  # the same key twice: one entry
-            else:
-                watch_list[ident] = op
-            added += 1
+                watch_list = watchers[key] = Watchers(key)
+            if watch_list.watch(op):  # the same key twice: one entry
+                added += 1
         op._entries = added
-        op._keys = keys
+        op._keys = watched
         self._watched += added
         return False
 
@@ -414,20 +494,20 @@ class Purgatory:
             # A snapshot: the callbacks we call may add to this list (a new operation
             # watched on the key), remove from it (a nested check of the same key, a
             # cancel_for_key), or complete operations further down the list.
-            for op in list(watch_list.values()):
+            for op in watch_list.snapshot():
                 if op._state == _WATCHED and op.try_complete():
                     completed += 1
-                if op._state >= _COMPLETED and watch_list.pop(id(op), None) is not None:
+                if op._state >= _COMPLETED and watch_list.remove(op):
                     self._drop_entry(op)
         finally:
             self._walking -= 1
-            if not watch_list and self._watchers.get(key) is watch_list:
+            if not watch_list.ops and self._watchers.get(key) is watch_list:
                 del self._watchers[key]
             if not self._walking and self._stale > self._purge_interval:
                 self._purge()
         return completed
 
-    def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
+    def cancel_for_key(self, key: Hashable) -> list[_DelayedOperation]:
         """Remove every operation watched on ``key`` that has not completed: each is
         unwatched, its timeout is cancelled, it is *not* completed (neither
         ``on_complete`` nor ``on_expiration`` runs) and its ``wait()`` raises
@@ -438,15 +518,15 @@ class Purgatory:
         watch_list = self._watchers.pop(key, None)
         if watch_list is None:
             return []
-        cancelled: list[DelayedOperation] = []
+        cancelled: list[_DelayedOperation] = []
         self._walking += 1
         try:
-            for op in list(watch_list.values()):
+            for op in watch_list.snapshot():
                 if op._state == _WATCHED:
                     op._cancel()
                     cancelled.append(op)
                 # _cancel wakes waiters only (no user code), so the entry is still here.
-                del watch_list[id(op)]
+                watch_list.remove(op)
                 self._drop_entry(op)
         finally:
             self._walking -= 1
@@ -454,14 +534,14 @@ class Purgatory:
                 self._purge()
         return cancelled
 
-    def close(self) -> list[DelayedOperation]:
+    def close(self) -> list[_DelayedOperation]:
         """Cancel every delayed operation (as ``cancel_for_key`` does) and refuse new
         ones. None of the cancelled operations completes or expires afterwards.
         Returns them. Idempotent. Close the purgatory before its timer: a timer closed
         under delayed operations drops their timeouts, and they would wait forever."""
         _check_owner(self._timer)
         self._closed = True
-        cancelled: list[DelayedOperation] = []
+        cancelled: list[_DelayedOperation] = []
         for key in list(self._watchers):
             cancelled.extend(self.cancel_for_key(key))
         return cancelled
@@ -479,7 +559,7 @@ class Purgatory:
 
     # -- accounting --------------------------------------------------------------------
 
-    def _finished(self, op: DelayedOperation) -> None:
+    def _finished(self, op: _DelayedOperation) -> None:
         # op just completed or was cancelled (it was watched by this purgatory).
         self._delayed -= 1
         if op._entries:
@@ -491,7 +571,7 @@ class Purgatory:
             if self._stale > self._purge_interval and not self._walking:
                 self._purge()
 
-    def _drop_entry(self, op: DelayedOperation) -> None:
+    def _drop_entry(self, op: _DelayedOperation) -> None:
         # One entry of op was just removed from a watch list.
         self._watched -= 1
         op._entries -= 1
@@ -511,13 +591,11 @@ class Purgatory:
         watchers = self._watchers
         dropped = 0
         for op in self._stale_ops.values():
-            ident = id(op)
             for key in op._keys:
                 watch_list = watchers.get(key)
-                if watch_list is not None and watch_list.get(ident) is op:
-                    del watch_list[ident]
+                if watch_list is not None and watch_list.remove(op):
                     dropped += 1
-                    if not watch_list:
+                    if not watch_list.ops:
                         del watchers[key]
             op._entries = 0
         self._stale_ops.clear()
