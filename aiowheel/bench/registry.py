@@ -6,12 +6,12 @@ The only module that imports the workloads: they import their interfaces
 
 from __future__ import annotations
 
-from .kafka import Kafka
+from .kafka import Cycle, Kafka
 from .workload import AnyWorkload
 from .workloads import Churn, Fire, Idle, Memory, Rearm, Spread
 
 __all__ = ["WORKLOADS"]
 
 WORKLOADS: dict[str, AnyWorkload] = {
-    w.name: w for w in (Churn(), Rearm(), Fire(), Spread(), Kafka(), Memory(), Idle())
+    w.name: w for w in (Churn(), Rearm(), Fire(), Spread(), Kafka(), Cycle(), Memory(), Idle())
 }
