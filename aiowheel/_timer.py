@@ -92,6 +92,7 @@ from ._handle import (
     TracedHandle,
     _Failure,
     release,
+    to_seconds,
     without_frame,
 )
 from ._timeout import Guard, Timeout, Wake
@@ -680,7 +681,7 @@ class Timer:
         if _get_ident() != self._loop_thread:
             raise self._foreign(live)
         # A finite float passes with two tests; anything else goes through the rule.
-        seconds_ = delay if type(delay) is float and delay - delay == 0.0 else seconds(delay)
+        seconds_ = delay if type(delay) is float and delay - delay == 0.0 else to_seconds(delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         if label is not None and type(label) is not str:
@@ -938,28 +939,17 @@ class Timer:
             close_awaitable(previous)
 
     def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
-        # handle.reset() past its inline lazy path (which checks nothing but the
-        # thread, and takes only floats).
+        # handle.reset() past its inline lazy path (TimerHandle.reset), which every
+        # real number takes: what is left is a re-file, a foreign thread, bad input.
         live = self._here()
-        delay_ = seconds(delay)
+        delay_ = to_seconds(delay)
         deadline = live.clock() + delay_
-        bucket = handle._bucket
-        if (
-            bucket is not None
-            and bucket.tick is not None
-            and _INF > deadline >= bucket.time
-            and not isinstance(handle, PeriodicHandle)
-        ):
-            # The lazy case, for a delay that was not a float (handle.reset keeps
-            # the float case inline).
-            handle._deadline = deadline
-            return
         if deadline == _INF:
             too_far("delay", delay_)
         self._rearm(live, handle, deadline)
 
     def _reset_at(self, handle: TimerHandle[Any], deadline: SupportsFloat) -> None:
-        self._rearm(self._here(), handle, seconds(deadline, "deadline"))
+        self._rearm(self._here(), handle, to_seconds(deadline, "deadline"))
 
     def _rearm(self, live: _Running, handle: TimerHandle[Any], deadline: float) -> None:
         # reset()/reset_at() past the fast path. Admission first: nothing changes
