@@ -1589,9 +1589,9 @@ class Timer:
         ``TimeoutError`` when ``delay`` passes first; ``t.reset(delay)`` pushes the
         deadline out (an idle timeout). If the timer is closed (``aclose()``) while
         the block runs, the block is cancelled and raises ``TimerClosed``."""
-        delay = seconds(delay)
-        self._open()
-        return Timeout(self, delay)
+        delay = to_seconds(delay)
+        live = self._open()
+        return Timeout(self, delay, live.loop is None)  # trio: no asyncio loop
 
 
 def _not_started_clock() -> float:
