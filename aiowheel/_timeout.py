@@ -1,6 +1,7 @@
 """``timer.timeout(delay)``: a cancel scope whose deadline lives on the wheel.
 
-Native per backend (docs/usage.md, "timeout()"), with no anyio layer in between:
+Native per backend (docs/usage.md, "Timeouts that can be pushed out"), with no anyio
+layer in between:
 
 * on asyncio and uvloop it is ``asyncio.timeout``'s own mechanism: the deadline is an
   aiowheel timer whose callback cancels the task (``task.cancel()``); leaving the block
