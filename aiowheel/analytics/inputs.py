@@ -121,13 +121,16 @@ def completeness_of(file: str, rows: int) -> Completeness:
     return Completeness(file, run_id, rows, dropped_rows(metadata))
 
 
-def completeness_lines(files: TraceFiles) -> list[str]:
-    """One line per run whose trace is incomplete or does not say (empty: every trace
-    says it is complete). Also printed by ``aiowheel report``."""
+def completeness_lines(files: TraceFiles, *, unknown: bool = True) -> list[str]:
+    """One line per run whose trace is incomplete or (``unknown``) does not say; empty
+    when every trace says it is complete. ``aiowheel report`` prints the incomplete
+    ones as warnings; report.md lists them all."""
     lines = []
     for c in files.completeness:
         run = f"run `{c.run_id}`" if c.run_id else f"`{c.file}`"
         if c.dropped is None:
+            if not unknown:
+                continue
             lines.append(f"{run}: the trace does not say whether rows were dropped")
         elif c.dropped:
             share = c.dropped / (c.rows + c.dropped)

@@ -525,6 +525,10 @@ def test_report_md_states_dropped_rows_per_run_and_what_they_do_to_each_figure()
     assert "- run `run-1`: 250 rows dropped (20.0% of its timers; 1,000 kept)" in text
     assert "- run `run-2`: the trace does not say whether rows were dropped" in text
     assert "run-0" not in text  # complete runs are not listed
+    # aiowheel report warns about the run that dropped rows (the other is in report.md).
+    assert completeness_lines(files, unknown=False) == [
+        "run `run-1`: 250 rows dropped (20.0% of its timers; 1,000 kept)"
+    ]
     for figure in ("lower bounds", "lateness percentiles", "headline"):
         assert figure in text
     summary = _summary([("r", "aiowheel", "uvloop", None, 3, 1)])
