@@ -52,15 +52,15 @@ import sys
 from _thread import get_ident
 from collections.abc import Callable
 from contextvars import copy_context
-from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
-from ._checks import not_copyable
+from ._checks import not_copyable, seconds
 from ._wheel import WheelEntry
 
 if TYPE_CHECKING:
     from ._timer import Timer
 
-__all__ = ["PeriodicHandle", "TimerHandle"]
+__all__ = ["PeriodicHandle", "TimerHandle", "to_seconds"]
 
 T = TypeVar("T")
 _INF: Final = float("inf")
@@ -85,6 +85,43 @@ class _Sentinel:
 _PENDING: Final[Any] = _Sentinel("PENDING")
 _RUNNING: Final[Any] = _Sentinel("RUNNING")
 _CANCELLED: Final[Any] = _Sentinel("CANCELLED")
+
+
+# The types the rule (_checks.seconds) has accepted once: numbers.Real and Decimal
+# subclasses other than bool. Membership is for ever (an ABC cannot unregister a type),
+# so the next value of such a type is converted with float() alone. Bounded, in case a
+# program makes number types on the fly.
+_REAL_TYPES: Final[set[type]] = set()
+_REAL_TYPES_MAX: Final = 256
+
+
+def to_seconds(value: object, what: str = "delay") -> float:
+    """``_checks.seconds(value, what)``, without its ``isinstance`` tests for the types
+    it already accepted: one fast conversion for every real number a user passes.
+
+    A float or an int costs a type test and ``float()``; a ``Fraction``, a NumPy float,
+    a float subclass or a ``Decimal`` a set look-up more, from its second value on.
+    Whatever is refused, and whatever converts to NaN, an infinity or nothing at all,
+    goes to ``seconds``, which raises the rule's exception: the rule stays in one
+    place (docs/usage.md, "Times and bad input")."""
+    tp = type(value)
+    if tp is int:
+        try:
+            return float(cast("int", value))  # exact up to 2**53, always finite
+        except OverflowError:
+            return seconds(value, what)  # raises: past the largest float
+    if tp is float or tp in _REAL_TYPES:
+        try:
+            result = float(value)  # type: ignore[arg-type]
+        except (ValueError, OverflowError, ArithmeticError, TypeError):
+            return seconds(value, what)  # raises
+        if result - result == 0.0:  # finite
+            return result
+        return seconds(value, what)  # raises: NaN or an infinity
+    result = seconds(value, what)  # raises, or the type is a real number
+    if len(_REAL_TYPES) < _REAL_TYPES_MAX:
+        _REAL_TYPES.add(tp)
+    return result
 
 
 def release(obj: object) -> None:
@@ -223,16 +260,20 @@ class TimerHandle(WheelEntry, Generic[T]):
         raises as ``schedule`` does and leaves the handle as it was.
         """
         bucket = self._bucket
-        if bucket is not None and bucket.tick is not None and type(delay) is float:
+        if bucket is not None and bucket.tick is not None:
             # The idle-timeout touch, inline (Wheel.extend's lazy case): a pending
             # timer moved later than its bucket comes due only records the deadline;
-            # the bucket re-files it when it comes due. Everything else, a bad delay
-            # and a call from a foreign thread included, goes to the timer.
+            # the bucket re-files it when it comes due. Any real number takes this
+            # path (to_seconds: an int costs what a float does); everything else, a
+            # call from a foreign thread included, goes to the timer. A bad delay
+            # raises here as it would there (a pending handle's timer is open).
             timer = self._timer
-            deadline = timer._now() + delay
-            if _INF > deadline >= bucket.time and _get_ident() == timer._loop_thread:
-                self._deadline = deadline
-                return
+            if _get_ident() == timer._loop_thread:
+                seconds_ = delay if type(delay) is float else to_seconds(delay)
+                deadline = timer._now() + seconds_
+                if _INF > deadline >= bucket.time:
+                    self._deadline = deadline
+                    return
         self._timer._reset(self, delay)
 
     def reset_at(self, deadline: SupportsFloat) -> None:

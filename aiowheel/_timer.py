@@ -87,7 +87,14 @@ from ._dispatch import WorkerPool, inside
 from ._driver import backend_name, current_clock, make_backend
 from ._engine import ASYNC_ON_ERROR, Engine
 from ._exceptions import TimerCancelled, TimerClosed
-from ._handle import _CANCELLED, _PENDING, PeriodicHandle, TimerHandle, TracedHandle
+from ._handle import (
+    _CANCELLED,
+    _PENDING,
+    PeriodicHandle,
+    TimerHandle,
+    TracedHandle,
+    to_seconds,
+)
 from ._timeout import Timeout, Wake
 
 if TYPE_CHECKING:
@@ -539,7 +546,7 @@ class Timer:
         if _get_ident() != self._loop_thread:  # inline copy of the owner check, _here
             raise self._foreign(live)
         # A finite float passes with two tests; anything else goes through the rule.
-        seconds_ = delay if type(delay) is float and delay - delay == 0.0 else seconds(delay)
+        seconds_ = delay if type(delay) is float and delay - delay == 0.0 else to_seconds(delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         if label is not None and type(label) is not str:
@@ -745,28 +752,17 @@ class Timer:
         return True
 
     def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
-        # handle.reset() past its inline lazy path (which checks nothing but the
-        # thread, and takes only floats).
+        # handle.reset() past its inline lazy path (TimerHandle.reset), which every
+        # real number takes: what is left is a re-file, a foreign thread, bad input.
         live = self._here()
-        delay_ = seconds(delay)
+        delay_ = to_seconds(delay)
         deadline = live.clock() + delay_
-        bucket = handle._bucket
-        if (
-            bucket is not None
-            and bucket.tick is not None
-            and _INF > deadline >= bucket.time
-            and not isinstance(handle, PeriodicHandle)
-        ):
-            # Inline copy of the lazy extend (Wheel.extend), for a delay that was not
-            # a float (handle.reset keeps the float case inline).
-            handle._deadline = deadline
-            return
         if deadline == _INF:
             too_far("delay", delay_)
         live.rearm(handle, deadline)
 
     def _reset_at(self, handle: TimerHandle[Any], deadline: SupportsFloat) -> None:
-        self._here().rearm(handle, seconds(deadline, "deadline"))
+        self._here().rearm(handle, to_seconds(deadline, "deadline"))
 
     def _periodic_stop(self, handle: PeriodicHandle) -> bool:
         live = self._live
@@ -907,9 +903,9 @@ class Timer:
         ``TimeoutError`` when ``delay`` passes first; ``t.reset(delay)`` pushes the
         deadline out (an idle timeout). If the timer is closed (``aclose()``) while
         the block runs, the block is cancelled and raises ``TimerClosed``."""
-        delay = seconds(delay)
-        self._open()
-        return Timeout(self, delay)
+        delay = to_seconds(delay)
+        live = self._open()
+        return Timeout(self, delay, live.loop is None)  # trio: no asyncio loop
 
 
 def _not_started_clock() -> float:

@@ -21,6 +21,7 @@ def test_every_workload_in_the_default_order() -> None:
         "purgatory",
         "memory",
         "idle",
+        "timeout",
     ]
     for name, workload in WORKLOADS.items():
         assert workload.name == name
