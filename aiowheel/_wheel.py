@@ -721,8 +721,15 @@ class Wheel:
                 assert wheel[(bucket.tick // width) % self._size] is bucket
                 for entry in bucket:
                     assert entry._bucket is bucket, entry
-                    # Never early: an entry's due tick is in its bucket's range or later.
-                    assert self.due_tick_of(entry._deadline) >= bucket.tick, entry
+                    # Never early: an entry's due tick is in its bucket's range or
+                    # later; or, lazily extended, its deadline is no earlier than the
+                    # bucket's time (extend's own test, in floats: past 2**53 ticks a
+                    # bucket's time is its start rounded, possibly down, so the two
+                    # disagree by less than the clock can tell apart).
+                    assert (
+                        self.due_tick_of(entry._deadline) >= bucket.tick
+                        or entry._deadline >= bucket.time
+                    ), entry
         assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
 
 
