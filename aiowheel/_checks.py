@@ -10,9 +10,10 @@ every call that takes a delay, a deadline or an interval, so that ``schedule``,
   message says to pass ``td.total_seconds()``): ``TypeError``, like any other type;
 * NaN and infinities, after conversion, are a ``ValueError``.
 
-The hot paths (``schedule_nowait``, ``reset``) test ``type(x) is float`` and
-finiteness inline and call ``seconds`` only for anything else, so the rule costs a
-float nothing.
+The hot paths (``schedule_nowait``, ``reset``) test ``type(x) is float`` inline and
+call ``aiowheel._handle.to_seconds`` for anything else: it converts an int, and any
+type ``seconds`` has already accepted once, with ``float()`` alone, and hands
+everything else to ``seconds``, so the rule costs a real number almost nothing.
 """
 
 from __future__ import annotations

@@ -45,7 +45,15 @@ __all__ = ["MANIFEST", "MODULES", "PURE_ENV", "REASON", "select_core", "source_d
 
 #: The modules of the compiled core, by name inside the package: the one list, read by
 #: ``setup.py`` to build them and here to choose them.
-MODULES: tuple[str, ...] = ("_wheel", "_handle", "_dispatch", "_timer")
+MODULES: tuple[str, ...] = (
+    "_wheel",
+    "_handle",
+    "_dispatch",
+    "_engine",
+    "_timer",
+    "_timeout",
+    "_purgatory",
+)
 
 #: The environment variable that forces the pure-Python core (at build and at import).
 PURE_ENV = "AIOWHEEL_PURE"

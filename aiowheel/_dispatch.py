@@ -6,7 +6,9 @@ awaitable is queued in a FIFO run queue and awaited by one of at most
 event when the queue is empty, and are cancelled when the timer closes.
 
 The pool owns the queue, the workers and what it takes to run one job whatever it
-raises; the timer (the ``JobHost``) owns the accounting: counters, waiters, traces.
+raises; its host, the timer's engine (``_engine.Engine``), owns the accounting:
+counters, waiters, traces. The host is typed as the engine itself, not a protocol, so
+that compiled, the four calls per job are native calls, not calls by name.
 
 Invariants:
 
@@ -30,34 +32,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Coroutine, Generator
 from contextvars import Context
-from typing import Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
-from anyio.abc import TaskGroup
 
 from ._handle import _RUNNING, TimerHandle, _Failure, without_frame
 from ._wheel import Bucket
 
-__all__ = ["JobHost", "RunQueue", "WorkerPool"]
+if TYPE_CHECKING:
+    from ._driver import Backend
+    from ._engine import Engine
+
+__all__ = ["InContext", "RunQueue", "WorkerPool"]
 
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
-
-
-class JobHost(Protocol):
-    """What the pool asks of the timer around each job."""
-
-    def _job_started(self, handle: TimerHandle[Any]) -> None:
-        """A worker took ``handle`` from the queue (it is no longer pending)."""
-
-    def _job_failed(self, handle: TimerHandle[Any], exc: BaseException) -> None:
-        """The job raised ``exc`` (reported to ``on_error``)."""
-
-    def _job_ended(self, handle: TimerHandle[Any], outcome: Any, *, last: bool) -> None:
-        """The job finished with ``outcome`` (a value or a ``_Failure``); ``last``: no
-        other run of the same handle is still running."""
-
-    def _job_stopped(self, handle: TimerHandle[Any]) -> None:
-        """The job was cancelled while running (the timer is closing)."""
 
 
 class RunQueue(Bucket):
@@ -96,23 +84,22 @@ class WorkerPool:
     it and waits for it to end (docs/usage.md, "Shutting down")."""
 
     __slots__ = (
+        "_backend",
         "_closed",
         "_host",
-        "_limit",
         "_loop",
         "_parked",
-        "_tasks",
-        "_tg",
         "_workers",
         "busy",
+        "limit",
         "queue",
         "running",
         "workers",
     )
 
-    def __init__(self, host: JobHost, max_concurrency: int, backend: str, tg: TaskGroup) -> None:
+    def __init__(self, host: Engine, max_concurrency: int, backend: Backend) -> None:
         self._host = host
-        self._limit = max_concurrency
+        self.limit = max_concurrency
         self.queue = RunQueue()
         self.running: dict[TimerHandle[Any], int] = {}
         self.busy = 0
@@ -120,13 +107,10 @@ class WorkerPool:
         self._parked: list[anyio.Event] = []
         self._workers: dict[object, _Worker] = {}
         self._closed = False
-        # Spawning: on asyncio the pass that needs a worker runs inside a call_at
-        # callback, where no task is current, so anyio cannot tell the backend and its
-        # task groups cannot be used: spawn with loop.create_task and join by hand. On
-        # trio the pass runs in the driver's task, inside the timer's task group.
-        self._tg = tg
-        self._loop = asyncio.get_running_loop() if backend != "trio" else None
-        self._tasks: set[asyncio.Task[None]] = set()
+        # How workers start, are joined and tell their own cancellation apart is
+        # the backend's (aiowheel/_driver.py, AsyncioBackend and TrioBackend).
+        self._backend = backend
+        self._loop = backend.loop  # None on trio (see _task)
 
     # -- the timer's side ---------------------------------------------------------------
 
@@ -136,7 +120,7 @@ class WorkerPool:
         self.queue.add(handle)
         if self._parked:
             self._parked.pop().set()
-        elif self.workers < self._limit:
+        elif self.workers < self.limit:
             self._spawn()
 
     def take_queue(self) -> list[TimerHandle[Any]]:
@@ -179,13 +163,13 @@ class WorkerPool:
             parked.set()
 
     async def join(self) -> None:
-        """Wait until every worker but the calling one has returned."""
-        me = self._task()
+        """Wait until every worker but the calling one has returned: asyncio's
+        workers are tasks the backend joins by hand; trio's live in the timer's task
+        group, and a job that calls aclose() waits here for the others' ``done``."""
         if self._loop is not None:
-            tasks = [task for task in self._tasks if task is not me]
-            if tasks:
-                await asyncio.wait(tasks)
+            await self._backend.join()
             return
+        me = self._task()
         for task, worker in list(self._workers.items()):
             if task is not me:
                 await worker.done.wait()
@@ -194,20 +178,7 @@ class WorkerPool:
 
     def _spawn(self) -> None:
         self.workers += 1
-        if self._loop is not None:
-            task = self._loop.create_task(self._worker())
-            self._tasks.add(task)
-            task.add_done_callback(self._forget)
-        else:
-            self._tg.start_soon(self._worker)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            # A worker killed by SystemExit/KeyboardInterrupt: that went up through
-            # the loop already; retrieving it here keeps asyncio from logging it again
-            # when the task is collected.
-            task.exception()
+        self._backend.spawn(self._worker)
 
     async def _worker(self) -> None:
         task = self._task()
@@ -294,10 +265,7 @@ class WorkerPool:
         return not runs
 
     def _really_cancelled(self, scope: anyio.CancelScope) -> bool:
-        if scope.cancel_called or self._loop is None:
-            return True  # ours, or trio's (user code cannot raise trio.Cancelled)
-        task = asyncio.current_task()
-        return task is not None and task.cancelling() > 0
+        return self._backend.cancelled_by_us(scope)
 
 
 class InContext:

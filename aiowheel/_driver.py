@@ -3,7 +3,7 @@
 This replaces Kafka's reaper thread blocked in ``DelayQueue.poll``. A driver knows
 one thing, the instant of its next wake-up, and calls ``on_wakeup`` then. It never
 wakes periodically: with no timers it is not armed at all. What it wakes is the
-timer's pass (``Timer._fire_due``), which never raises but for ``SystemExit`` and
+timer's pass (``Engine.fire_due``), which never raises but for ``SystemExit`` and
 ``KeyboardInterrupt`` and re-arms the driver itself (docs/design.md, guarantee 5).
 
 * ``AsyncioDriver`` uses one ``loop.call_at`` handle. Re-arming it (only when a timer
@@ -15,6 +15,13 @@ timer's pass (``Timer._fire_due``), which never raises but for ``SystemExit`` an
 
 Both read time only from the loop's clock, so virtual clocks (``looptime``,
 ``trio.testing.MockClock``) drive them.
+
+The backend seam (anyio's shape: one class per backend). Everything the core does
+differently on asyncio/uvloop and on trio is a method of ``AsyncioBackend`` or
+``TrioBackend``: the clock, the thread-safe call, the driver, and how the worker pool
+starts, joins and tells its own cancellation apart. The engine, the pool and the timer
+hold a ``Backend`` and never branch on its name; a new backend (or the drop-in event
+loop) is one more class here.
 """
 
 from __future__ import annotations
@@ -23,18 +30,22 @@ import asyncio
 import math
 import sys
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 __all__ = [
     "AnyioDriver",
+    "AsyncioBackend",
     "AsyncioDriver",
+    "Backend",
     "Driver",
+    "TrioBackend",
     "backend_name",
     "loop_clock",
+    "make_backend",
     "make_driver",
     "round_up",
 ]
@@ -246,3 +257,121 @@ def make_driver(backend: str, on_wakeup: Callable[[], None]) -> Driver:
     if backend in ("asyncio", "uvloop"):
         return AsyncioDriver(on_wakeup)
     return AnyioDriver(on_wakeup)
+
+
+Worker = Callable[[], Coroutine[Any, Any, None]]
+
+
+class Backend(Protocol):
+    """What the core asks of an event-loop backend."""
+
+    name: str  #: ``"asyncio"``, ``"uvloop"`` or ``"trio"``
+    #: The asyncio loop a timer belongs to (the owner check compares the running one
+    #: with it), or None where there is none to compare (trio).
+    loop: asyncio.AbstractEventLoop | None
+    clock: Callable[[], float]  #: the loop's clock
+
+    def call_soon_threadsafe(self, fn: Callable[[], object]) -> object:
+        """Run ``fn`` on the loop, from any thread; raises if the loop is gone."""
+
+    def make_driver(self, on_wakeup: Callable[[], None]) -> Driver:
+        """The driver that calls ``on_wakeup`` when the wheel's next bucket is due."""
+
+    def spawn(self, worker: Worker) -> None:
+        """Start a worker task of the pool."""
+
+    async def join(self) -> None:
+        """Wait for the worker tasks (but the calling one) to end."""
+
+    def cancelled_by_us(self, scope: anyio.CancelScope) -> bool:
+        """In a worker whose job raised the backend's cancellation: True when the
+        worker itself is being cancelled (``scope`` is its own cancel scope), False
+        when the job raised it by itself."""
+
+
+class AsyncioBackend:
+    """asyncio and uvloop: a ``call_at`` driver; workers made with ``loop.create_task``.
+
+    The pass that needs a worker runs inside a ``call_at`` callback, where no task is
+    current, so anyio cannot tell the backend and its task groups cannot be used: the
+    workers are spawned by hand and joined by hand."""
+
+    __slots__ = ("_tasks", "call_soon_threadsafe", "clock", "loop", "name")
+
+    def __init__(self, name: str = "asyncio") -> None:
+        loop = asyncio.get_running_loop()
+        self.name = name
+        self.loop: asyncio.AbstractEventLoop | None = loop
+        self.clock = loop_clock(loop)
+        self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
+            loop.call_soon_threadsafe
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def make_driver(self, on_wakeup: Callable[[], None]) -> Driver:
+        return AsyncioDriver(on_wakeup)
+
+    def spawn(self, worker: Worker) -> None:
+        assert self.loop is not None
+        task = self.loop.create_task(worker())
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            # A worker killed by SystemExit/KeyboardInterrupt: that went up through
+            # the loop already; retrieving it here keeps asyncio from logging it again
+            # when the task is collected.
+            task.exception()
+
+    async def join(self) -> None:
+        current = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not current]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def cancelled_by_us(self, scope: anyio.CancelScope) -> bool:
+        if scope.cancel_called:
+            return True
+        # asyncio.CancelledError raised by the callback itself, its worker not being
+        # cancelled, is a failure like any other (asyncio's Handle does so).
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+
+class TrioBackend:
+    """trio (through anyio): a task driver; workers in the timer's task group (the
+    pass runs in the driver's task, inside that group)."""
+
+    __slots__ = ("_tg", "call_soon_threadsafe", "clock", "loop", "name")
+
+    def __init__(self, tg: TaskGroup) -> None:
+        import trio
+
+        self.name = "trio"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.clock: Callable[[], float] = trio.current_time
+        self.call_soon_threadsafe: Callable[[Callable[[], object]], object] = (
+            trio.lowlevel.current_trio_token().run_sync_soon
+        )
+        self._tg = tg
+
+    def make_driver(self, on_wakeup: Callable[[], None]) -> Driver:
+        return AnyioDriver(on_wakeup)
+
+    def spawn(self, worker: Worker) -> None:
+        self._tg.start_soon(worker)
+
+    async def join(self) -> None:
+        pass  # the workers live in the timer's task group, which waits for them
+
+    def cancelled_by_us(self, scope: anyio.CancelScope) -> bool:
+        return True  # user code cannot raise trio.Cancelled
+
+
+def make_backend(name: str, tg: TaskGroup) -> Backend:
+    """The backend ``name`` (``backend_name()``); ``tg`` is where trio's tasks go."""
+    if name == "trio":
+        return TrioBackend(tg)
+    return AsyncioBackend(name)

@@ -5,41 +5,62 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 (four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
 (docs/benchmarks.md gives the bytes per pending timer on each core).
 
-A handle talks to its timer through four methods, ``Timer._cancel``,
-``Timer._reset``, ``Timer._reset_at`` and ``Timer._wait`` (a periodic handle adds
-``_periodic_next`` and ``_periodic_stop``), and reads ``Timer._now`` (the loop clock)
-and asks ``Timer._on_owner_loop()`` (the caller's thread and loop) for the one path it
-keeps inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every read
-of every connection and would pay a third of its cost for the full ``_reset``. The timer owns
-every counter and every state change; the handle owns its two state slots below,
-which the timer, its wheel and its worker pool write.
+A handle talks to its timer through six methods, ``Timer._cancel``,
+``Timer._reset``, ``Timer._reset_at``, ``Timer._wait``, ``Timer._cancelled_error`` and
+``Timer._periodic_stop`` (a periodic handle's run calls the engine,
+``Engine.periodic_begin``/``periodic_queued``/``periodic_end``), and reads
+``Timer._now`` (the loop clock) and asks ``Timer._on_owner_loop()`` (the caller's
+thread and loop: the owner check) for the one path it keeps inline: the lazy ``reset``
+of the idle-timeout pattern, which runs on every read of every connection and would
+pay a third of its cost for the full ``_reset``. The timer and its engine own every
+counter and every state change; the handle owns its two state slots, which the
+modules below write.
 
-State lives in two slots:
+State lives in two slots. ``_bucket`` is the container holding the handle while it is
+pending, ``None`` otherwise; ``_result`` says the rest. The states, and who writes
+each slot to enter them:
 
-* ``_bucket`` is the container holding the handle while it is *pending* (a wheel
-  bucket, a bucket handed back by the wheel as expired, or the timer's run queue of
-  async callbacks waiting for a worker), ``None`` otherwise;
-* ``_result`` is ``_PENDING`` until the callback starts, then ``_RUNNING`` while an
-  async callback runs, then the callback's return value or a ``_Failure``;
-  ``_CANCELLED`` once cancelled. While queued for a worker it holds the awaitable.
+=========  =================================  ============================  ==========
+state      ``_bucket``                        ``_result``                   written by
+=========  =================================  ============================  ==========
+pending    a wheel bucket, or a bucket the    ``_PENDING``                  ``_wheel``
+           wheel handed back as expired                                     (bucket);
+                                                                            ``_handle``,
+                                                                            ``_engine``
+                                                                            (result)
+queued     the pool's run queue (``RunQueue``) the awaitable to run         ``_dispatch``
+running    ``None``                           ``_PENDING`` (a plain         ``_dispatch``
+                                              callback, in the pass) or     (``_RUNNING``)
+                                              ``_RUNNING`` (an async one,
+                                              on a worker)
+done       ``None``                           the return value, or a        ``_engine``
+                                              ``_Failure``
+cancelled  ``None``                           ``_CANCELLED``                ``_timer``,
+                                                                            ``_engine``
+=========  =================================  ============================  ==========
+
+*Pending* covers queued (``pending()`` is true for both: they count in ``len(timer)``).
+*Running* is a callback that has started and not finished (``WorkerPool.running``
+counts those on workers); *closed* is said of a timer only (``Timer.closed``,
+``Engine.closed``, ``WorkerPool`` closing with it). A handle re-armed while it runs is
+pending again; its run settles it only if nothing re-armed it meanwhile.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from _thread import get_ident
 from collections.abc import Callable
 from contextvars import copy_context
-from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
-from ._checks import not_copyable
+from ._checks import not_copyable, seconds
 from ._wheel import WheelEntry
 
 if TYPE_CHECKING:
     from ._timer import Timer
 
-__all__ = ["PeriodicHandle", "TimerHandle"]
+__all__ = ["PeriodicHandle", "TimerHandle", "to_seconds"]
 
 T = TypeVar("T")
 _INF: Final = float("inf")
@@ -47,7 +68,6 @@ _FLOAT_MAX: Final = sys.float_info.max
 # A grid of more periods than floats resolve (2**52) cannot be stepped in floats.
 _GRID_LIMIT: Final = 2.0**52
 _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
-_get_ident: Final = get_ident
 _copy_context: Final = copy_context
 
 
@@ -64,6 +84,43 @@ class _Sentinel:
 _PENDING: Final[Any] = _Sentinel("PENDING")
 _RUNNING: Final[Any] = _Sentinel("RUNNING")
 _CANCELLED: Final[Any] = _Sentinel("CANCELLED")
+
+
+# The types the rule (_checks.seconds) has accepted once: numbers.Real and Decimal
+# subclasses other than bool. Membership is for ever (an ABC cannot unregister a type),
+# so the next value of such a type is converted with float() alone. Bounded, in case a
+# program makes number types on the fly.
+_REAL_TYPES: Final[set[type]] = set()
+_REAL_TYPES_MAX: Final = 256
+
+
+def to_seconds(value: object, what: str = "delay") -> float:
+    """``_checks.seconds(value, what)``, without its ``isinstance`` tests for the types
+    it already accepted: one fast conversion for every real number a user passes.
+
+    A float or an int costs a type test and ``float()``; a ``Fraction``, a NumPy float,
+    a float subclass or a ``Decimal`` a set look-up more, from its second value on.
+    Whatever is refused, and whatever converts to NaN, an infinity or nothing at all,
+    goes to ``seconds``, which raises the rule's exception: the rule stays in one
+    place (docs/usage.md, "Times and bad input")."""
+    tp = type(value)
+    if tp is int:
+        try:
+            return float(cast("int", value))  # exact up to 2**53, always finite
+        except OverflowError:
+            return seconds(value, what)  # raises: past the largest float
+    if tp is float or tp in _REAL_TYPES:
+        try:
+            result = float(value)  # type: ignore[arg-type]
+        except (ValueError, OverflowError, ArithmeticError, TypeError):
+            return seconds(value, what)  # raises
+        if result - result == 0.0:  # finite
+            return result
+        return seconds(value, what)  # raises: NaN or an infinity
+    result = seconds(value, what)  # raises, or the type is a real number
+    if len(_REAL_TYPES) < _REAL_TYPES_MAX:
+        _REAL_TYPES.add(tp)
+    return result
 
 
 def release(obj: object) -> None:
@@ -204,16 +261,20 @@ class TimerHandle(WheelEntry, Generic[T]):
         raises as ``schedule`` does and leaves the handle as it was.
         """
         bucket = self._bucket
-        if bucket is not None and bucket.tick is not None and type(delay) is float:
+        if bucket is not None and bucket.tick is not None:
             # The idle-timeout touch, inline (Wheel.extend's lazy case): a pending
             # timer moved later than its bucket comes due only records the deadline;
-            # the bucket re-files it when it comes due. Everything else, a bad delay
-            # and a call from a foreign thread included, goes to the timer.
+            # the bucket re-files it when it comes due. Any real number takes this
+            # path (to_seconds: an int costs what a float does); everything else, a
+            # call from a foreign thread included, goes to the timer. A bad delay
+            # raises here as it would there (a pending handle's timer is open).
             timer = self._timer
-            deadline = timer._now() + delay
-            if _INF > deadline >= bucket.time and timer._on_owner_loop():
-                self._deadline = deadline
-                return
+            if timer._on_owner_loop():  # the owner check (Timer._on_owner_loop)
+                seconds_ = delay if type(delay) is float else to_seconds(delay)
+                deadline = timer._now() + seconds_
+                if _INF > deadline >= bucket.time:
+                    self._deadline = deadline
+                    return
         self._timer._reset(self, delay)
 
     def reset_at(self, deadline: SupportsFloat) -> None:
@@ -366,19 +427,20 @@ class PeriodicHandle(TracedHandle[Any]):
     def _run(self) -> Any:
         # The run starts (the timer reserves the next period's slot), the callback is
         # called; a plain callback's run ends here, an async one's when its worker has
-        # awaited it (Timer._job_ended). The awaitable is handed back as it is, so a
+        # awaited it (Engine._job_ended). The awaitable is handed back as it is, so a
         # queued run that never starts is closed like any async callback's.
-        timer = self._timer
-        timer._periodic_begin(self)
+        engine = self._timer._engine
+        assert engine is not None  # a run needs a started timer
+        engine.periodic_begin(self)
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            timer._periodic_end(self)
+            engine.periodic_end(self)
             raise
         if result is not None and _is_awaitable(result):
-            timer._periodic_queued(self)
+            engine.periodic_queued(self)
             return result
-        timer._periodic_end(self)
+        engine.periodic_end(self)
         return result
 
     def _next_deadline(self, now: float) -> float:

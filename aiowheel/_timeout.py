@@ -1,20 +1,34 @@
 """``timer.timeout(delay)``: a cancel scope whose deadline lives on the wheel.
 
-The scope is anyio's (``CancelScope``), so one implementation cancels the block on
-asyncio, uvloop and trio; the deadline is an aiowheel timer, so pushing it out on
-every read (``t.reset``) is the wheel's O(1) re-arm instead of a heap operation.
+Native per backend (docs/usage.md, "Timeouts that can be pushed out"), with no anyio
+layer in between:
+
+* on asyncio and uvloop it is ``asyncio.timeout``'s own mechanism: the deadline is an
+  aiowheel timer whose callback cancels the task (``task.cancel()``); leaving the block
+  takes that request back (``task.uncancel()``) and turns the ``CancelledError`` into
+  ``TimeoutError`` only when no other cancellation arrived meanwhile, so a cancellation
+  from outside wins over the deadline, and nested scopes unwind one at a time;
+* on trio it is a ``trio.CancelScope`` that the timer's callback cancels.
+
+Either way pushing the deadline out on every read (``t.reset``) is the wheel's O(1)
+lazy re-arm instead of a heap operation.
 """
 
 from __future__ import annotations
 
+from asyncio import CancelledError, current_task
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
 
 import anyio
 
-from ._checks import seconds
+from ._checks import not_copyable, seconds
 
 if TYPE_CHECKING:
+    import asyncio
+
+    import trio
+
     from ._handle import TimerHandle
     from ._timer import Timer
 
@@ -64,35 +78,85 @@ class _Expire(Guard):
         self.timeout = timeout
 
     def __call__(self) -> None:
-        self.timeout._expire()
+        self.timeout._expire(_EXPIRED)
 
     def timer_closed(self) -> None:
-        self.timeout._timer_closed()
+        self.timeout._expire(_CLOSED)
+
+
+# A Timeout's life: created, entered, then expired (its deadline came) or closed (its
+# timer closed under it) while inside, and exited.
+_CREATED: Final = 0
+_ENTERED: Final = 1
+_EXPIRED: Final = 2
+_CLOSED: Final = 3
+_EXITED: Final = 4
+
+_TrioScope: Any = None  # trio.CancelScope, imported on first use (trio is an extra)
+_ONE_BLOCK: Final = "a timeout guards one block, once; call timer.timeout() again"
 
 
 class Timeout:
     """The context manager returned by ``Timer.timeout``; not reusable."""
 
-    __slots__ = ("_closed", "_delay", "_expired", "_handle", "_scope", "_timer")
+    __slots__ = (
+        "_cancelling",
+        "_delay",
+        "_ended",
+        "_handle",
+        "_scope",
+        "_state",
+        "_task",
+        "_timer",
+        "_trio",
+    )
 
-    def __init__(self, timer: Timer, delay: float) -> None:
+    def __init__(self, timer: Timer, delay: float, on_trio: bool = False) -> None:
         self._timer = timer
         self._delay = delay
-        self._scope: anyio.CancelScope | None = None
+        self._trio = on_trio
+        self._state = _CREATED
+        self._ended = _CREATED  # what it was when the block ended: expired()
         self._handle: TimerHandle[Any] | None = None
-        self._expired = False
-        self._closed = False  # the timer closed while the guard was pending
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._scope: trio.CancelScope | None = None
+
+    # A copy would share the deadline's timer handle: leaving the copy's block would
+    # cancel the original's deadline. A Timeout is one block's guard, so it refuses.
+    def __copy__(self) -> NoReturn:
+        not_copyable(self, _ONE_BLOCK)
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        not_copyable(self, _ONE_BLOCK)
+
+    def __reduce__(self) -> NoReturn:
+        not_copyable(self, _ONE_BLOCK)
 
     def __enter__(self) -> Timeout:
-        if self._scope is not None:
+        if self._state != _CREATED:
             raise RuntimeError("a Timeout can be entered only once")
-        scope = self._scope = anyio.CancelScope()
-        scope.__enter__()
-        try:
+        if self._trio:
+            global _TrioScope
+            if _TrioScope is None:
+                import trio
+
+                _TrioScope = trio.CancelScope
+            scope = self._scope = _TrioScope()
+            scope.__enter__()
+            try:
+                self._handle = self._timer.schedule_nowait(self._delay, _Expire(self))
+            except BaseException as exc:
+                scope.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+        else:
+            task = current_task()
+            if task is None:
+                raise RuntimeError("timer.timeout() must be used inside a task")
             self._handle = self._timer.schedule_nowait(self._delay, _Expire(self))
-        except BaseException as exc:
-            scope.__exit__(type(exc), exc, exc.__traceback__)
-            raise
+            self._task = task
+            self._cancelling = task.cancelling()
+        self._state = _ENTERED
         return self
 
     def __exit__(
@@ -101,27 +165,47 @@ class Timeout:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._scope is not None
-        assert self._handle is not None
-        self._handle.cancel()
-        suppressed = self._scope.__exit__(exc_type, exc, tb)
-        if self._expired and self._scope.cancelled_caught:
-            raise TimeoutError(f"timed out after the deadline {self.deadline:.6f}") from exc
-        if self._closed and self._scope.cancelled_caught:
-            # The guard is gone with its timer: the block ends rather than run
-            # unguarded (aclose(drain=True) would have let the deadline come).
-            raise self._timer._closed() from exc
-        return bool(suppressed)
+        handle = self._handle
+        assert handle is not None, "a Timeout is left only after it was entered"
+        handle.cancel()
+        state = self._state
+        self._ended = state
+        self._state = _EXITED
+        if self._trio:
+            scope = self._scope
+            assert scope is not None
+            suppressed = bool(scope.__exit__(exc_type, exc, tb))
+            if state == _ENTERED or not scope.cancelled_caught:
+                return suppressed
+        elif state == _ENTERED:
+            return False
+        else:
+            task = self._task
+            assert task is not None
+            # Take back our cancel request; only when no other one came meanwhile is the
+            # CancelledError ours to turn into TimeoutError (asyncio.timeout's rule).
+            if task.uncancel() > self._cancelling or exc_type is None:
+                return False
+            if not issubclass(exc_type, CancelledError):
+                return False
+        if state == _EXPIRED:
+            raise TimeoutError(f"timed out after the deadline {handle.deadline:.6f}") from exc
+        # The guard is gone with its timer: the block ends rather than run unguarded
+        # (aclose(drain=True) would have let the deadline come).
+        raise self._timer._closed_error() from exc
 
-    def _expire(self) -> None:
-        self._expired = True
-        assert self._scope is not None
-        self._scope.cancel()
-
-    def _timer_closed(self) -> None:
-        self._closed = True
-        assert self._scope is not None
-        self._scope.cancel()
+    def _expire(self, why: int) -> None:
+        # The deadline came (_EXPIRED), or the timer closed with the guard pending
+        # (_CLOSED): cancel the block, once.
+        if self._state != _ENTERED:
+            return
+        self._state = why
+        if self._trio:
+            assert self._scope is not None
+            self._scope.cancel()
+        else:
+            assert self._task is not None
+            self._task.cancel()
 
     @property
     def deadline(self) -> float:
@@ -132,12 +216,16 @@ class Timeout:
 
     def expired(self) -> bool:
         """True once the deadline passed and the block was (being) cancelled."""
-        return self._expired
+        return self._state == _EXPIRED or self._ended == _EXPIRED
 
-    def reset(self, delay: float) -> None:
-        """Move the deadline to ``timer.time() + delay`` (no effect once expired)."""
-        delay = seconds(delay)
-        if self._handle is None:
-            self._delay = delay
-        elif not self._expired:
-            self._handle.reset(delay)
+    def reset(self, delay: SupportsFloat) -> None:
+        """Move the deadline to ``timer.time() + delay``. No effect once the deadline
+        has passed, nor once the block has ended (a bad ``delay`` still raises)."""
+        if self._state == _ENTERED:
+            handle = self._handle
+            assert handle is not None
+            handle.reset(delay)
+        else:
+            seconds_ = seconds(delay)
+            if self._state == _CREATED:
+                self._delay = seconds_

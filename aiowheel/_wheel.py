@@ -182,9 +182,6 @@ class Bucket:
     def empty(self) -> bool:
         return self._first is None
 
-    def __bool__(self) -> bool:
-        return self._first is not None
-
     def __iter__(self) -> Iterator[WheelEntry]:
         """The entries, oldest first (not safe against moving the one yielded)."""
         entry = self._first
@@ -285,10 +282,6 @@ class Wheel:
 
     # -- clock --------------------------------------------------------------------
 
-    def due_tick(self, deadline: float) -> int:
-        """The first tick at or after ``deadline`` (rounded up: never early)."""
-        return math.ceil((deadline - self.origin) / self.tick)
-
     def tick_time(self, tick: int) -> float:
         return self.origin + tick * self.tick
 
@@ -351,7 +344,8 @@ class Wheel:
         return self._file(entry, e)
 
     def due_tick_of(self, deadline: float) -> int:
-        """``due_tick``, safe for any finite deadline (not on the hot paths)."""
+        """The first tick at or after ``deadline`` (rounded up: never early), for any
+        finite deadline (past the float range of a tick number, ``_far_tick``)."""
         try:
             return math.ceil((deadline - self.origin) / self.tick)
         except (OverflowError, ValueError):
@@ -487,6 +481,8 @@ class Wheel:
         ``insert`` returns.
         """
         bucket = entry._bucket
+        # The lazy-extend test: in a scheduled bucket, no earlier than it comes due.
+        # (Inline copies, tagged: TimerHandle.reset, Timer._reset.)
         if bucket is not None and bucket.tick is not None and deadline >= bucket.time:
             entry._deadline = deadline
             return _INF
@@ -725,8 +721,15 @@ class Wheel:
                 assert wheel[(bucket.tick // width) % self._size] is bucket
                 for entry in bucket:
                     assert entry._bucket is bucket, entry
-                    # Never early: an entry's due tick is in its bucket's range or later.
-                    assert self.due_tick_of(entry._deadline) >= bucket.tick, entry
+                    # Never early: an entry's due tick is in its bucket's range or
+                    # later; or, lazily extended, its deadline is no earlier than the
+                    # bucket's time (extend's own test, in floats: past 2**53 ticks a
+                    # bucket's time is its start rounded, possibly down, so the two
+                    # disagree by less than the clock can tell apart).
+                    assert (
+                        self.due_tick_of(entry._deadline) >= bucket.tick
+                        or entry._deadline >= bucket.time
+                    ), entry
         assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
 
 

@@ -38,51 +38,15 @@ same accounting, with what the event loop changes:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
-from types import TracebackType
-from typing import Any, SupportsFloat, SupportsIndex
+from collections.abc import Hashable
 
-import anyio
-
-from ._checks import seconds
-from ._exceptions import TimerCancelled, TimerClosed
-from ._handle import TimerHandle
+from ._purgatory import Watchers, _DelayedOperation, _Purgatory
 from ._timer import Timer
 
-__all__ = ["DelayedOperation", "Purgatory"]
-
-# Operation states. An operation moves forward only: NEW -> WATCHED -> COMPLETED or
-# CANCELLED, or NEW -> COMPLETED (completed before or instead of being watched).
-# "Finished" means COMPLETED or CANCELLED: nothing will happen to it any more.
-_NEW = 0
-_WATCHED = 1
-_COMPLETED = 2
-_CANCELLED = 3
+__all__ = ["DelayedOperation", "Purgatory", "Watchers"]
 
 
-def _check_owner(timer: Timer) -> None:
-    """Raise the timer's ``RuntimeError`` unless called from the loop that runs it.
-
-    The purgatory has no lock: its watch lists, counts and operations' waiters belong to
-    the timer's event loop, like the timer's own state. Every public method that changes
-    something calls this first, so a foreign call raises before it changes anything
-    (it used to mark an operation completed and only then reach the timer's check).
-    The rule is the timer's own (``Timer._check_owner``: its thread, and on asyncio its
-    running loop), applied while the timer runs, as the timer applies it; a thread
-    goes through ``timer.call_threadsafe``. See docs/purgatory.md, "Threads".
-    """
-    live = timer._live
-    if live is not None:
-        timer._check_owner(live)
-
-
-_NOT_INITIALISED = (
-    "{!r} has no operation state: a DelayedOperation subclass must call "
-    "super().__init__(timeout) from its __init__"
-)
-
-
-class DelayedOperation:
+class DelayedOperation(_DelayedOperation):
     """An operation that completes once: by its condition, or by its timeout.
 
     Subclass it and override
@@ -103,155 +67,10 @@ class DelayedOperation:
     ``on_error``. The operation stays completed either way and its waiters are woken.
     """
 
-    # The base keeps its state in slots; subclasses are free to have a ``__dict__``.
-    __slots__ = (
-        "__weakref__",
-        "_entries",
-        "_event",
-        "_handle",
-        "_keys",
-        "_purgatory",
-        "_state",
-        "_timeout",
-    )
-
-    def __init__(self, timeout: SupportsFloat) -> None:
-        # The timer's one rule for times (aiowheel/_checks.py: finite, no bool), plus
-        # ">= 0".
-        seconds_ = seconds(timeout, "timeout")
-        if seconds_ < 0:
-            raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
-        self._timeout = seconds_
-        self._state = _NEW
-        # The timeout on the wheel, while the operation is watched and not finished.
-        self._handle: TimerHandle[Any] | None = None
-        # The purgatory this operation was handed to (never reset: an operation is
-        # watched at most once).
-        self._purgatory: Purgatory | None = None
-        # How many watch-list entries refer to this operation (see Purgatory), and
-        # the keys it was watched on (so a purge visits only the lists it is in).
-        self._entries = 0
-        self._keys: tuple[Hashable, ...] = ()
-        # Created by the first wait(): an operation nobody waits for costs no event.
-        self._event: anyio.Event | None = None
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
-        # copy.copy, copy.deepcopy and pickle all come here. A copy of an operation
-        # already handed to a purgatory would share its timeout handle and its watch
-        # entries: completing the copy would cancel the original's timeout, and the
-        # original, still watched, would never expire. A new operation copies as usual.
-        if self._state != _NEW:
-            raise TypeError(
-                f"{type(self).__name__} cannot be copied or pickled once handed to a "
-                "purgatory: it is one operation, watched and timed there"
-            )
-        return super().__reduce_ex__(protocol)
-
-    # -- to override -------------------------------------------------------------------
-
-    def try_complete(self) -> bool:
-        """Check the condition; if it holds, ``return self.force_complete()``."""
-        return False
-
-    def on_complete(self) -> None:
-        """Runs exactly once, when the operation completes (by condition or timeout)."""
-
-    def on_expiration(self) -> None:
-        """Runs after ``on_complete`` when the operation completed by its timeout."""
-
-    # -- state -------------------------------------------------------------------------
-
-    @property
-    def timeout(self) -> float:
-        """The timeout in seconds, as given."""
-        return self._timeout
-
-    def is_completed(self) -> bool:
-        """True once the operation completed (by its condition, by ``force_complete``
-        or by its timeout). An operation removed by ``cancel_for_key`` is not
-        completed."""
-        return self._state == _COMPLETED
-
-    def is_cancelled(self) -> bool:
-        """True once ``Purgatory.cancel_for_key`` (or ``Purgatory.close``) removed the
-        operation without completing it."""
-        return self._state == _CANCELLED
-
-    def __repr__(self) -> str:
-        state = ("new", "watched", "completed", "cancelled")[getattr(self, "_state", 0)]
-        return f"<{type(self).__name__} {state} timeout={getattr(self, '_timeout', '?')}>"
-
-    # -- completion --------------------------------------------------------------------
-
-    def force_complete(self) -> bool:
-        """Complete the operation now. The first caller wins and gets ``True``: the
-        timeout is cancelled (O(1), the wheel releases it at once), the purgatory stops
-        counting the operation as delayed, ``on_complete()`` runs and waiters are woken.
-        Every later call, and any call on a cancelled operation, returns ``False``.
-        Once handed to a purgatory, the operation belongs to its timer's loop: a call
-        from elsewhere raises ``RuntimeError`` and changes nothing."""
-        purgatory = self._purgatory
-        if purgatory is not None:
-            _check_owner(purgatory._timer)
-        if self._state >= _COMPLETED:
-            return False
-        self._state = _COMPLETED
-        try:
-            self._release()
-            self.on_complete()
-        finally:
-            self._wake()
-        return True
-
-    def _expire(self) -> None:
-        # The timer's callback. The timer has already let go of the handle.
-        self._handle = None
-        if self.force_complete():
-            self.on_expiration()
-
-    def _cancel(self) -> None:
-        # Called by the purgatory only, on a watched operation.
-        self._state = _CANCELLED
-        try:
-            self._release()
-        finally:
-            self._wake()
-
-    def _release(self) -> None:
-        handle = self._handle
-        if handle is not None:
-            self._handle = None
-            handle.cancel()
-        purgatory = self._purgatory
-        if purgatory is not None:
-            purgatory._finished(self)
-
-    def _wake(self) -> None:
-        event = self._event
-        if event is not None:
-            event.set()
-
-    async def wait(self) -> None:
-        """Return once the operation completed, by any path. Any number of tasks may
-        wait. Works whether or not the operation is watched (an operation never
-        handed to a purgatory completes by ``force_complete``). Raises
-        ``aiowheel.TimerCancelled`` if ``cancel_for_key`` removed it, ``RuntimeError``
-        from outside its purgatory's loop."""
-        purgatory = self._purgatory
-        if purgatory is not None:
-            _check_owner(purgatory._timer)
-        if self._state < _COMPLETED:
-            event = self._event
-            if event is None:
-                event = self._event = anyio.Event()
-            await event.wait()
-        else:
-            await anyio.lowlevel.checkpoint()
-        if self._state == _CANCELLED:
-            raise TimerCancelled(f"{self!r} was cancelled by its purgatory")
+    __slots__ = ("__weakref__",)
 
 
-class Purgatory:
+class Purgatory(_Purgatory):
     """Delayed operations watched on keys and timed on a ``Timer``.
 
     ``timer`` is a started ``aiowheel.Timer`` (one timer can serve many purgatories).
@@ -268,164 +87,14 @@ class Purgatory:
     Keys are any hashable values (a topic, a ``(topic, partition)`` tuple, ...).
     """
 
-    def __init__(self, timer: Timer, *, name: str = "purgatory", purge_interval: int = 1000):
-        if not isinstance(timer, Timer):
-            raise TypeError(f"timer must be an aiowheel.Timer, got {timer!r}")
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {name!r}")
-        if isinstance(purge_interval, bool) or not isinstance(purge_interval, int):
-            raise TypeError(f"purge_interval must be an int, got {purge_interval!r}")
-        if purge_interval < 0:
-            raise ValueError(f"purge_interval must be >= 0, got {purge_interval!r}")
-        self._timer = timer
-        self._name = name
-        self._purge_interval = purge_interval
-        # key -> watch list. A watch list is a dict used as an insertion-ordered set,
-        # keyed by id(op): O(1) removal of any entry, iteration in watch order, and no
-        # reliance on the operation's own __hash__/__eq__ (a dataclass subclass
-        # defines __eq__ and so has no __hash__).
-        # Invariants: every list in the map is non-empty after each public call
-        # returns; op._entries == the number of lists holding op.
-        self._watchers: dict[Hashable, dict[int, DelayedOperation]] = {}
-        self._delayed = 0  # watched operations not finished
-        self._watched = 0  # entries in all watch lists
-        self._stale = 0  # finished operations with _entries > 0
-        # id(op) -> op for the finished operations still in a watch list: exactly the
-        # _stale ones (len(_stale_ops) == _stale). An operation leaves it when its last
-        # entry goes (_drop_entry), not at the next purge: an operation that left its
-        # lists must not be kept alive here, with whatever it holds (a long-poll's
-        # 1 MiB answer, issue 20), for up to 2 * purge_interval more completions.
-        self._stale_ops: dict[int, DelayedOperation] = {}
-        self._walking = 0  # check_and_complete walks in progress (re-entrancy depth)
-        self._closed = False
+    # The compiled base does the work; these restate its signatures with the public
+    # types (its own take ``object`` so that its messages, not the compiler's
+    # argument check, answer bad input). None of them is on a request's path.
 
-    # -- introspection -----------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def timer(self) -> Timer:
-        return self._timer
-
-    @property
-    def purge_interval(self) -> int:
-        return self._purge_interval
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def delayed(self) -> int:
-        """Operations watched and not yet completed (or cancelled)."""
-        return self._delayed
-
-    def watched(self) -> int:
-        """Watch-list entries, completed operations included until their key is
-        checked or the lists are purged."""
-        return self._watched
-
-    def __len__(self) -> int:
-        return self._delayed
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return (
-            f"<Purgatory {self._name!r} {state} delayed={self._delayed} "
-            f"watched={self._watched} keys={len(self._watchers)}>"
-        )
-
-    # -- operations --------------------------------------------------------------------
-
-    def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
-        """Complete ``op`` now if it can be; otherwise watch it on every key and start
-        its timeout. Returns ``True`` when it completed right away (then it is neither
-        watched nor timed), ``False`` when it was parked.
-
-        Raises ``ValueError`` for an empty key list, ``TypeError`` for a key that is
-        not hashable (or a ``str``/``bytes`` passed instead of a list of keys),
-        ``RuntimeError`` for an operation already handed to a purgatory, and
-        ``aiowheel.TimerClosed`` when the purgatory or its timer is closed (or the
-        timer is not started), ``RuntimeError`` from outside the timer's loop.
-        """
-        _check_owner(self._timer)
-        try:
-            state = op._state
-        except AttributeError:
-            if not isinstance(op, DelayedOperation):
-                raise TypeError(f"op must be a DelayedOperation, got {op!r}") from None
-            raise TypeError(_NOT_INITIALISED.format(op)) from None
-        if isinstance(keys, (str, bytes)):
-            raise TypeError(f"keys must be a collection of keys, got the string {keys!r}")
-        keys = tuple(keys)
-        if not keys:
-            raise ValueError("an operation must be watched on at least one key")
-        for key in keys:
-            hash(key)  # TypeError for an unhashable key, before anything changes
-        if op._purgatory is not None:
-            raise RuntimeError(f"{op!r} was already handed to {op._purgatory!r}")
-        if state != _NEW:
-            return True  # completed by force_complete() before it was ever watched
-        if self._closed:
-            raise TimerClosed(f"purgatory {self._name!r} is closed")
-        if self._timer.closed:
-            raise TimerClosed(f"the timer of purgatory {self._name!r} is closed")
-
-        if op.try_complete():
-            return True
-        if op._state != _NEW:  # completed although try_complete said no
-            return True
-        # Start the timeout first: if the timer refuses (closed, not started, full),
-        # nothing has been registered yet and there is nothing to undo.
-        handle = self._timer.schedule_nowait(op._timeout, op._expire, label=self._name)
-        op._handle = handle
-        op._state = _WATCHED
-        op._purgatory = self
-        self._delayed += 1
-        watchers = self._watchers
-        ident = id(op)
-        added = 0
-        for key in keys:
-            watch_list = watchers.get(key)
-            if watch_list is None:
-                watchers[key] = {ident: op}
-            elif ident in watch_list:
-                continue  # the same key twice: one entry
-            else:
-                watch_list[ident] = op
-            added += 1
-        op._entries = added
-        op._keys = keys
-        self._watched += added
-        return False
-
-    def check_and_complete(self, key: Hashable) -> int:
-        """Try to complete every operation watched on ``key`` (call it after changing
-        what ``key`` stands for). Completed operations found in the list leave it.
-        Returns how many operations this call completed; 0 for an unknown key."""
-        _check_owner(self._timer)
-        watch_list = self._watchers.get(key)
-        if watch_list is None:
-            return 0
-        completed = 0
-        self._walking += 1
-        try:
-            # A snapshot: the callbacks we call may add to this list (a new operation
-            # watched on the key), remove from it (a nested check of the same key, a
-            # cancel_for_key), or complete operations further down the list.
-            for op in list(watch_list.values()):
-                if op._state == _WATCHED and op.try_complete():
-                    completed += 1
-                if op._state >= _COMPLETED and watch_list.pop(id(op), None) is not None:
-                    self._drop_entry(op)
-        finally:
-            self._walking -= 1
-            if not watch_list and self._watchers.get(key) is watch_list:
-                del self._watchers[key]
-            if not self._walking and self._stale > self._purge_interval:
-                self._purge()
-        return completed
+    def __init__(
+        self, timer: Timer, *, name: str = "purgatory", purge_interval: int = 1000
+    ) -> None:
+        super().__init__(timer, name=name, purge_interval=purge_interval)
 
     def cancel_for_key(self, key: Hashable) -> list[DelayedOperation]:
         """Remove every operation watched on ``key`` that has not completed: each is
@@ -434,92 +103,11 @@ class Purgatory:
         ``aiowheel.TimerCancelled``. Returns them in watch order; ``[]`` for an
         unknown key. Entries the operations have under other keys are dropped when
         those keys are checked or purged, like those of completed operations."""
-        _check_owner(self._timer)
-        watch_list = self._watchers.pop(key, None)
-        if watch_list is None:
-            return []
-        cancelled: list[DelayedOperation] = []
-        self._walking += 1
-        try:
-            for op in list(watch_list.values()):
-                if op._state == _WATCHED:
-                    op._cancel()
-                    cancelled.append(op)
-                # _cancel wakes waiters only (no user code), so the entry is still here.
-                del watch_list[id(op)]
-                self._drop_entry(op)
-        finally:
-            self._walking -= 1
-            if not self._walking and self._stale > self._purge_interval:
-                self._purge()
-        return cancelled
+        return super().cancel_for_key(key)
 
     def close(self) -> list[DelayedOperation]:
         """Cancel every delayed operation (as ``cancel_for_key`` does) and refuse new
         ones. None of the cancelled operations completes or expires afterwards.
         Returns them. Idempotent. Close the purgatory before its timer: a timer closed
         under delayed operations drops their timeouts, and they would wait forever."""
-        _check_owner(self._timer)
-        self._closed = True
-        cancelled: list[DelayedOperation] = []
-        for key in list(self._watchers):
-            cancelled.extend(self.cancel_for_key(key))
-        return cancelled
-
-    def __enter__(self) -> Purgatory:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    # -- accounting --------------------------------------------------------------------
-
-    def _finished(self, op: DelayedOperation) -> None:
-        # op just completed or was cancelled (it was watched by this purgatory).
-        self._delayed -= 1
-        if op._entries:
-            self._stale += 1
-            self._stale_ops[id(op)] = op
-            # Kafka's purge trigger, evaluated where the count grows. Not during a walk:
-            # the walk is about to drop entries itself, and a purge would mutate the
-            # list under it (the walk runs the check again when it ends).
-            if self._stale > self._purge_interval and not self._walking:
-                self._purge()
-
-    def _drop_entry(self, op: DelayedOperation) -> None:
-        # One entry of op was just removed from a watch list.
-        self._watched -= 1
-        op._entries -= 1
-        if not op._entries and op._state >= _COMPLETED:
-            self._stale -= 1
-            del self._stale_ops[id(op)]
-
-    def _purge(self) -> None:
-        """Drop every finished operation from every watch list.
-
-        Kafka walks all watch lists (O(watched)), because it does not know which keys
-        a finished operation was watched on. We do (``op._keys``), and we remember the
-        operations that finished while still watched (``_stale_ops``), so a purge
-        visits only their entries: O(finished operations x their keys). What gets
-        purged, and when, is Kafka's exactly.
-        """
-        watchers = self._watchers
-        dropped = 0
-        for op in self._stale_ops.values():
-            ident = id(op)
-            for key in op._keys:
-                watch_list = watchers.get(key)
-                if watch_list is not None and watch_list.get(ident) is op:
-                    del watch_list[ident]
-                    dropped += 1
-                    if not watch_list:
-                        del watchers[key]
-            op._entries = 0
-        self._stale_ops.clear()
-        self._watched -= dropped
-        self._stale = 0
+        return super().close()

@@ -74,15 +74,39 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 __all__ = [
+    "DROPPED_ROWS_KEY",
     "NULLABLE_COLUMNS",
+    "RUN_ID_KEY",
     "TRACE_COLUMNS",
     "ParquetRecorder",
     "TraceRecorder",
+    "dropped_rows",
     "recording",
     "trace_schema",
 ]
 
 logger = logging.getLogger("aiowheel.trace")
+
+#: The Parquet footer's key-value metadata of a trace: how many rows of the run the
+#: recorder dropped (its writer could not keep up), and the run they belong to. A
+#: trace without the key was written before the count existed: unknown, not zero.
+DROPPED_ROWS_KEY: Final = "aiowheel.dropped_rows"
+RUN_ID_KEY: Final = "aiowheel.run_id"
+
+
+def dropped_rows(metadata: dict[bytes, bytes] | None) -> int | None:
+    """The dropped-row count in a trace file's footer metadata (``pyarrow``'s
+    ``FileMetaData.metadata``), or None when the file does not say."""
+    if not metadata:
+        return None
+    raw = metadata.get(DROPPED_ROWS_KEY.encode())
+    if raw is None:
+        return None
+    try:
+        count = int(raw)
+    except ValueError:
+        return None
+    return count if count >= 0 else None
 
 
 class TraceRecorder(Protocol):
@@ -476,6 +500,16 @@ class ParquetRecorder:
                 if chunk[2] == self.batch_rows:
                     # Written: the arrays viewing the buffer are gone (pc.take copies).
                     self._spare.append((chunk[0], chunk[1]))
+            # The trace says itself whether it is complete: the rows dropped because
+            # the writer could not keep up go into the file's footer (close() put the
+            # last chunk and the stop after the loop's last record(), so the count is
+            # final here). ``aiowheel report`` states them (docs/analytics.md).
+            writer.add_key_value_metadata(
+                {
+                    DROPPED_ROWS_KEY: str(self._dropped_full),
+                    RUN_ID_KEY: self.run_id,
+                }
+            )
             writer.close()
             writer = None
             os.replace(self._partial, self.path)

@@ -53,6 +53,12 @@ def virtual(backend: str) -> bool:
     return backend != "uvloop"
 
 
+@pytest.fixture
+def unit(virtual: bool) -> float:
+    """One "second" of a test: 1 s on virtual clocks, 10 ms on uvloop's real clock."""
+    return 1.0 if virtual else 0.01
+
+
 def _freeze_what_lives() -> None:
     # What lives now (pytest, hypothesis, the backends, the test modules, whatever the
     # tests so far imported: pandas, matplotlib, pyspark) is long-lived: move it out of

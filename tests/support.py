@@ -3,6 +3,12 @@
 * The wheel (tests/test_wheel.py, tests/test_wheel_model.py): ``Entry``, a wheel entry
   that counts how often the wheel files it (when the wheel runs as Python:
   ``COUNTS_FILINGS``).
+* The Timer API tests (tests/test_timer.py, tests/test_handle.py,
+  tests/test_timeout.py, tests/test_checks.py, the first section of
+  tests/test_dispatch.py): ``Probe``, a callback that records when it ran, the
+  "never early, at most one tick late" assertions, ``arm`` through the four
+  scheduling entry points, and the tick those timers use (``TIMER_TICK``; the
+  ``unit`` fixture is in tests/conftest.py).
 * The idle-timeout end-to-end tests (tests/middleware/): real servers, real sockets,
   real time. They cannot use the virtual clocks of conftest.py: a real server and a
   real client exchange bytes, so time is the wall clock and the timing assertions are
@@ -13,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +28,7 @@ from typing import Any
 import anyio
 
 import aiowheel
+from aiowheel import Timer, TimerHandle
 from aiowheel._wheel import Bucket, WheelEntry
 
 # -- the wheel's counting entry ----------------------------------------------------------
@@ -73,6 +81,88 @@ class Entry(WheelEntry):
 
     def __repr__(self) -> str:
         return f"Entry({self.name!r}, deadline={self._deadline})"
+
+
+# -- the Timer API tests ----------------------------------------------------------------
+
+#: The tick of the timers these tests use (the test modules import it as ``TICK``).
+TIMER_TICK = 0.001
+# Slack for "at most one tick late" on virtual clocks: looptime counts whole
+# microseconds (the asyncio driver rounds its wake-up up to one), and float sums of
+# deadlines are off by ulps.
+EPS = 2e-6
+
+
+def assert_on_time(
+    fired_at: float, deadline: float, virtual: bool, tick: float = TIMER_TICK
+) -> None:
+    """docs/design.md, guarantees 1 and 2: never early; on a virtual clock at most one tick late."""
+    assert fired_at >= deadline, f"fired {deadline - fired_at:.9f} s early"
+    if virtual:
+        assert fired_at - deadline <= tick + EPS, f"fired {fired_at - deadline:.9f} s late"
+
+
+class Probe:
+    """A callback that records, per name, when it ran and its handle's deadline then."""
+
+    def __init__(self, timer: Timer) -> None:
+        self.timer = timer
+        self.handles: dict[object, TimerHandle[Any]] = {}
+        self.scheduled_at: dict[object, float] = {}
+        self.runs: list[tuple[object, float, float]] = []  # (name, time(), deadline)
+
+    def __call__(self, name: object) -> object:
+        self.runs.append((name, self.timer.time(), self.handles[name].deadline))
+        return name
+
+    def schedule(self, delay: float, name: object) -> TimerHandle[Any]:
+        self.scheduled_at[name] = self.timer.time()
+        handle = self.timer.schedule_nowait(delay, self, name)
+        self.handles[name] = handle
+        return handle
+
+    def names(self) -> list[object]:
+        return [name for name, _, _ in self.runs]
+
+    def at(self, name: object) -> float:
+        (when,) = [at for n, at, _ in self.runs if n == name]
+        return when
+
+    def check(self, virtual: bool, tick: float = TIMER_TICK) -> None:
+        """Every run was on time, and no name ran twice. A deadline already past when
+        it was scheduled was due at once: lateness counts from then."""
+        for name, fired_at, deadline in self.runs:
+            assert_on_time(fired_at, deadline, virtual=False)
+            due = max(deadline, self.scheduled_at.get(name, deadline))
+            assert_on_time(fired_at, due, virtual, tick)
+        assert len(self.names()) == len(set(self.names()))
+
+
+def assert_deadline_order(deadlines_in_fire_order: list[float], tick: float = TIMER_TICK) -> None:
+    """docs/design.md, guarantee 4: deadlines more than one tick apart fire in deadline order."""
+    latest = -math.inf
+    for deadline in deadlines_in_fire_order:
+        assert deadline >= latest - tick - EPS, "a later deadline fired first"
+        latest = max(latest, deadline)
+
+
+async def arm(timer: Timer, variant: str, delay: float, callback: Any, *args: Any) -> Any:
+    """Schedule through one of the four entry points."""
+    if variant == "schedule":
+        return await timer.schedule(delay, callback, *args)
+    if variant == "schedule_nowait":
+        return timer.schedule_nowait(delay, callback, *args)
+    if variant == "schedule_at":
+        return await timer.schedule_at(timer.time() + delay, callback, *args)
+    assert variant == "schedule_at_nowait"
+    return timer.schedule_at_nowait(timer.time() + delay, callback, *args)
+
+
+VARIANTS = ["schedule", "schedule_nowait", "schedule_at", "schedule_at_nowait"]
+
+
+def noop(*args: object) -> None:
+    pass
 
 
 # -- idle-timeout end-to-end helpers -------------------------------------------------------

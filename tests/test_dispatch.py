@@ -2,14 +2,14 @@
 
 Through the public Timer API where it can be seen there (``stats().running``,
 ``stats().workers``, ``len(timer)``, ``handle.wait()``, ``on_error``), on asyncio
-(looptime), uvloop (real time) and trio (MockClock), as in tests/test_timer.py. These
-tests do not wait for time to pass: they await the events themselves, and the few
-delays are multiples of ``unit`` (1 s on the virtual clocks, 10 ms on uvloop).
-tests/test_timer.py covers the basics of async callbacks (states, a FIFO run with one
-worker, cancel and reset of one queued callback); here are the pool's own invariants:
-its FIFO with several workers, workers spawned on demand and reused, every job ending
-whatever it raises, the real cancellation of aclose(), a re-entrant close, and a
-worker killed by KeyboardInterrupt being replaced.
+(looptime), uvloop (real time) and trio (MockClock), as tests/conftest.py sets up.
+These tests do not wait for time to pass: they await the events themselves, and the
+few delays are multiples of ``unit`` (1 s on the virtual clocks, 10 ms on uvloop).
+The first section covers the basics of async callbacks (states, a FIFO run with one
+worker, cancel and reset of one queued callback); the others the pool's own
+invariants: its FIFO with several workers, workers spawned on demand and reused,
+every job ending whatever it raises, the real cancellation of aclose(), a re-entrant
+close, and a worker killed by KeyboardInterrupt being replaced.
 
 A queued coroutine that never runs must be closed: the callbacks here return
 coroutines that the test keeps (``Jobs``), so that their state can be checked rather
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import inspect
 import random
@@ -29,9 +30,11 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from support import Probe, assert_on_time
 
 from aiowheel import Timer, TimerCancelled, TimerHandle
 from aiowheel._dispatch import RunQueue, WorkerPool, close_awaitable
+from aiowheel._driver import AsyncioBackend
 from aiowheel._wheel import WheelEntry
 
 pytestmark = pytest.mark.anyio
@@ -146,6 +149,174 @@ def test_close_awaitable_closes_coroutines_only() -> None:
 
     close_awaitable(Custom())  # nothing to close: no error
     close_awaitable(None)
+
+
+# == the basics: states, one worker's FIFO, a queued callback cancelled or reset =========
+
+
+async def test_async_callback_states_and_result(unit: float) -> None:
+    async with Timer() as timer:
+        started, release = anyio.Event(), anyio.Event()
+
+        async def job(x: int) -> int:
+            started.set()
+            await release.wait()
+            return 2 * x
+
+        handle = timer.schedule_nowait(unit, job, 21)
+        assert not handle.done()
+        await started.wait()
+        assert not handle.done()  # started, not finished
+        assert handle.fired()
+        assert not handle.pending()
+        assert not handle.cancelled()
+        assert len(timer) == 0
+        assert handle.cancel() is False  # it started: too late to cancel
+        assert timer.stats().running == 1
+        release.set()
+        assert await handle.wait() == 42
+        assert handle.done()
+        assert timer.stats().running == 0
+
+
+async def test_plain_callable_returning_an_awaitable_runs_on_a_worker(unit: float) -> None:
+    async with Timer() as timer:
+
+        async def job(x: int) -> int:
+            await anyio.lowlevel.checkpoint()
+            return x + 1
+
+        handle = timer.schedule_nowait(unit, functools.partial(job, 1))
+        assert await handle.wait() == 2
+
+
+async def test_max_concurrency_is_respected() -> None:
+    async with Timer(max_concurrency=3) as timer:
+        running = peak = 0
+        three, release = anyio.Event(), anyio.Event()
+
+        async def job() -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            if running == 3:
+                three.set()
+            try:
+                await release.wait()
+            finally:
+                running -= 1
+
+        handles = [timer.schedule_nowait(0, job) for _ in range(10)]
+        await three.wait()
+        await anyio.lowlevel.checkpoint()
+        stats = timer.stats()
+        assert (stats.running, stats.workers) == (3, 3)
+        assert len(timer) == 7  # expired, waiting for a worker: still pending
+        assert sum(h.pending() for h in handles) == 7
+        release.set()
+        for handle in handles:
+            await handle.wait()
+        assert peak == 3
+        assert timer.stats().workers <= 3
+
+
+async def test_async_callbacks_run_fifo_in_expiry_order(unit: float) -> None:
+    """With one worker busy, expired async callbacks queue up and then run one at a
+    time in the order they expired (their deadlines), not in the order scheduled."""
+    async with Timer(max_concurrency=1) as timer:
+        gate, all_expired = anyio.Event(), anyio.Event()
+        order: list[int] = []
+
+        async def blocker() -> None:
+            await gate.wait()
+
+        async def job(i: int) -> None:
+            order.append(i)
+            await anyio.lowlevel.checkpoint()
+
+        timer.schedule_nowait(0, blocker)
+        step = 3 * TICK if unit < 1 else 0.01
+        ids = list(range(12))
+        random.Random(3).shuffle(ids)
+        handles = {i: timer.schedule_nowait((i + 1) * step, job, i) for i in ids}
+        timer.schedule_nowait(14 * step, all_expired.set)
+        await all_expired.wait()
+        assert order == []
+        assert len(timer) == 12
+        assert all(h.pending() for h in handles.values())
+        gate.set()
+        for handle in handles.values():
+            await handle.wait()
+        assert order == sorted(ids)
+
+
+async def test_cancel_a_queued_async_callback(unit: float) -> None:
+    async with Timer(max_concurrency=1) as timer:
+        gate, queued = anyio.Event(), anyio.Event()
+        ran: list[str] = []
+
+        async def blocker() -> None:
+            await gate.wait()
+
+        async def job(name: str) -> None:
+            ran.append(name)
+
+        timer.schedule_nowait(0, blocker)
+        victim = timer.schedule_nowait(unit, job, "victim")
+        kept = timer.schedule_nowait(unit, job, "kept")
+        timer.schedule_nowait(2 * unit, queued.set)
+        await queued.wait()
+        assert victim.pending()
+        assert len(timer) == 2
+        assert victim.cancel() is True
+        assert len(timer) == 1
+        assert victim.cancelled()
+        gate.set()
+        await kept.wait()
+        with pytest.raises(TimerCancelled):
+            await victim.wait()
+        assert ran == ["kept"]
+
+
+@pytest.mark.virtual_time
+async def test_reset_a_queued_async_callback_puts_it_back_in_the_wheel() -> None:
+    async with Timer(max_concurrency=1) as timer:
+        gate, queued = anyio.Event(), anyio.Event()
+        ran: list[float] = []
+
+        async def blocker() -> None:
+            await gate.wait()
+
+        async def job() -> None:
+            ran.append(timer.time())
+
+        timer.schedule_nowait(0, blocker)
+        handle = timer.schedule_nowait(0.1, job)
+        timer.schedule_nowait(0.2, queued.set)
+        await queued.wait()
+        handle.reset(1.0)
+        gate.set()
+        await anyio.sleep(0.5)
+        assert ran == []
+        assert handle.pending()
+        assert len(timer) == 1
+        await handle.wait()
+        assert_on_time(ran[0], handle.deadline, virtual=True)
+
+
+@pytest.mark.virtual_time
+async def test_slow_async_callback_does_not_delay_other_timers() -> None:
+    async with Timer() as timer:
+        probe = Probe(timer)
+
+        async def slow() -> None:
+            await anyio.sleep(10)
+
+        timer.schedule_nowait(0.1, slow)
+        for i in range(5):
+            probe.schedule(0.2 + i, i)
+        await probe.handles[4].wait()
+        probe.check(virtual=True)
 
 
 # == FIFO and max_concurrency =============================================================
@@ -847,4 +1018,6 @@ async def test_a_job_that_cancels_its_own_worker_task_is_stopped_and_replaced(
         assert victim.done()
         stats = timer.stats()
         assert (stats.failed, stats.running, stats.workers) == (0, 0, 1)
-        assert len(pool._tasks) == 1
+        backend = pool._backend  # the worker tasks are the backend's (AsyncioBackend)
+        assert isinstance(backend, AsyncioBackend)
+        assert len(backend._tasks) == 1

@@ -57,7 +57,7 @@ EXPECTED: dict[str, tuple[str, str, str, str]] = {
     "TimerHandle": (REFUSED, REFUSED, REFUSED, OK),
     "PeriodicHandle": (REFUSED, REFUSED, REFUSED, OK),
     "TimerStats": (OK, OK, OK, REFUSED),
-    "Timeout": (OK, REFUSED, REFUSED, REFUSED),
+    "Timeout": (REFUSED, REFUSED, REFUSED, REFUSED),
     "DelayedOperation (new)": (OK, OK, OK, OK),
     "DelayedOperation (watched)": (REFUSED, REFUSED, REFUSED, OK),
     "Purgatory": (OK, REFUSED, REFUSED, OK),

@@ -1265,3 +1265,81 @@ async def test_an_operation_that_left_its_watch_lists_is_not_kept_alive() -> Non
             assert purgatory.check_and_complete("b") == 0
             gc.collect()
             assert ref() is None
+
+
+# -- the compiled core (issue 19): interpreted subclasses of the compiled base -----------
+
+
+class Grandchild(Op):
+    """A subclass of a subclass, overriding again: every level's override must run."""
+
+    def on_complete(self) -> None:
+        super().on_complete()
+        self.events.append("grandchild complete")
+
+    def on_expiration(self) -> None:
+        super().on_expiration()
+        self.events.append("grandchild expire")
+
+
+@pytest.mark.virtual_time
+async def test_overrides_of_an_interpreted_subclass_are_called() -> None:
+    """The purgatory calls the user's try_complete, on_complete and on_expiration (on
+    the compiled core, through the interpreted subclass, not the compiled base's)."""
+    async with Timer(tick=TICK) as timer:
+        with Purgatory(timer) as purgatory:
+            by_condition = Grandchild(10.0)
+            assert not purgatory.try_complete_else_watch(by_condition, ["k"])
+            assert by_condition.tries == 1  # the first try, at watch time
+            by_condition.ready = True
+            assert purgatory.check_and_complete("k") == 1
+            assert by_condition.tries == 2
+            assert by_condition.events == ["complete", "grandchild complete"]
+
+            by_timeout = Grandchild(0.05)
+            assert not purgatory.try_complete_else_watch(by_timeout, ["k"])
+            await by_timeout.wait()
+            assert by_timeout.events == [
+                "complete",
+                "grandchild complete",
+                "expire",
+                "grandchild expire",
+            ]
+            forced = Grandchild(10.0)
+            assert not purgatory.try_complete_else_watch(forced, ["k"])
+            assert forced.force_complete()
+            assert forced.events == ["complete", "grandchild complete"]
+
+
+async def test_a_subclass_without_slots_keeps_its_dict_and_weak_references() -> None:
+    class Plain(DelayedOperation):
+        pass
+
+    op = Plain(1.0)
+    op.anything = 1  # type: ignore[attr-defined]
+    assert weakref.ref(op)() is op
+    twin = copy.deepcopy(op)
+    assert twin.anything == 1  # type: ignore[attr-defined]
+    assert twin.timeout == 1.0
+    assert not twin.is_completed()
+
+
+async def test_one_watchers_object_per_key() -> None:
+    """One key's watch list is a ``Watchers`` (Kafka's): watch order, one entry per
+    operation, gone once empty."""
+    from aiowheel.purgatory import Watchers
+
+    async with Timer(tick=TICK) as timer:
+        with Purgatory(timer) as purgatory:
+            ops = [Op(10.0) for _ in range(3)]
+            for op in ops:
+                purgatory.try_complete_else_watch(op, ["k", "k"])  # one entry
+            watchers = purgatory._watchers["k"]
+            assert isinstance(watchers, Watchers)
+            assert watchers.key == "k"
+            assert watchers.snapshot() == ops
+            assert len(watchers) == purgatory.watched() == 3
+            for op in ops:
+                op.ready = True
+            assert purgatory.check_and_complete("k") == 3
+            assert "k" not in purgatory._watchers

@@ -15,13 +15,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..trace import TRACE_COLUMNS
+from ..trace import RUN_ID_KEY, TRACE_COLUMNS, dropped_rows
 from .schema import SUMMARY_PARQUET, WINDOWS_PARQUET
 
 __all__ = [
+    "Completeness",
     "TraceFiles",
     "TraceInputError",
     "check_trace_file",
+    "completeness_lines",
+    "completeness_of",
     "find_traces",
     "is_remote",
     "not_regular",
@@ -41,12 +44,27 @@ class TraceInputError(Exception):
 
 
 @dataclass(frozen=True)
+class Completeness:
+    """What one trace file says about itself: its run, the rows it holds, and how
+    many rows its recorder dropped (None: the file does not say, written before the
+    count existed or by another writer)."""
+
+    file: str
+    run_id: str | None
+    rows: int
+    dropped: int | None
+
+
+@dataclass(frozen=True)
 class TraceFiles:
     """What the job will read: checked local files, and remote paths left to Spark."""
 
     local: tuple[str, ...]
     remote: tuple[str, ...]
     rows: int  #: rows in the local files (remote ones are counted by Spark)
+    #: One ``Completeness`` per local file, in ``local``'s order: what its footer says
+    #: about rows its recorder dropped.
+    completeness: tuple[Completeness, ...] = ()
 
     @property
     def paths(self) -> list[str]:
@@ -87,8 +105,39 @@ def find_traces(paths: Sequence[str]) -> TraceFiles:
             if problem:
                 raise TraceInputError(f"{raw}: {problem}")
             local[str(path.resolve())] = None
-    rows = sum(check_trace_file(file) for file in local)
-    return TraceFiles(tuple(local), tuple(remote), rows)
+    completeness = tuple(completeness_of(file, check_trace_file(file)) for file in local)
+    rows = sum(c.rows for c in completeness)
+    return TraceFiles(tuple(local), tuple(remote), rows, completeness)
+
+
+def completeness_of(file: str, rows: int) -> Completeness:
+    """What the footer of ``file`` (a checked trace of ``rows`` rows) says about rows
+    its recorder dropped (``aiowheel.trace.DROPPED_ROWS_KEY``)."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    metadata = pq.read_metadata(file).metadata
+    run = (metadata or {}).get(RUN_ID_KEY.encode())
+    run_id = run.decode("utf-8", "replace") if run is not None else None
+    return Completeness(file, run_id, rows, dropped_rows(metadata))
+
+
+def completeness_lines(files: TraceFiles, *, unknown: bool = True) -> list[str]:
+    """One line per run whose trace is incomplete or (``unknown``) does not say; empty
+    when every trace says it is complete. ``aiowheel report`` prints the incomplete
+    ones as warnings; report.md lists them all."""
+    lines = []
+    for c in files.completeness:
+        run = f"run `{c.run_id}`" if c.run_id else f"`{c.file}`"
+        if c.dropped is None:
+            if not unknown:
+                continue
+            lines.append(f"{run}: the trace does not say whether rows were dropped")
+        elif c.dropped:
+            share = c.dropped / (c.rows + c.dropped)
+            lines.append(
+                f"{run}: {c.dropped:,} rows dropped ({share:.1%} of its timers; {c.rows:,} kept)"
+            )
+    return lines
 
 
 def _parquet_files(root: Path) -> Iterable[Path]:
@@ -128,7 +177,7 @@ def not_regular(path: Path) -> str | None:
 
 def check_trace_file(file: str) -> int:
     """The number of rows of a trace file; ``TraceInputError`` if it is not one."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq
 
     problem = not_regular(Path(file))
     if problem:

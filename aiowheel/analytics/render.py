@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .bench_results import SINGLE_REPETITION, BenchResults
-from .inputs import TraceFiles
+from .inputs import TraceFiles, completeness_lines
 from .plots import metric_name, times
 from .schema import (
     BENCH_RESULTS,
@@ -371,6 +371,46 @@ timeout) shows up on the right; the cancel ratio is in the summary.
 """
 
 
+def dropped_section(files: TraceFiles) -> str:
+    """The top of report.md: how many trace rows were dropped, per run, and what that
+    does to each figure. A trace is never silently incomplete."""
+    known = [c for c in files.completeness if c.dropped is not None]
+    dropped = sum(c.dropped or 0 for c in known)
+    unknown = len(files.completeness) - len(known) + len(files.remote)
+    lines = completeness_lines(files)
+    if files.remote:
+        lines.append(
+            f"{len(files.remote)} remote path(s) read by Spark: not checked for dropped rows"
+        )
+    if not dropped and not unknown:
+        return (
+            f"**Complete traces:** no rows were dropped in any of the "
+            f"{len(files.completeness)} run(s): every timer of every run is counted.\n"
+        )
+    listed = "\n".join(f"- {line}" for line in lines)
+    head = (
+        f"**Incomplete traces: {dropped:,} rows were dropped** (the recorder's writer could "
+        "not keep up, so it dropped whole batches of rows rather than slow the timer down)"
+        if dropped
+        else "**Traces that may be incomplete:** some do not say whether rows were dropped"
+    )
+    return f"""{head}.
+
+{listed}
+
+What that does to each figure of the affected runs:
+
+- **timers, fired, cancelled, and the per-second counts and rates** are lower bounds:
+  the dropped timers are missing from them (by at most the counts above, in the
+  seconds where the writer fell behind);
+- **lateness percentiles, the lateness CDF and the lifetimes** are computed from the
+  rows kept only. A dropped batch is a run of consecutive ends at a moment the writer
+  fell behind, usually the busiest one, so the tail (p99, max) may be understated;
+- **the headline** (ratios from the bench's own measurements, not from the traces) is
+  not affected.
+"""
+
+
 def render_markdown(
     summary: pd.DataFrame,
     files: TraceFiles,
@@ -393,6 +433,7 @@ def render_markdown(
         shown += f"\n- ... and {len(paths) - 20} more"
     return f"""# aiowheel timer report
 
+{dropped_section(files)}
 {_headline_section(headline)}
 ## The traces
 

@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Any, Final
 from aiowheel.bench.contenders import install_hint
 
 from .bench_results import BenchResultsError, find_bench_results, headline, load_bench_results
-from .inputs import TraceFiles, TraceInputError, find_traces, first_line, is_remote
+from .inputs import (
+    TraceFiles,
+    TraceInputError,
+    completeness_lines,
+    find_traces,
+    first_line,
+    is_remote,
+)
 from .render import Headline
 from .schema import (
     ACCURACY,
@@ -559,7 +566,12 @@ def run_report(
     files = find_traces(list(traces))
     target = Path(out)
     _check_target(target, list(traces), files)
-    warnings: list[str] = []
+    # Runs that dropped rows get a warning each; traces that do not say (written before
+    # the count existed) are listed in report.md only.
+    warnings: list[str] = [
+        f"incomplete trace: {line} ({REPORT_MD} says what that does to each figure)"
+        for line in completeness_lines(files, unknown=False)
+    ]
     source = _headline_source(list(traces), files, bench_results, warnings)
     problem = java_problem() if not _under_spark_submit() else None
     if problem:

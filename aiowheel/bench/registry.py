@@ -6,12 +6,23 @@ The only module that imports the workloads: they import their interfaces
 
 from __future__ import annotations
 
-from .kafka import Kafka
+from .kafka import Cycle, Kafka
 from .workload import AnyWorkload
-from .workloads import Churn, Fire, Idle, Memory, Rearm, Spread
+from .workloads import Churn, Fire, Idle, Memory, Rearm, Spread, TimeoutScope
 
 __all__ = ["WORKLOADS"]
 
 WORKLOADS: dict[str, AnyWorkload] = {
-    w.name: w for w in (Churn(), Rearm(), Fire(), Spread(), Kafka(), Memory(), Idle())
+    w.name: w
+    for w in (
+        Churn(),
+        Rearm(),
+        Fire(),
+        Spread(),
+        Kafka(),
+        Cycle(),
+        Memory(),
+        Idle(),
+        TimeoutScope(),
+    )
 }

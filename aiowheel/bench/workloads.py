@@ -22,6 +22,11 @@ repetition: all contenders see the same workload.
             cancel + ``call_later``; aiohttp's stored deadline re-checked when its
             ``call_at`` fires; trio's deadline), and idle closes per second (a
             connection whose reads came too late: a sign the contender fell behind).
+``timeout`` a timeout block with N other timers pending: ns per enter + exit (nothing
+            inside), and ns per reset of the open block's deadline (one per read):
+            aiowheel ``timer.timeout``; ``asyncio.timeout`` on asyncio and uvloop (the
+            ``call_later`` contenders: the loop's own timer heap); trio's
+            ``move_on_after`` (``trio-native``).
 ``kafka``, a searched workload, is in ``kafka.py``; ``registry.py`` lists them all.
 
 Between batches of 1,000 operations the timed loops yield to the event loop once,
@@ -46,7 +51,7 @@ from .results import Result
 from .settings import Settings
 from .workload import Metric, RepeatedWorkload
 
-__all__ = ["Churn", "Fire", "Idle", "Memory", "Rearm", "Spread"]
+__all__ = ["Churn", "Fire", "Idle", "Memory", "Rearm", "Spread", "TimeoutScope"]
 
 _BATCH = 1_000
 
@@ -616,3 +621,116 @@ class Idle(RepeatedWorkload):
             "read_ns": elapsed / reads * 1e9,
             "timeouts_per_s": (timeouts - timeouts_before) / elapsed,
         }
+
+
+# -- timeout ------------------------------------------------------------------------
+
+
+@dataclass
+class _TimeoutData:
+    fill: list[float]
+    ops: int
+
+
+class TimeoutScope(RepeatedWorkload):
+    name = "timeout"
+    title = "a timeout block: enter + exit, and reset per read, N other timers pending"
+    metrics = (
+        Metric("enter_exit_ns", "enter + exit of a timeout block", "ns", "lower"),
+        Metric("reset_ns", "reset of the open block's deadline (per read)", "ns", "lower"),
+    )
+    traced = False  # one-block guards that never fire: the trace is all cancellations
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [10_000] if quick else [10_000, 100_000]
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> _TimeoutData:
+        rng = _rng(settings, self.name, n, rep)
+        ops = settings.ops if settings.ops is not None else 100_000
+        return _TimeoutData([rng.uniform(0.0, 30.0) for _ in range(n)], ops)
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "delay": 10.0,
+            "patterns": {
+                "aiowheel": "with timer.timeout(10): pass; t.reset(10)",
+                "call_later": "async with asyncio.timeout(10): pass; "
+                "cm.reschedule(loop.time() + 10)",
+                "trio": "with trio.move_on_after(10): pass; "
+                "scope.deadline = trio.current_time() + 10",
+            },
+        }
+
+    async def run(
+        self, env: Env, n: int, data: _TimeoutData, settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        # The other pending timers: a timeout shares its loop with them.
+        handles = [env.call_later(delay, _noop) for delay in data.fill]
+        await _settle(env)
+        checkpoint = env.checkpoint
+        perf = time.perf_counter
+        kind = env.contender.kind
+        batches = range(max(data.ops // _BATCH, 1))
+        ops = len(batches) * _BATCH
+        inner = range(_BATCH)
+        gc.collect()
+        if kind == "aiowheel":
+            assert env.timer is not None
+            timeout = env.timer.timeout
+            t0 = perf()
+            for _ in batches:
+                for _ in inner:
+                    with timeout(10.0):
+                        pass
+                await checkpoint()
+            enter_exit = perf() - t0
+            with timeout(10.0) as scope:
+                reset = scope.reset
+                t0 = perf()
+                for _ in batches:
+                    for _ in inner:
+                        reset(10.0)
+                    await checkpoint()
+                resets = perf() - t0
+        elif kind == "trio":
+            import trio
+
+            move_on_after = trio.move_on_after
+            clock = trio.current_time
+            t0 = perf()
+            for _ in batches:
+                for _ in inner:
+                    with move_on_after(10.0):
+                        pass
+                await checkpoint()
+            enter_exit = perf() - t0
+            with move_on_after(10.0) as trio_scope:
+                t0 = perf()
+                for _ in batches:
+                    for _ in inner:
+                        trio_scope.deadline = clock() + 10.0
+                    await checkpoint()
+                resets = perf() - t0
+        else:
+            import asyncio
+
+            asyncio_timeout = asyncio.timeout
+            loop_time = asyncio.get_running_loop().time
+            t0 = perf()
+            for _ in batches:
+                for _ in inner:
+                    async with asyncio_timeout(10.0):
+                        pass
+                await checkpoint()
+            enter_exit = perf() - t0
+            async with asyncio_timeout(10.0) as cm:
+                reschedule = cm.reschedule
+                t0 = perf()
+                for _ in batches:
+                    for _ in inner:
+                        reschedule(loop_time() + 10.0)
+                    await checkpoint()
+                resets = perf() - t0
+        for handle in handles:
+            handle.cancel()
+        return {"enter_exit_ns": enter_exit / ops * 1e9, "reset_ns": resets / ops * 1e9}

@@ -18,7 +18,7 @@ import pytest
 
 from aiowheel.analytics import plots, render, schema
 from aiowheel.analytics.bench_results import headline, load_bench_results
-from aiowheel.analytics.inputs import TraceFiles
+from aiowheel.analytics.inputs import Completeness, TraceFiles, completeness_lines, find_traces
 from aiowheel.analytics.render import Headline
 from aiowheel.analytics.schema import CDF_QUANTILES
 
@@ -387,7 +387,10 @@ def test_report_md_opens_with_the_headline_figure_and_its_table() -> None:
         "4.3.0",
         Headline(bench, headline(bench), ""),
     )
-    assert text.startswith("# aiowheel timer report\n\n## Headline: aiowheel against each peer\n")
+    # First whether the traces are complete (issue 19), then the headline.
+    assert text.startswith("# aiowheel timer report\n\n**Traces that may be incomplete:**")
+    assert "remote path(s) read by Spark: not checked for dropped rows" in text
+    assert "\n## Headline: aiowheel against each peer\n" in text
     first_figure = text.index("](")
     assert text[first_figure:].startswith(f"]({schema.HEADLINE_PNG})")
     table = [line for line in text.splitlines() if line.startswith("| fire N=50,000 |")]
@@ -497,3 +500,59 @@ def test_the_headline_pairs_each_peer_with_aiowheel_on_its_backend() -> None:
         ]
         assert row.ratio == pytest.approx(source["ratios"][row.aiowheel])
         assert row.peer_median == pytest.approx(source["median"])
+
+
+# == dropped rows (issue 19): a trace is never silently incomplete ==========================
+
+
+def _completeness(*dropped: int | None) -> TraceFiles:
+    runs = tuple(
+        Completeness(f"/t/{i}.parquet", f"run-{i}", 1000, d) for i, d in enumerate(dropped)
+    )
+    return TraceFiles(tuple(c.file for c in runs), (), 1000 * len(runs), runs)
+
+
+def test_report_md_says_at_the_top_that_every_trace_is_complete() -> None:
+    text = render.dropped_section(_completeness(0, 0))
+    assert text.startswith("**Complete traces:** no rows were dropped in any of the 2 run(s)")
+    assert completeness_lines(_completeness(0, 0)) == []
+
+
+def test_report_md_states_dropped_rows_per_run_and_what_they_do_to_each_figure() -> None:
+    files = _completeness(0, 250, None)
+    text = render.dropped_section(files)
+    assert text.startswith("**Incomplete traces: 250 rows were dropped**")
+    assert "- run `run-1`: 250 rows dropped (20.0% of its timers; 1,000 kept)" in text
+    assert "- run `run-2`: the trace does not say whether rows were dropped" in text
+    assert "run-0" not in text  # complete runs are not listed
+    # aiowheel report warns about the run that dropped rows (the other is in report.md).
+    assert completeness_lines(files, unknown=False) == [
+        "run `run-1`: 250 rows dropped (20.0% of its timers; 1,000 kept)"
+    ]
+    for figure in ("lower bounds", "lateness percentiles", "headline"):
+        assert figure in text
+    summary = _summary([("r", "aiowheel", "uvloop", None, 3, 1)])
+    bench = Headline(None, None, "no bench-results.json")
+    markdown = render.render_markdown(
+        summary.drop(columns=["lateness_cdf"]), files, 3000, "local[2]", "4.3.0", bench
+    )
+    assert markdown.startswith("# aiowheel timer report\n\n**Incomplete traces: 250 rows")
+
+
+def test_find_traces_reads_what_each_footer_says(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from aiowheel.trace import ParquetRecorder
+
+    recorder = ParquetRecorder(tmp_path / "a.parquet", run_id="run-a")
+    recorder.open(backend="asyncio", clock=0.0)
+    recorder.record(1, None, 1.0, 2.0, 0, 2.5, None)
+    recorder.close()
+    table = pq.read_table(recorder.path)
+    pq.write_table(table.replace_schema_metadata(None), tmp_path / "b.parquet")
+    files = find_traces([str(tmp_path)])
+    by_name = {Path(c.file).name: c for c in files.completeness}
+    assert by_name["a.parquet"] == Completeness(str(recorder.path), "run-a", 1, 0)
+    assert by_name["b.parquet"].dropped is None
+    assert by_name["b.parquet"].run_id is None
+    assert isinstance(table, pa.Table)

@@ -19,6 +19,7 @@ from aiowheel.trace import (
     NULLABLE_COLUMNS,
     TRACE_COLUMNS,
     ParquetRecorder,
+    dropped_rows,
     recording,
     trace_schema,
 )
@@ -128,6 +129,22 @@ def test_a_full_queue_drops_whole_batches_and_counts_them(
     recorder.close()
     assert [r["timer_id"] for r in _read(recorder.path)] == [1, 2, 3, 4, 7]
     assert (recorder.written, recorder.dropped) == (5, 2)
+    # The trace itself says it is incomplete, and by how much (issue 19).
+    footer = pq.read_metadata(recorder.path).metadata
+    assert dropped_rows(footer) == 2
+    assert footer[b"aiowheel.run_id"] == recorder.run_id.encode()
+
+
+def test_a_complete_trace_says_so_and_an_old_one_says_nothing(tmp_path: Path) -> None:
+    recorder = _opened(tmp_path, batch_rows=3)
+    for i in range(7):
+        recorder.record(i, None, 1.0, 2.0, 0, 2.5, None)
+    recorder.close()
+    assert dropped_rows(pq.read_metadata(recorder.path).metadata) == 0
+    old = tmp_path / "old.parquet"
+    pq.write_table(pq.read_table(recorder.path).replace_schema_metadata(None), old)
+    assert dropped_rows(pq.read_metadata(old).metadata) is None
+    assert dropped_rows({b"aiowheel.dropped_rows": b"x"}) is None
 
 
 def test_the_file_appears_only_when_closed(tmp_path: Path) -> None:

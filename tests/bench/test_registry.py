@@ -12,7 +12,17 @@ from aiowheel.bench.workload import RepeatedWorkload, SearchedWorkload
 
 
 def test_every_workload_in_the_default_order() -> None:
-    assert list(WORKLOADS) == ["churn", "rearm", "fire", "spread", "kafka", "memory", "idle"]
+    assert list(WORKLOADS) == [
+        "churn",
+        "rearm",
+        "fire",
+        "spread",
+        "kafka",
+        "purgatory",
+        "memory",
+        "idle",
+        "timeout",
+    ]
     for name, workload in WORKLOADS.items():
         assert workload.name == name
         assert workload.metrics

@@ -10,16 +10,23 @@ from aiohttp import web
 
 import aiowheel
 
+# Never early means the loop's clock has reached the deadline the scope set
+# (``loop.time() >= when``). Not ``loop.time() - start >= 0.02``: uvloop's clock counts
+# whole milliseconds, and ``(start + 0.02) - start`` is 0.01999999999998 in floats, so
+# that test failed on a timeout that fired exactly on time (plain uvloop too).
+_INF = float("inf")
+
 
 async def _handler(request: web.Request) -> web.Response:
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    when = _INF
     try:
-        async with asyncio.timeout(0.02):
+        async with asyncio.timeout(0.02) as scope:
+            when = scope.when() or _INF
             await asyncio.Event().wait()
     except TimeoutError:
-        waited = loop.time() - start
-        return web.Response(text="timeout" if waited >= 0.02 else f"early {waited}")
+        now = loop.time()
+        return web.Response(text="timeout" if now >= when else f"early {when - now}")
     return web.Response(text="no timeout")
 
 
@@ -57,13 +64,14 @@ def test_uvicorn_starlette_on_the_loop(base: str) -> None:
 
     async def endpoint(request: Request) -> PlainTextResponse:
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        when = _INF
         try:
-            async with asyncio.timeout(0.02):
+            async with asyncio.timeout(0.02) as scope:
+                when = scope.when() or _INF
                 await asyncio.Event().wait()
         except TimeoutError:
-            ok = loop.time() - start >= 0.02
-            return PlainTextResponse("timeout" if ok else "early")
+            now = loop.time()
+            return PlainTextResponse("timeout" if now >= when else f"early {when - now}")
         return PlainTextResponse("no timeout")
 
     app = Starlette(routes=[Route("/", endpoint)])

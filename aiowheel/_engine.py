@@ -1,0 +1,916 @@
+"""The engine: what runs a started timer between ``__aenter__`` and ``aclose()``.
+
+``Timer`` (``_timer.py``) validates, admits and owns the lifecycle; the engine owns
+everything that happens once a timer is filed (docs/design.md, "Module map"):
+
+* the parts: the wheel (``_wheel.py``), the driver that wakes it (``_driver.py``) and
+  the worker pool of async callbacks (``_dispatch.py``; its host is this class, typed
+  as itself so that compiled, the pool's calls are native);
+* the counters (docs/design.md, "Accounting") and the driver's wake-up;
+* filing and re-filing: ``file``, ``move``, ``rearm`` and the periodic timers;
+* the pass: ``fire_due`` (the driver's callback) is a short loop over what the wheel
+  hands back, and ``run_one`` is the only place where the pass calls a callback, and
+  where its exception rules live (``WorkerPool._run`` applies the same rules to jobs);
+* waiters (``handle.wait()``, room under ``max_pending``, the drain), tracing, and
+  closing (``close``; ``break_`` when the wheel itself raised).
+
+The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
+plain method; the owner builds the pool (which may need one) and assigns ``pool``.
+
+The rules copied into hot paths (``Timer.schedule_nowait``, ``Timer._cancel``, the
+handle's inline ``reset``) are named here once; each inline copy is tagged with the
+name of its rule: *arm-if-earlier* (``arm_if_earlier``), *admission* (``admit``), the
+*drain wake-up* (``pending_fell``), *lateness* (``note_lateness``), the *trace row*
+(``write_row``), the *cancel* (``cancel``), the *lazy extend* (``Wheel.extend``), the
+*owner check* (``Timer._here``, with ``elsewhere``) and *closed while filing*
+(``closed_while_filing``).
+
+Re-entrancy (docs/design.md, "Re-entrancy"): no user code, finalizers included, runs
+between deciding a linked-list change and completing it. Each method below that
+changes a bucket says where it releases what it replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from _thread import get_ident
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, final
+
+import anyio
+
+from ._checks import full
+from ._dispatch import close_awaitable
+from ._driver import Backend, Driver
+from ._exceptions import TimerCancelled
+from ._handle import (
+    _CANCELLED,
+    _PENDING,
+    _RUNNING,
+    PeriodicHandle,
+    TimerHandle,
+    TracedHandle,
+    _Failure,
+    release,
+    without_frame,
+)
+from ._timeout import Guard
+from ._wheel import Bucket, Wheel, deadline_of
+
+if TYPE_CHECKING:
+    from ._dispatch import WorkerPool
+    from .trace import TraceRecorder
+
+__all__ = ["Engine"]
+
+logger: Final = logging.getLogger("aiowheel")
+
+_INF: Final = math.inf
+_get_running_loop: Final = asyncio._get_running_loop
+_EXIT: Final = (SystemExit, KeyboardInterrupt)
+ASYNC_ON_ERROR: Final = (
+    "the timer calls on_error inside its pass, which never awaits: pass a plain "
+    "function (it may start a task for async work)"
+)
+
+
+class _Waiter:
+    """Tasks waiting in ``handle.wait()`` for one handle share one of these."""
+
+    __slots__ = ("event", "outcome")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.outcome: Any = _PENDING
+
+
+@final  # compiled, calls between its own methods are direct (no vtable)
+class Engine:
+    """The running parts and the accounting of one started timer."""
+
+    # Assigned by the owner once the engine exists (the pool's host is the engine).
+    pool: WorkerPool
+
+    def __init__(
+        self,
+        backend: Backend,
+        tick: float,
+        wheel_size: int,
+        limit: int,
+        on_error: Callable[[TimerHandle[Any], BaseException], object],
+        tracing: TraceRecorder | None,
+        on_close: Callable[[], None],
+        closed_error: Callable[[], BaseException],
+    ) -> None:
+        # What differs between event loops is the backend's (aiowheel/_driver.py); its
+        # clock and loop are copied here for the hot paths.
+        self.backend = backend
+        self.clock: Callable[[], float] = backend.clock
+        self.loop: asyncio.AbstractEventLoop | None = backend.loop
+        # For elsewhere(): the owner's thread, and whether the loop is asyncio's own
+        # (looptime's too), which keeps the thread it runs in as ``_thread_id``.
+        self.thread = get_ident()
+        self.stdlib = isinstance(self.loop, asyncio.BaseEventLoop)
+        self.wheel = Wheel(tick, wheel_size, self.clock())
+        self.driver: Driver = backend.make_driver(self.fire_due)
+        # The owner's supervisor waits on `closing`; `stopped` once it has returned.
+        self.closing = anyio.Event()
+        self.stopped = anyio.Event()
+        self.limit = limit
+        self.on_error = on_error
+        # The recorder rows are written to, until a record() raises (recorder_failed).
+        self.tracing = tracing
+        # What the owner does when the engine closes (stop accepting), and the error a
+        # call on the closed engine raises.
+        self._on_close = on_close
+        self._closed_error = closed_error
+
+        # Closed: for good. Draining: aclose(drain=True) waits for the rest.
+        self.closed = False
+        self.draining = False
+        self.broken: BaseException | None = None  # what closed it, if not aclose
+        # When the driver is armed for; -inf during a pass (no re-arming from
+        # callbacks: the pass re-arms once at its end), inf when idle.
+        self.wake_at = _INF
+
+        # Counters (docs/design.md, "Accounting"). pending is exact at every moment.
+        self.pending = 0
+        self.scheduled = 0
+        self.fired = 0
+        self.cancelled = 0
+        self.failed = 0
+        self.lateness_max = 0.0
+        self.wakeups = 0
+        self.last_id = 0  # trace rows number the timers from 1
+
+        self.waiters: dict[TimerHandle[Any], _Waiter] = {}
+        self.room_waiters: list[anyio.Event] = []
+        self.idle_waiters: list[anyio.Event] = []
+        # True whenever a cancel must do more than count: someone may be waiting (on
+        # the handle, for room, for the drain), or there is a recorder. Set on every
+        # registration, recomputed lazily, so that cancel() checks one attribute.
+        self.notify_cancel = tracing is not None
+        self.periodic: set[PeriodicHandle] = set()
+        # The handles an internal error cancelled (see break_): their wait() says why.
+        self.stranded: set[TimerHandle[Any]] = set()
+
+    # -- the named rules ------------------------------------------------------------
+
+    def elsewhere(self) -> bool:
+        """True when, in the owner's thread (checked first by the caller), the event
+        loop that runs is not the timer's: a second loop in the same thread (the
+        *owner check*'s second half, docs/design.md, "Loop affinity").
+
+        Cheap enough for every call that changes the timer: asyncio's own loop says in
+        one attribute which thread runs it (None once stopped); uvloop's is_running()
+        is one C call; on trio, the only other loop that can run in its thread is an
+        asyncio one nested in it, and ``asyncio._get_running_loop()`` answers None
+        without a system call when no asyncio loop runs (the getpid() it makes
+        otherwise is what makes it too slow for the asyncio case)."""
+        loop = self.loop
+        if loop is None:
+            return _get_running_loop() is not None
+        if self.stdlib:
+            return bool(cast(Any, loop)._thread_id != self.thread)
+        return not loop.is_running()
+
+    def admit(self) -> None:
+        """Admission: ``TimerFull`` when one more pending timer would pass the bound.
+        (Inline copy, tagged: ``Timer.schedule_nowait``.)"""
+        if self.pending >= self.limit:
+            raise full(self.pending, self.limit)
+
+    def arm_if_earlier(self, when: float) -> None:
+        """Arm-if-earlier: a bucket that comes due before the armed wake-up moves it.
+        (Inline copy, tagged: ``Timer.schedule_nowait``.)"""
+        if when < self.wake_at:
+            self.wake_at = when
+            self.driver.arm(when)
+
+    def pending_fell(self) -> None:
+        """Fewer timers pending: wake tasks waiting for room, and the drain (which
+        re-checks: it may be running itself, on a worker) when nothing is left."""
+        if self.room_waiters:
+            self.wake_room()
+        if self.idle_waiters and not self.pending and self.pool.busy <= 1:
+            self.wake_idle()
+
+    def note_lateness(self, handle: TimerHandle[Any], now: float) -> None:
+        """Lateness: the worst start time minus deadline. (Inline copy, tagged:
+        ``run_due``.)"""
+        lateness = now - handle._deadline
+        if lateness > self.lateness_max:
+            self.lateness_max = lateness
+
+    def write_row(
+        self,
+        row_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        fired_at: float | None,
+        cancelled_at: float | None,
+    ) -> None:
+        """The trace row: one per timer when it ends. A recorder only observes, so its
+        failure stops tracing (recorder_failed) and costs no timer anything."""
+        recorder = self.tracing
+        if recorder is not None:
+            try:
+                recorder.record(
+                    row_id, label, scheduled_at, deadline, level, fired_at, cancelled_at
+                )
+            except _EXIT:
+                raise
+            except BaseException as exc:
+                self.recorder_failed(exc)
+
+    def trace(
+        self, handle: TracedHandle[Any], fired_at: float | None, cancelled_at: float | None
+    ) -> None:
+        self.write_row(
+            handle._id,
+            handle._label,
+            handle._scheduled_at,
+            handle._deadline,
+            handle._level,
+            fired_at,
+            cancelled_at,
+        )
+
+    def recorder_failed(self, exc: BaseException) -> None:
+        # A recorder's failure must cost no timer anything (a raise out of the pass
+        # used to re-file the rest, so one timer fired per pass; out of cancel() or
+        # aclose() it reached the caller, and aclose() left waiters unsettled). So
+        # tracing stops here with one error logged, not one per row, and aclose()
+        # still closes the recorder.
+        if self.tracing is None:
+            return
+        self.tracing = None
+        logger.error(
+            "aiowheel: the trace recorder failed; this timer records no more rows",
+            exc_info=exc,
+        )
+
+    # -- filing ---------------------------------------------------------------------
+
+    def stamp(self, handle: TracedHandle[Any], label: str | None, now: float) -> None:
+        # What a trace row reads of a new handle, but its level (file sets it, and
+        # move sets scheduled_at again for each later period of the same handle).
+        handle._label = label
+        handle._scheduled_at = now
+        self.last_id = handle._id = self.last_id + 1
+
+    def file(self, handle: TimerHandle[Any], deadline: float, due: bool, *, new: bool) -> None:
+        """File a handle that is in no bucket, count it if it is a new pending timer,
+        and move the driver's wake-up earlier if its bucket comes due first."""
+        wheel = self.wheel
+        when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
+        if self.closed:
+            self.closed_while_filing(handle, new)
+        if new:
+            self.pending += 1
+            self.scheduled += 1
+        if isinstance(handle, TracedHandle):
+            handle._level = _level_of(handle)
+        self.arm_if_earlier(when)
+
+    def closed_while_filing(self, handle: TimerHandle[Any], new: bool) -> NoReturn:
+        """*Closed while filing*: an allocation while filing ``handle`` (the handle
+        itself, a level, the heap's tuple) ran the garbage collector, and a finalizer
+        or a gc.callbacks hook closed the timer (docs/design.md, "Re-entrancy"). The
+        call fails with TimerClosed, and the counters stay exact: nothing is pending
+        on a closed timer. (Inline copy: ``Timer.schedule_nowait``.)"""
+        if handle._bucket is not None:
+            self.wheel.remove(handle)  # filed in the closed timer's wheel: take it back
+            if not new:
+                self.cancelled += 1  # it was pending, out of the close's reach
+        elif new:
+            self.cancelled -= 1  # the close took it before this call counted it
+        handle._result = _CANCELLED
+        raise self._closed_error()
+
+    def rearm(self, handle: TimerHandle[Any], deadline: float) -> None:
+        """``reset()``/``reset_at()`` past the fast path, at a valid deadline.
+
+        Admission first: nothing changes unless the whole re-arm can be done. (The
+        levels first: creating one may run finalizers that change the handle.)"""
+        self.wheel.reserve(deadline)
+        if self.closed:
+            raise self._closed_error()  # the collector ran, and user code closed the timer
+        if isinstance(handle, PeriodicHandle):
+            self.periodic_rearm(handle, deadline)
+            return
+        if handle._bucket is None:
+            self.admit()
+        self.move(handle, deadline)
+
+    def move(self, handle: TimerHandle[Any], deadline: float) -> None:
+        """Re-file a handle at a valid deadline, wherever it is now. Cannot fail.
+
+        Re-entrancy: the levels the filing needs are created first (an allocation may
+        run the garbage collector, whose finalizers may re-arm this very handle), the
+        state is read after that, and the old result or awaitable, whose finalizer may
+        re-enter, is released only once the handle is filed and counted."""
+        now = self.clock()
+        self.wheel.reserve(deadline)
+        bucket: object = handle._bucket
+        due = deadline <= now
+        if bucket is None:
+            # Fired or cancelled: a new pending period starts.
+            old = handle._result
+            handle._result = _PENDING
+            if isinstance(handle, TracedHandle):
+                handle._scheduled_at = now
+            self.file(handle, deadline, due, new=True)
+            release(old)  # its finalizer may run now: the handle is filed and counted
+            return
+        if bucket is self.pool.queue:
+            self.pool.queue.remove(handle)
+            old = handle._result
+            handle._result = _PENDING
+            self.file(handle, deadline, due, new=False)
+            close_awaitable(old)  # user code (a coroutine's finally): last
+            return
+        if not due:
+            when = self.wheel.extend(handle, deadline)
+            if isinstance(handle, TracedHandle):
+                handle._level = _level_of(handle)
+            self.arm_if_earlier(when)
+            return
+        self.wheel.remove(handle)
+        self.file(handle, deadline, due, new=False)
+
+    def cancel(self, handle: TimerHandle[Any]) -> bool:
+        """Cancel: unlink a pending handle and count it. (Inline copy, tagged:
+        ``Timer._cancel``, the hot path.)"""
+        bucket = handle._bucket
+        if bucket is None:
+            return False
+        bucket.remove(handle)
+        previous = handle._result
+        handle._result = _CANCELLED
+        self.pending -= 1
+        self.cancelled += 1
+        if bucket._first is None or previous is not _PENDING or self.notify_cancel:
+            self.after_cancel(handle, bucket, previous)
+        return True
+
+    def after_cancel(self, handle: TimerHandle[Any], bucket: Bucket, previous: Any) -> None:
+        """The rare part of a cancel: the bucket the driver waits for emptied, an async
+        callback queued for a worker (its coroutine must be closed), someone waiting,
+        or a trace row to write."""
+        queue: object = self.pool.queue  # also a handle's container (a RunQueue)
+        if bucket is queue:
+            pass  # its awaitable is closed last, below (user code)
+        elif bucket._first is None and bucket.time == self.wake_at:
+            # The driver was armed for the bucket this cancel emptied: re-arm it for
+            # the next occupied bucket instead of waking for nothing. On asyncio that
+            # costs a handle cancel and a call_at, so the driver defers it to one check
+            # per loop iteration (still before any timer of that iteration): a loop of
+            # schedule + cancel on an otherwise idle timer re-arms once, not each time.
+            self.driver.recheck(self.sync_wakeup_unless_passing)
+        if self.tracing is not None and isinstance(handle, TracedHandle):
+            self.trace(handle, None, self.clock())
+        if self.waiters:
+            self.settle(handle, _CANCELLED)
+        self.pending_fell()
+        self.notify_cancel = bool(
+            self.tracing is not None or self.waiters or self.room_waiters or self.idle_waiters
+        )
+        if bucket is queue:
+            # A coroutine's close() runs its finally blocks: user code, which may
+            # re-arm the handle; the cancel is complete by now.
+            close_awaitable(previous)
+
+    # -- periodic timers --------------------------------------------------------------
+    # docs/design.md, "Periodic timers". An active periodic timer holds one pending
+    # slot for its whole life: its filed (or queued) period, and while a run is in
+    # progress the next period, which is armed (counted scheduled and pending) when the
+    # run starts and filed when it ends. So the next period never needs admission, and
+    # the counters keep scheduled == fired + cancelled + pending (see check).
+
+    def periodic_begin(self, handle: PeriodicHandle) -> None:
+        # A run starts (plain: in the pass; async: on its worker).
+        handle._in_run = True
+        if handle._active:
+            self.pending += 1
+            self.scheduled += 1
+
+    def periodic_queued(self, handle: PeriodicHandle) -> None:
+        # The callback returned an awaitable: the pass queues it for a worker, where it
+        # counts as the pending period until it starts, so give back the slot reserved
+        # for the next one (the worker reserves it again when the run really starts).
+        handle._in_run = False
+        if handle._active:
+            self.pending -= 1
+            self.scheduled -= 1
+
+    def periodic_end(self, handle: PeriodicHandle) -> None:
+        # A run ended: file the next period in the slot it holds (no admission).
+        handle._in_run = False
+        if not handle._active:
+            return  # stopped during the run: cancel() or the close gave its slot back
+        if self.closed:
+            return  # unreachable: closing stops every periodic timer
+        if self.draining:
+            # A reset() during the drain re-activated it: no more periods.
+            self.periodic_halt(handle)
+            return
+        now = self.clock()
+        if handle._rearmed:
+            handle._rearmed = False  # reset() during the run set the deadline
+            deadline = handle._deadline
+        else:
+            deadline = handle._next_deadline(now)
+        self.wheel.reserve(deadline)  # levels first (see move)
+        if self.stopped_meanwhile(handle):
+            return
+        previous: Any = handle._result
+        handle._result = _PENDING
+        handle._scheduled_at = now
+        self.file(handle, deadline, deadline <= now, new=False)
+        release(previous)  # its finalizer may run now: the period is filed (see move)
+
+    def stopped_meanwhile(self, handle: PeriodicHandle) -> bool:
+        # After an allocation in periodic_end: the collector ran user code (a finalizer,
+        # a gc.callbacks hook) that closed the timer or stopped this periodic timer,
+        # whose slot was given back then (docs/design.md, "Re-entrancy"). A method, so
+        # that the tests made before the allocation do not answer for after it.
+        return self.closed or not handle._active
+
+    def periodic_halt(self, handle: PeriodicHandle) -> None:
+        # Stop a periodic timer that is in a run: its reserved next period is cancelled.
+        handle._stop()
+        self.periodic.discard(handle)
+        self.pending -= 1
+        self.cancelled += 1
+        self.pending_fell()
+
+    def periodic_stop(self, handle: PeriodicHandle) -> bool:
+        """``cancel()`` of an active periodic timer (the owner checked the caller)."""
+        if handle._bucket is not None:
+            handle._stop()
+            self.periodic.discard(handle)
+            return self.cancel(handle)
+        # A run is in progress; it finishes, and it is not re-armed.
+        self.periodic_halt(handle)
+        return True
+
+    def periodic_rearm(self, handle: PeriodicHandle, deadline: float) -> None:
+        # reset()/reset_at() of a periodic timer. During a run, only record the next
+        # deadline: the run's end files it, so a second run never starts while the
+        # first one goes on.
+        if handle._in_run:
+            if not handle._active:
+                # Stopped during this run: re-activating arms a new period.
+                self.admit()
+                self.pending += 1
+                self.scheduled += 1
+                self.periodic.add(handle)
+            handle._restart(deadline)
+            handle._deadline = deadline
+            handle._rearmed = True
+            return
+        if handle._bucket is None:
+            self.admit()
+        handle._restart(deadline)
+        handle._rearmed = False
+        self.periodic.add(handle)
+        self.move(handle, deadline)
+
+    # -- waking the driver ----------------------------------------------------------
+
+    def sync_wakeup(self) -> None:
+        """Point the driver at the wheel's earliest occupied bucket (or nowhere)."""
+        when = self.wheel.next_expiry()
+        if when is None:
+            self.wake_at = _INF
+            self.driver.disarm()
+        else:
+            self.wake_at = when
+            self.driver.arm(when)
+
+    def sync_wakeup_unless_passing(self) -> None:
+        # The deferred re-check after a cancel emptied the armed bucket; a pass in
+        # progress re-arms at its end anyway.
+        if not self.closed and self.wake_at != -_INF:
+            self.sync_wakeup()
+
+    # -- the pass -------------------------------------------------------------------
+
+    def fire_due(self) -> None:
+        """Advance the wheel to now and run what expired. Called by the driver.
+
+        Raises nothing but ``SystemExit``/``KeyboardInterrupt``, and whatever it raises
+        the driver is re-armed on the way out."""
+        if self.closed:
+            return
+        self.wake_at = -_INF
+        self.wakeups += 1
+        try:
+            now = self.clock()
+            buckets = self.wheel.advance(now)
+        except BaseException as exc:
+            self.wake_at = _INF
+            self.break_(exc)
+            if isinstance(exc, _EXIT):
+                raise
+            return
+        try:
+            if buckets:
+                self.run_due(buckets, now)
+        finally:
+            self.wake_at = _INF
+            if not self.closed:
+                try:
+                    self.wheel.release()  # what the pass did not reach: filed again
+                    self.sync_wakeup()
+                except BaseException as exc:
+                    self.break_(exc)
+                    if isinstance(exc, _EXIT):
+                        raise
+            self.pending_fell()
+
+    def run_due(self, buckets: list[Bucket], now: float) -> None:
+        """Run every handle of the expired ``buckets``, one at a time off the front: a
+        callback may cancel or re-arm later handles of a bucket, which unlinks them."""
+        # The common counts are kept in locals and written once, at the end (run_one
+        # writes only the rare ones: a failure, a callback queued for a worker).
+        fired = 0
+        lateness_max = self.lateness_max
+        index = 0
+        # Declared here so that `finally` can drop it: a stored exception's traceback
+        # keeps this frame alive, and the frame must not keep the last handle alive.
+        handle: TimerHandle[Any] | None = None
+        try:
+            for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
+                while True:
+                    # Release the previous handle here, between two handles: dropping
+                    # the last reference may run a finalizer (user code), which must
+                    # not run between the pop below and the count (re-entrancy).
+                    handle = entry = None
+                    entry = bucket.pop_first()
+                    if entry is None:
+                        break
+                    handle = cast("TimerHandle[Any]", entry)  # the timer files only these
+                    self.pending -= 1
+                    fired += 1
+                    lateness = now - handle._deadline  # inline copy of note_lateness
+                    if lateness > lateness_max:
+                        lateness_max = lateness
+                    self.run_one(handle, now)
+        except BaseException as exc:
+            # SystemExit/KeyboardInterrupt (from a callback or on_error): put back
+            # what this pass did not get to, so nothing pending is lost.
+            self.refile(buckets[index:])
+            if isinstance(exc, _EXIT):
+                raise
+            logger.exception("aiowheel: the pass stopped early; the rest fires next pass")
+        finally:
+            self.fired += fired
+            self.lateness_max = lateness_max
+            handle = None
+
+    def run_one(self, handle: TimerHandle[Any], now: float) -> None:
+        """Run one expired handle (popped, counted fired, no longer pending): the only
+        place where the pass calls a callback. Its exception rules, as in
+        ``WorkerPool._run``: a callback's exception, ``CancelledError`` and
+        ``GeneratorExit`` included, is its failure alone (reported to ``on_error``);
+        ``SystemExit`` and ``KeyboardInterrupt`` settle the handle and propagate.
+        A callback that returns an awaitable is queued for a worker, still pending."""
+        recorder = self.tracing
+        traced: TracedHandle[Any] | None = None
+        if recorder is not None:
+            # The trace row describes this firing: read it before the callback runs,
+            # since a callback may re-arm its own handle. (A traced timer files only
+            # traced handles.)
+            traced = cast("TracedHandle[Any]", handle)
+            row_id = traced._id
+            row_label = traced._label
+            row_scheduled_at = traced._scheduled_at
+            row_deadline = traced._deadline
+            row_level = traced._level
+        args = handle._args
+        outcome: Any = None
+        result: Any = None
+        try:
+            try:
+                # In the context captured at schedule time (loop.call_later's rule);
+                # without arguments, no tuple is built for the call.
+                if args:
+                    result = handle._context.run(handle._callback, *args)
+                else:
+                    result = handle._context.run(handle._callback)
+            except _EXIT as exc:
+                # Settle this one, then let it stop the loop (run_due re-files the rest).
+                self.failed += 1
+                outcome = _Failure(without_frame(exc))
+                if handle._bucket is None:
+                    handle._result = outcome
+                self.settle(handle, outcome)
+                raise
+            except BaseException as exc:
+                self.failed += 1
+                outcome = _Failure(without_frame(exc))
+                if handle._bucket is None:  # unless it re-armed itself
+                    handle._result = outcome
+                try:
+                    self.report(handle, exc)  # on_error may re-arm the handle
+                except _EXIT:
+                    self.settle(handle, outcome)  # on_error's SystemExit...
+                    raise
+            else:
+                if result is not None and hasattr(type(result), "__await__"):
+                    self.fired -= 1  # it fires when a worker starts it
+                    self.pending += 1
+                    self.pool.submit(handle, result)
+                    return
+                outcome = result
+                if handle._bucket is None:
+                    handle._result = result
+            if self.waiters:
+                self.settle(handle, outcome)
+            if recorder is not None:
+                self.write_row(
+                    row_id, row_label, row_scheduled_at, row_deadline, row_level, now, None
+                )
+        finally:
+            # A stored exception's traceback keeps this frame alive (the callback's
+            # frame links back to it), and the frame must not keep the handle, its
+            # arguments or its outcome alive with it (pure Python; compiled functions
+            # have no frame).
+            traced = outcome = result = None
+            del handle, args
+
+    def refile(self, buckets: list[Bucket]) -> None:
+        # One at a time: each entry stays linked (pending, findable by aclose) until
+        # it is filed again.
+        wheel = self.wheel
+        for bucket in buckets:
+            entry = bucket.pop_first()
+            while entry is not None:
+                wheel.insert(entry, entry._deadline)
+                entry = bucket.pop_first()
+
+    def report(self, handle: TimerHandle[Any], exc: BaseException) -> None:
+        try:
+            result = self.on_error(handle, exc)
+        except _EXIT:
+            raise
+        except BaseException:
+            logger.exception("on_error raised while reporting an error of %r", handle)
+            return
+        if result is not None and hasattr(type(result), "__await__"):
+            # An async on_error that got past the constructor's check (a lambda or a
+            # partial around one): nothing would ever await it, so the callback's
+            # error would vanish behind a "never awaited" warning. Log it instead.
+            close_awaitable(result)
+            logger.error(
+                "on_error returned an awaitable; %s. The error of %r was:",
+                ASYNC_ON_ERROR,
+                handle,
+                exc_info=exc,
+            )
+
+    # -- the worker pool's host (_dispatch.WorkerPool) --------------------------------
+
+    def _job_started(self, handle: TimerHandle[Any]) -> None:
+        """A worker took ``handle`` from the queue (it is no longer pending)."""
+        self.pending -= 1
+        self.fired += 1
+        if isinstance(handle, PeriodicHandle):
+            self.periodic_begin(handle)
+        now = self.clock()
+        self.note_lateness(handle, now)
+        if isinstance(handle, TracedHandle):
+            self.trace(handle, now, None)
+        if self.room_waiters:
+            self.wake_room()
+
+    def _job_failed(self, handle: TimerHandle[Any], exc: BaseException) -> None:
+        """The job raised ``exc`` (reported to ``on_error``)."""
+        self.failed += 1
+        self.report(handle, exc)
+
+    def _job_ended(self, handle: TimerHandle[Any], outcome: Any, *, last: bool) -> None:
+        """The job finished with ``outcome`` (a value or a ``_Failure``); ``last``: no
+        other run of the same handle is still running."""
+        if isinstance(outcome, _Failure) and isinstance(outcome.exc, _EXIT):
+            self.failed += 1
+        if isinstance(handle, PeriodicHandle):
+            self.periodic_end(handle)  # the next period, before the settling below
+        # A handle re-armed while it ran may have a newer run still going, or be
+        # pending again: then wait() waits for that one (the newest firing).
+        if last and handle._bucket is None:
+            if handle._result is _RUNNING:
+                handle._result = outcome
+            if self.waiters:
+                self.settle(handle, outcome)
+        self.pending_fell()
+
+    def _job_stopped(self, handle: TimerHandle[Any]) -> None:
+        """The job was cancelled while running: aclose() cancelled the worker and
+        already settled the handle as cancelled-while-running; anything else
+        cancelling a worker is treated the same way."""
+        if isinstance(handle, PeriodicHandle):
+            handle._in_run = False  # the close stopped it
+        if handle._result is _RUNNING:
+            stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
+            handle._result = stopped
+            self.settle(handle, stopped)
+
+    # -- waiters --------------------------------------------------------------------
+
+    def settle(self, handle: TimerHandle[Any], outcome: Any) -> None:
+        waiter = self.waiters.pop(handle, None)
+        if waiter is not None:
+            waiter.outcome = outcome
+            waiter.event.set()
+
+    async def wait(self, handle: TimerHandle[Any]) -> Any:
+        """What ``handle.wait()`` gets once the handle settles."""
+        if self.closed and (handle._bucket is not None or handle._result is _PENDING):
+            # This handle will never run: nothing would settle a waiter.
+            return _Failure(self._closed_error())
+        waiter = self.waiters.get(handle)
+        if waiter is None:
+            waiter = self.waiters[handle] = _Waiter()
+            self.notify_cancel = True
+        await waiter.event.wait()
+        return waiter.outcome
+
+    async def wait_for_room(self) -> None:
+        while self.pending >= self.limit:
+            if self.closed:
+                raise self._closed_error()
+            event = anyio.Event()
+            self.room_waiters.append(event)
+            self.notify_cancel = True
+            try:
+                await event.wait()
+            except BaseException:
+                if event in self.room_waiters:
+                    self.room_waiters.remove(event)
+                elif self.room_waiters:
+                    self.wake_room()  # pass on the wake-up we were given
+                raise
+
+    async def wait_idle(self) -> None:
+        """Wait for the next drain wake-up (``pending_fell``); the caller re-checks."""
+        event = anyio.Event()
+        self.idle_waiters.append(event)
+        self.notify_cancel = True
+        await event.wait()
+
+    def wake_room(self) -> None:
+        room = self.limit - self.pending
+        waiters = self.room_waiters
+        while room > 0 and waiters:
+            waiters.pop(0).set()
+            room -= 1
+
+    def wake_idle(self) -> None:
+        waiters = self.idle_waiters
+        self.idle_waiters = []
+        for event in waiters:
+            event.set()
+
+    # -- closing --------------------------------------------------------------------
+
+    def close(self) -> list[TimerHandle[Any]]:
+        """Close for good: after it, nothing is pending and nobody waits. Returns the
+        cancelled handles in deadline order."""
+        self.closed = True
+        self.wake_at = _INF
+        self._on_close()  # the owner stops accepting timers first
+        self.driver.stop()
+        try:
+            cancelled = self.cancel_everything()
+        finally:
+            self.pool.close()
+            for event in self.room_waiters + self.idle_waiters:
+                event.set()
+            self.room_waiters.clear()
+            self.idle_waiters.clear()
+        return cancelled
+
+    def cancel_everything(self) -> list[TimerHandle[Any]]:
+        handles: list[TimerHandle[Any]] = self.wheel.clear()
+        pool = self.pool
+        handles.extend(pool.take_queue())
+        handles.sort(key=deadline_of)
+        now = self.clock()
+        # The queued awaitables are closed (user code) and released at the very end.
+        olds: list[Any] = []
+        for handle in handles:
+            olds.append(handle._result)
+            handle._result = _CANCELLED
+            self.settle(handle, _CANCELLED)
+        # Every periodic timer stops: the filed and queued ones are among the handles;
+        # one whose run is in progress gives back its reserved period, cancelled too.
+        reserved = 0
+        for periodic in self.periodic:
+            if periodic._in_run:  # (the wheel and queue have let go of the others)
+                reserved += 1
+            periodic._stop()
+        self.periodic.clear()
+        self.cancelled += len(handles) + reserved
+        self.pending = 0
+        # A task in sleep() or a timeout() block whose timer this was learns it now
+        # (its guard will never fire): it raises TimerClosed.
+        for handle in handles:
+            callback = handle._callback
+            if isinstance(callback, Guard):
+                callback.timer_closed()
+        current = pool.current()
+        for handle in pool.running:
+            if handle is current:
+                continue  # the callback that called aclose() runs to its end
+            # It started, so it stays fired(); its wait() raises TimerCancelled.
+            outcome = _Failure(
+                TimerCancelled(f"{handle!r} was cancelled by aclose() while running")
+            )
+            handle._result = outcome
+            self.settle(handle, outcome)
+        # The trace rows last: everything above is settled whatever a recorder raises
+        # (even SystemExit, which write_row lets through).
+        try:
+            for handle in handles:
+                if isinstance(handle, TracedHandle):
+                    self.trace(handle, None, now)
+        finally:
+            for old in olds:
+                close_awaitable(old)
+            olds.clear()
+        return handles
+
+    def break_(self, exc: BaseException) -> None:
+        """The wheel raised: a bug, and its state cannot be trusted. Close rather than
+        stay stuck, and make every later call say why."""
+        logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
+        if self.closed:
+            return
+        self.broken = exc
+        # Whoever waits on a handle learns why, and does not wait for ever.
+        for waiter in self.waiters.values():
+            waiter.outcome = _Failure(self._closed_error())
+            waiter.event.set()
+        self.waiters.clear()
+        try:
+            # Every handle it held (the wheel, the buckets a pass had taken, the run
+            # queue) is cancelled, and its wait() raises TimerClosed from `exc`.
+            self.stranded.update(self.close())
+        except Exception:
+            logger.exception("while closing the broken timer")
+
+    # -- self-check (tests) ---------------------------------------------------------
+
+    def check(self) -> None:
+        """Assert the counters against the wheel, the run queue and the periodic
+        timers (docs/design.md, "Accounting"), then the wheel's own invariants. For
+        tests, between passes (not from inside a callback): O(pending)."""
+        pending = self.pending
+        assert self.scheduled == self.fired + self.cancelled + pending, (
+            f"scheduled {self.scheduled} != fired {self.fired} + cancelled "
+            f"{self.cancelled} + pending {pending}"
+        )
+        assert 0 <= self.failed <= self.fired
+        pool = self.pool
+        assert pool.busy == sum(pool.running.values()) >= 0
+        assert pool.busy <= pool.limit
+        if self.closed:
+            assert pending == 0, f"closed with {pending} pending"
+            assert not self.periodic, "closed with active periodic timers"
+            return
+        self.wheel._check()
+        filed = 0
+        for entry in self.wheel:
+            handle = cast("TimerHandle[Any]", entry)
+            assert handle._result is _PENDING, handle
+            filed += 1
+        queued = 0
+        for entry in pool.queue:
+            handle = cast("TimerHandle[Any]", entry)
+            assert handle._bucket is pool.queue
+            assert hasattr(type(handle._result), "__await__"), handle
+            queued += 1
+        reserved = 0
+        for periodic in self.periodic:
+            assert periodic._active, periodic
+            assert periodic._callback == periodic._run, periodic
+            if periodic._bucket is None:
+                assert periodic._in_run, f"{periodic!r}: active, not filed, not running"
+                reserved += 1
+        assert pending == filed + queued + reserved, (
+            f"pending {pending} != filed {filed} + queued {queued} + runs {reserved}"
+        )
+        assert pending <= self.limit, f"pending {pending} > max_pending {self.limit}"
+
+
+def _level_of(handle: TimerHandle[Any]) -> int:
+    """The wheel the handle is filed in (-1: due at once)."""
+    bucket = handle._bucket
+    return bucket.level if bucket is not None else -1

@@ -1,0 +1,620 @@
+"""The purgatory's core, compiled with the timer (``MODULES`` in ``_compiled.py``).
+
+``aiowheel.purgatory`` is the public module and explains the design; this one holds
+what runs per request: the operation's state and logic (``_DelayedOperation``), one
+key's watch list (``Watchers``) and the purgatory's (``_Purgatory``). The public
+``DelayedOperation`` and ``Purgatory`` are subclasses defined there, not here: the
+compiler cannot give a compiled class a safe ``__weakref__`` (tests/test_parity.py),
+and a plain class defined in a compiled module may not inherit from a compiled one.
+Both cores run the same classes, so they answer copy, pickle and weak references alike.
+"""
+
+from __future__ import annotations
+
+import copyreg
+from collections.abc import Callable, Hashable, Iterable
+from types import TracebackType
+from typing import Any, Self, SupportsFloat, SupportsIndex, TypeVar
+
+import anyio
+
+from ._checks import seconds
+from ._exceptions import TimerCancelled, TimerClosed
+from ._handle import TimerHandle
+from ._timer import Timer
+
+__all__ = ["Watchers"]
+
+_C = TypeVar("_C")
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # not a runtime dependency: the pure core only needs a no-op
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
+        return lambda cls: cls
+
+
+# Operation states. An operation moves forward only: NEW -> WATCHED -> COMPLETED or
+# CANCELLED, or NEW -> COMPLETED (completed before or instead of being watched).
+# "Finished" means COMPLETED or CANCELLED: nothing will happen to it any more.
+_NEW = 0
+_WATCHED = 1
+_COMPLETED = 2
+_CANCELLED = 3
+
+
+def _check_owner(timer: Timer) -> None:
+    """Raise the timer's ``RuntimeError`` unless called from the loop that runs it.
+
+    The purgatory has no lock: its watch lists, counts and operations' waiters belong to
+    the timer's event loop, like the timer's own state. Every public method that changes
+    something calls this first, so a foreign call raises before it changes anything
+    (it used to mark an operation completed and only then reach the timer's check).
+    The rule is the timer's own (``Timer._check_owner``: its thread, and on asyncio its
+    running loop), applied while the timer runs, as the timer applies it; a thread
+    goes through ``timer.call_threadsafe``. See docs/purgatory.md, "Threads".
+    """
+    live = timer._live
+    if live is not None:
+        timer._check_owner(live)
+
+
+_NOT_INITIALISED = (
+    "{!r} has no operation state: a DelayedOperation subclass must call "
+    "super().__init__(timeout) from its __init__"
+)
+
+
+def _state_of(op: object) -> int:
+    """``op``'s state, or the ``TypeError`` for what is not an initialised operation."""
+    if not isinstance(op, _DelayedOperation):
+        raise TypeError(f"op must be a DelayedOperation, got {op!r}")
+    try:
+        return op._state
+    except AttributeError:
+        raise TypeError(_NOT_INITIALISED.format(op)) from None
+
+
+#: The fields of ``_DelayedOperation`` (its ``__slots__`` on the pure core).
+_FIELDS = ("_entries", "_event", "_handle", "_keys", "_purgatory", "_state", "_timeout")
+
+
+#: The fields of ``_Purgatory``.
+_PURGATORY_FIELDS = (
+    "_closed",
+    "_delayed",
+    "_name",
+    "_purge_interval",
+    "_stale",
+    "_stale_ops",
+    "_timer",
+    "_walking",
+    "_watched",
+    "_watchers",
+)
+
+
+def _restore_blank(cls: type[object]) -> object:
+    """Unpickle and copy: an object without state; ``__setstate__`` fills it in."""
+    return cls.__new__(cls)
+
+
+def _state(obj: object, fields: tuple[str, ...]) -> tuple[dict[str, object] | None, dict[str, Any]]:
+    """``obj``'s state for copy and pickle: its instance ``__dict__`` (a subclass's),
+    and the compiled base's ``fields`` (kept out of any ``__dict__``) with the
+    subclasses' slots."""
+    slots: dict[str, object] = {name: getattr(obj, name) for name in fields if hasattr(obj, name)}
+    for name in copyreg._slotnames(type(obj)):  # type: ignore[attr-defined]
+        if name not in slots and name != "__weakref__" and hasattr(obj, name):
+            slots[name] = getattr(obj, name)
+    return getattr(obj, "__dict__", None), slots
+
+
+def _set_state(obj: object, state: tuple[dict[str, object] | None, dict[str, object]]) -> None:
+    instance_dict, slots = state
+    if instance_dict:
+        vars(obj).update(instance_dict)
+    for name, value in slots.items():
+        setattr(obj, name, value)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class _DelayedOperation:
+    """The state and the logic of ``DelayedOperation`` (documented there).
+
+    A native class on the compiled core, so that the purgatory reads and writes an
+    operation's state as C struct fields; ``DelayedOperation`` below is the public,
+    subclassable face, a plain class that adds weak-reference support (the compiled
+    core cannot give a native class a safe ``__weakref__``; tests/test_parity.py).
+    """
+
+    # The state lives in slots on the pure core (the compiler ignores __slots__ and
+    # makes them struct fields); subclasses are free to have a ``__dict__``.
+    __slots__ = (
+        "_entries",
+        "_event",
+        "_handle",
+        "_keys",
+        "_purgatory",
+        "_state",
+        "_timeout",
+    )
+
+    def __init__(self, timeout: SupportsFloat) -> None:
+        # The timer's one rule for times (aiowheel/_checks.py: finite, no bool), plus
+        # ">= 0". A float takes the inline path, as in Timer.schedule_nowait.
+        if type(timeout) is float and timeout - timeout == 0.0:
+            seconds_: float = timeout
+        else:
+            seconds_ = seconds(timeout, "timeout")
+        if seconds_ < 0:
+            raise ValueError(f"timeout must be a finite number >= 0, got {timeout!r}")
+        self._timeout = seconds_
+        self._state = _NEW
+        # The timeout on the wheel, while the operation is watched and not finished.
+        self._handle: TimerHandle[Any] | None = None
+        # The purgatory this operation was handed to (never reset: an operation is
+        # watched at most once).
+        self._purgatory: _Purgatory | None = None
+        # How many watch lists hold this operation (see Purgatory), and the keys it
+        # was watched on (so a purge visits only the lists it is in).
+        self._entries = 0
+        self._keys: tuple[Hashable, ...] = ()
+        # Created by the first wait(): an operation nobody waits for costs no event.
+        self._event: anyio.Event | None = None
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        # copy.copy, copy.deepcopy and pickle all come here. A copy of an operation
+        # already handed to a purgatory would share its timeout handle and its watch
+        # entries: completing the copy would cancel the original's timeout, and the
+        # original, still watched, would never expire. A new operation copies as usual.
+        if self._state != _NEW:
+            raise TypeError(
+                f"{type(self).__name__} cannot be copied or pickled once handed to a "
+                "purgatory: it is one operation, watched and timed there"
+            )
+        # The compiled base keeps its fields out of any __dict__, so the copy is
+        # spelled out: the base's fields, the subclasses' slots and their __dict__.
+        return _restore_blank, (type(self),), _state(self, _FIELDS)
+
+    def __setstate__(self, state: tuple[dict[str, object] | None, dict[str, object]]) -> None:
+        _set_state(self, state)
+
+    # -- to override -------------------------------------------------------------------
+
+    def try_complete(self) -> bool:
+        """Check the condition; if it holds, ``return self.force_complete()``."""
+        return False
+
+    def on_complete(self) -> None:
+        """Runs exactly once, when the operation completes (by condition or timeout)."""
+
+    def on_expiration(self) -> None:
+        """Runs after ``on_complete`` when the operation completed by its timeout."""
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def timeout(self) -> float:
+        """The timeout in seconds, as given."""
+        return self._timeout
+
+    def is_completed(self) -> bool:
+        """True once the operation completed (by its condition, by ``force_complete``
+        or by its timeout). An operation removed by ``cancel_for_key`` is not
+        completed."""
+        return self._state == _COMPLETED
+
+    def is_cancelled(self) -> bool:
+        """True once ``Purgatory.cancel_for_key`` (or ``Purgatory.close``) removed the
+        operation without completing it."""
+        return self._state == _CANCELLED
+
+    def __repr__(self) -> str:
+        try:
+            state = ("new", "watched", "completed", "cancelled")[self._state]
+            timeout: object = self._timeout
+        except AttributeError:  # a subclass that did not call super().__init__
+            state, timeout = "new", "?"
+        return f"<{type(self).__name__} {state} timeout={timeout}>"
+
+    # -- completion --------------------------------------------------------------------
+
+    def force_complete(self) -> bool:
+        """Complete the operation now. The first caller wins and gets ``True``: the
+        timeout is cancelled (O(1), the wheel releases it at once), the purgatory stops
+        counting the operation as delayed, ``on_complete()`` runs and waiters are woken.
+        Every later call, and any call on a cancelled operation, returns ``False``.
+        Once handed to a purgatory, the operation belongs to its timer's loop: a call
+        from elsewhere raises ``RuntimeError`` and changes nothing."""
+        return _complete(self)
+
+    async def wait(self) -> None:
+        """Return once the operation completed, by any path. Any number of tasks may
+        wait. Works whether or not the operation is watched (an operation never
+        handed to a purgatory completes by ``force_complete``). Raises
+        ``aiowheel.TimerCancelled`` if ``cancel_for_key`` removed it, ``RuntimeError``
+        from outside its purgatory's loop."""
+        purgatory = self._purgatory
+        if purgatory is not None:
+            _check_owner(purgatory._timer)
+        if self._state < _COMPLETED:
+            event = self._event
+            if event is None:
+                event = self._event = anyio.Event()
+            await event.wait()
+        else:
+            await anyio.lowlevel.checkpoint()
+        if self._state == _CANCELLED:
+            raise TimerCancelled(f"{self!r} was cancelled by its purgatory")
+
+
+class Watchers:
+    """One key's watch list (Kafka's ``Watchers``): the operations watched on ``key``,
+    in watch order.
+
+    A dict used as an insertion-ordered set, keyed by ``id(op)``: O(1) removal of any
+    entry, iteration in watch order, and no reliance on the operation's own
+    ``__hash__``/``__eq__`` (a dataclass subclass defines ``__eq__`` and so has no
+    ``__hash__``). The purgatory keeps one per key that has entries, and drops it when
+    it empties.
+    """
+
+    __slots__ = ("key", "ops")
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.ops: dict[int, _DelayedOperation] = {}
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __repr__(self) -> str:
+        return f"<Watchers {self.key!r} ops={len(self.ops)}>"
+
+    def watch(self, op: _DelayedOperation) -> bool:
+        """Add ``op``; False when it is already in the list (the same key twice)."""
+        ops = self.ops
+        ident = id(op)
+        if ident in ops:
+            return False
+        ops[ident] = op
+        return True
+
+    def remove(self, op: _DelayedOperation) -> bool:
+        """Remove ``op``'s entry; False when this list does not hold it."""
+        ops = self.ops
+        ident = id(op)
+        if ops.get(ident) is op:
+            del ops[ident]
+            return True
+        return False
+
+    def snapshot(self) -> list[_DelayedOperation]:
+        """The operations, in watch order, as a list the caller may walk while user
+        code changes this one."""
+        return list(self.ops.values())
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class _Purgatory:
+    """The state and the logic of ``Purgatory`` (documented there), compiled; the
+    public class adds what a compiled class cannot have safely (weak references)."""
+
+    def __init__(
+        self, timer: Timer, *, name: object = "purgatory", purge_interval: object = 1000
+    ) -> None:
+        # name and purge_interval are typed object so that the compiled core's own
+        # argument check does not pre-empt the messages below (timer's says "Timer").
+        if not isinstance(timer, Timer):
+            raise TypeError(f"timer must be an aiowheel.Timer, got {timer!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if isinstance(purge_interval, bool) or not isinstance(purge_interval, int):
+            raise TypeError(f"purge_interval must be an int, got {purge_interval!r}")
+        if purge_interval < 0:
+            raise ValueError(f"purge_interval must be >= 0, got {purge_interval!r}")
+        self._timer = timer
+        self._name = name
+        self._purge_interval = purge_interval
+        # key -> its watch list (Watchers).
+        # Invariants: every list in the map is non-empty after each public call
+        # returns; op._entries == the number of lists holding op.
+        self._watchers: dict[Hashable, Watchers] = {}
+        self._delayed = 0  # watched operations not finished
+        self._watched = 0  # entries in all watch lists
+        self._stale = 0  # finished operations with _entries > 0
+        # id(op) -> op for the finished operations still in a watch list: exactly the
+        # _stale ones (len(_stale_ops) == _stale). An operation leaves it when its last
+        # entry goes (_drop_entry), not at the next purge: an operation that left its
+        # lists must not be kept alive here, with whatever it holds (a long-poll's
+        # 1 MiB answer, issue 20), for up to 2 * purge_interval more completions.
+        self._stale_ops: dict[int, _DelayedOperation] = {}
+        self._walking = 0  # check_and_complete walks in progress (re-entrancy depth)
+        self._closed = False
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        # What copy and pickle did with the plain class: its fields as its state (a
+        # shallow copy shares the watch lists; deepcopy and pickle stop at the Timer,
+        # which refuses both).
+        return _restore_blank, (type(self),), _state(self, _PURGATORY_FIELDS)
+
+    def __setstate__(self, state: tuple[dict[str, object] | None, dict[str, object]]) -> None:
+        _set_state(self, state)
+
+    # -- introspection -----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def timer(self) -> Timer:
+        return self._timer
+
+    @property
+    def purge_interval(self) -> int:
+        return self._purge_interval
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def delayed(self) -> int:
+        """Operations watched and not yet completed (or cancelled)."""
+        return self._delayed
+
+    def watched(self) -> int:
+        """Watch-list entries, completed operations included until their key is
+        checked or the lists are purged."""
+        return self._watched
+
+    def __len__(self) -> int:
+        return self._delayed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<Purgatory {self._name!r} {state} delayed={self._delayed} "
+            f"watched={self._watched} keys={len(self._watchers)}>"
+        )
+
+    # -- operations --------------------------------------------------------------------
+
+    def try_complete_else_watch(self, op: _DelayedOperation, keys: Iterable[Hashable]) -> bool:
+        """Complete ``op`` now if it can be; otherwise watch it on every key and start
+        its timeout. Returns ``True`` when it completed right away (then it is neither
+        watched nor timed), ``False`` when it was parked.
+
+        Raises ``ValueError`` for an empty key list, ``TypeError`` for a key that is
+        not hashable (or a ``str``/``bytes`` passed instead of a list of keys),
+        ``RuntimeError`` for an operation already handed to a purgatory, and
+        ``aiowheel.TimerClosed`` when the purgatory or its timer is closed (or the
+        timer is not started), ``RuntimeError`` from outside the timer's loop.
+        """
+        _check_owner(self._timer)
+        state = _state_of(op)
+        if type(keys) is tuple:
+            watched: tuple[Hashable, ...] = keys
+        elif isinstance(keys, (str, bytes)):
+            raise TypeError(f"keys must be a collection of keys, got the string {keys!r}")
+        else:
+            watched = tuple(keys)
+        if not watched:
+            raise ValueError("an operation must be watched on at least one key")
+        for key in watched:
+            hash(key)  # TypeError for an unhashable key, before anything changes
+        if op._purgatory is not None:
+            raise RuntimeError(f"{op!r} was already handed to {op._purgatory!r}")
+        if state != _NEW:
+            return True  # completed by force_complete() before it was ever watched
+        if self._closed:
+            raise TimerClosed(f"purgatory {self._name!r} is closed")
+        if self._timer.closed:
+            raise TimerClosed(f"the timer of purgatory {self._name!r} is closed")
+
+        if op.try_complete():
+            return True
+        if op._state != _NEW:  # completed although try_complete said no
+            return True
+        # Start the timeout first: if the timer refuses (closed, not started, full),
+        # nothing has been registered yet and there is nothing to undo.
+        handle = self._timer.schedule_nowait(op._timeout, _expire, op, label=self._name)
+        op._handle = handle
+        op._state = _WATCHED
+        op._purgatory = self
+        self._delayed += 1
+        watchers = self._watchers
+        added = 0
+        for key in watched:
+            watch_list = watchers.get(key)
+            if watch_list is None:
+                watch_list = watchers[key] = Watchers(key)
+            if watch_list.watch(op):  # the same key twice: one entry
+                added += 1
+        op._entries = added
+        op._keys = watched
+        self._watched += added
+        return False
+
+    def check_and_complete(self, key: Hashable) -> int:
+        """Try to complete every operation watched on ``key`` (call it after changing
+        what ``key`` stands for). Completed operations found in the list leave it.
+        Returns how many operations this call completed; 0 for an unknown key."""
+        _check_owner(self._timer)
+        watch_list = self._watchers.get(key)
+        if watch_list is None:
+            return 0
+        completed = 0
+        self._walking += 1
+        try:
+            # A snapshot: the callbacks we call may add to this list (a new operation
+            # watched on the key), remove from it (a nested check of the same key, a
+            # cancel_for_key), or complete operations further down the list.
+            for op in watch_list.snapshot():
+                if op._state == _WATCHED and op.try_complete():
+                    completed += 1
+                if op._state >= _COMPLETED and watch_list.remove(op):
+                    _drop_entry(self, op)
+        finally:
+            self._walking -= 1
+            if not watch_list.ops and self._watchers.get(key) is watch_list:
+                del self._watchers[key]
+            if not self._walking and self._stale > self._purge_interval:
+                _purge(self)
+        return completed
+
+    def cancel_for_key(self, key: Hashable) -> list[Any]:
+        """Remove every operation watched on ``key`` that has not completed: each is
+        unwatched, its timeout is cancelled, it is *not* completed (neither
+        ``on_complete`` nor ``on_expiration`` runs) and its ``wait()`` raises
+        ``aiowheel.TimerCancelled``. Returns them in watch order; ``[]`` for an
+        unknown key. Entries the operations have under other keys are dropped when
+        those keys are checked or purged, like those of completed operations."""
+        _check_owner(self._timer)
+        watch_list = self._watchers.pop(key, None)
+        if watch_list is None:
+            return []
+        cancelled: list[Any] = []
+        self._walking += 1
+        try:
+            for op in watch_list.snapshot():
+                if op._state == _WATCHED:
+                    _cancel(op)
+                    cancelled.append(op)
+                # _cancel wakes waiters only (no user code), so the entry is still here.
+                watch_list.remove(op)
+                _drop_entry(self, op)
+        finally:
+            self._walking -= 1
+            if not self._walking and self._stale > self._purge_interval:
+                _purge(self)
+        return cancelled
+
+    def close(self) -> list[Any]:
+        """Cancel every delayed operation (as ``cancel_for_key`` does) and refuse new
+        ones. None of the cancelled operations completes or expires afterwards.
+        Returns them. Idempotent. Close the purgatory before its timer: a timer closed
+        under delayed operations drops their timeouts, and they would wait forever."""
+        _check_owner(self._timer)
+        self._closed = True
+        cancelled: list[Any] = []
+        for key in list(self._watchers):
+            cancelled.extend(self.cancel_for_key(key))
+        return cancelled
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# -- the internals, as functions ---------------------------------------------------------
+#
+# On the compiled core, a method called on an instance of an interpreted subclass (every
+# public DelayedOperation and Purgatory is one) goes through a Python method lookup, so
+# that an override wins. The internals are not meant to be overridden: as module
+# functions they are direct C calls. Only the methods users override (try_complete,
+# on_complete, on_expiration) are called as methods.
+
+
+def _complete(op: _DelayedOperation) -> bool:
+    """``force_complete``: the first caller wins."""
+    purgatory = op._purgatory
+    if purgatory is not None:
+        _check_owner(purgatory._timer)
+    if op._state >= _COMPLETED:
+        return False
+    op._state = _COMPLETED
+    try:
+        _release(op)
+        op.on_complete()
+    finally:
+        if op._event is not None:
+            _wake(op)
+    return True
+
+
+def _expire(op: _DelayedOperation) -> None:
+    # The timer's callback. The timer has already let go of the handle.
+    op._handle = None
+    if _complete(op):
+        op.on_expiration()
+
+
+def _cancel(op: _DelayedOperation) -> None:
+    # Called by the purgatory only, on a watched operation.
+    op._state = _CANCELLED
+    try:
+        _release(op)
+    finally:
+        _wake(op)
+
+
+def _release(op: _DelayedOperation) -> None:
+    handle = op._handle
+    if handle is not None:
+        op._handle = None
+        handle.cancel()
+    purgatory = op._purgatory
+    if purgatory is not None:
+        _finished(purgatory, op)
+
+
+def _wake(op: _DelayedOperation) -> None:
+    event = op._event
+    if event is not None:
+        event.set()
+
+
+def _finished(purgatory: _Purgatory, op: _DelayedOperation) -> None:
+    # op just completed or was cancelled (it was watched by this purgatory).
+    purgatory._delayed -= 1
+    if op._entries:
+        purgatory._stale += 1
+        purgatory._stale_ops[id(op)] = op
+        # Kafka's purge trigger, evaluated where the count grows. Not during a walk:
+        # the walk is about to drop entries itself, and a purge would mutate the list
+        # under it (the walk runs the check again when it ends).
+        if purgatory._stale > purgatory._purge_interval and not purgatory._walking:
+            _purge(purgatory)
+
+
+def _drop_entry(purgatory: _Purgatory, op: _DelayedOperation) -> None:
+    # One entry of op was just removed from a watch list.
+    purgatory._watched -= 1
+    op._entries -= 1
+    if not op._entries and op._state >= _COMPLETED:
+        purgatory._stale -= 1
+        del purgatory._stale_ops[id(op)]
+
+
+def _purge(purgatory: _Purgatory) -> None:
+    """Drop every finished operation from every watch list.
+
+    Kafka walks all watch lists (O(watched)), because it does not know which keys a
+    finished operation was watched on. We do (``op._keys``), and we remember the
+    operations that finished while still watched (``_stale_ops``), so a purge visits
+    only their entries: O(finished operations x their keys). What gets purged, and
+    when, is Kafka's exactly.
+    """
+    watchers = purgatory._watchers
+    dropped = 0
+    for op in purgatory._stale_ops.values():
+        for key in op._keys:
+            watch_list = watchers.get(key)
+            if watch_list is not None and watch_list.remove(op):
+                dropped += 1
+                if not watch_list.ops:
+                    del watchers[key]
+        op._entries = 0
+    purgatory._stale_ops.clear()
+    purgatory._watched -= dropped
+    purgatory._stale = 0
