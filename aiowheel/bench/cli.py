@@ -222,6 +222,7 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         reps=ns.reps if ns.reps is not None else (1 if ns.quick else 3),
         quick=quick,
         ops=ns.ops,
+        op_seconds=0.5 if quick else 5.0,
         seed=ns.seed,
         json=ns.json,
         trace_dir=trace_dir,

@@ -174,6 +174,9 @@ def test_report_runs_quick_sizes_unless_full() -> None:
     # Three repetitions for the report too (one repetition's ratios flip, issue 21).
     assert cli.settings_from(parser.parse_args(["--report"])).reps == 3
     assert cli.settings_from(parser.parse_args(["--quick"])).reps == 1
+    # churn's pairs stop at half a second at the quick sizes (trio-native's took 7 s).
+    assert cli.settings_from(parser.parse_args(["--report"])).op_seconds == 0.5
+    assert cli.settings_from(parser.parse_args(["--report", "--full"])).op_seconds == 5.0
     settings = cli.settings_from(parser.parse_args(["--report", "--out", "o"]))
     assert settings.trace_dir == Path("o") / "traces"
     assert cli.settings_from(parser.parse_args(["--report"])).trace_dir == Path("bench-out/traces")
