@@ -728,7 +728,10 @@ def _write_outputs(
         plots.plot_rates(result.windows, staging / RATES_PNG)
         per_run = result.windows.groupby("run_id")["elapsed_s"].max()
         longest = int(per_run.max()) + 1 if len(per_run) else None
-        markdown = render_markdown(table, files, result.rows, master, version, source, longest)
+        typical = int(per_run.median()) + 1 if len(per_run) else None
+        markdown = render_markdown(
+            table, files, result.rows, master, version, source, longest, typical
+        )
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
     except OSError as exc:
         raise ReportError(
