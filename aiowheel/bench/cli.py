@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -299,9 +300,13 @@ def run(
     130: interrupted by Ctrl-C, said in one line)."""
     try:
         return _run(ns, argv, trace_factory=trace_factory)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
+            raise
         # One line, not the traceback of wherever the signal landed (a workload, a
-        # child process's pipe, the Spark job's py4j call); 130 = 128 + SIGINT.
+        # child process's pipe, the Spark job's py4j call); 130 = 128 + SIGINT. A
+        # timer task the signal cut off before its first step is not news either.
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited")
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
 
