@@ -282,7 +282,10 @@ def _uvloop_loop_class() -> type[Any]:
         try:
             import uvloop
         except ImportError as exc:
-            raise ImportError("base='uvloop' needs uvloop: pip install 'aiowheel[uvloop]'") from exc
+            raise ImportError(
+                "base='uvloop' needs uvloop: pip install 'aiowheel[uvloop]' "
+                "(from a checkout: pip install '.[uvloop]')"
+            ) from exc
 
         class _UvloopWheelLoop(_WheelLoop, uvloop.Loop):  # type: ignore[misc]
             def __init__(self, tick: float) -> None:

@@ -345,15 +345,22 @@ def _early_lines(summary: pd.DataFrame) -> str:
     return "Fired early: " + "; ".join(said) + ".\n"
 
 
-def _per_second_sections(longest_run_s: int | None) -> str:
-    if longest_run_s is not None and longest_run_s < MIN_SECONDS_PER_FIGURE:
+def _per_second_sections(longest_run_s: int | None, typical_run_s: int | None) -> str:
+    typical = typical_run_s if typical_run_s is not None else longest_run_s
+    if typical is not None and typical < MIN_SECONDS_PER_FIGURE:
+        if longest_run_s is not None and longest_run_s > typical:
+            lasted = (
+                f"half the traced runs lasted {typical} s or less (the longest "
+                f"{longest_run_s} s, a contender slow enough to stretch its run)"
+            )
+        else:
+            lasted = f"the longest traced run lasted {typical} s"
         return f"""### Per-second figures
 
-Not shown: the longest traced run lasted {longest_run_s} s, so a per-second line
-would have {longest_run_s} point(s), and contenders would hide under each other. The
-figures are still written (`{P99_PNG}`, `{RATES_PNG}`), and the counts are in
-`{WINDOWS_PARQUET}`; runs of {MIN_SECONDS_PER_FIGURE} s or more (`aiowheel bench
---report --full`) show them here.
+Not shown: {lasted}, so most per-second lines would have 1-{typical} point(s),
+and contenders would hide under each other. The figures are still written
+(`{P99_PNG}`, `{RATES_PNG}`), and the counts are in `{WINDOWS_PARQUET}`; runs of
+{MIN_SECONDS_PER_FIGURE} s or more (`aiowheel bench --report --full`) show them here.
 """
     return f"""### Lateness p99 over time
 
@@ -419,12 +426,15 @@ def render_markdown(
     version: str,
     headline: Headline,
     longest_run_s: int | None = None,
+    typical_run_s: int | None = None,
 ) -> str:
     """report.md: the headline (figure and ratio table), then the trace analysis.
 
-    ``longest_run_s``: seconds of the longest traced run; per-second figures of runs
-    shorter than MIN_SECONDS_PER_FIGURE are not shown (a line of 1-3 points), and
-    report.md says so."""
+    ``longest_run_s`` and ``typical_run_s``: seconds of the longest and of the median
+    traced run. When the median run is shorter than MIN_SECONDS_PER_FIGURE (the
+    longest one, if the median is not given), the per-second figures are not shown
+    (most lines would have 1-3 points; one slow contender's long run does not make
+    the others' lines readable), and report.md says so."""
     headers, cells = summary_cells(summary)
     table = _markdown_table(headers, cells, headers.index(_FIRST_NUMBER))
     paths = files.paths
@@ -462,7 +472,7 @@ logarithmic; early and on-time firings sit at 1 \u00b5s there): where a curve cr
 1e-2 is its p99, 1e-3 its p99.9, so the tails compare directly.
 
 {_early_lines(summary)}
-{_per_second_sections(longest_run_s)}
+{_per_second_sections(longest_run_s, typical_run_s)}
 ### Inputs
 
 {shown}

@@ -371,6 +371,71 @@ def _spark_session(
         spark = builder.getOrCreate()
     else:
         spark, log = _start_quietly(builder)
+    quiet = contextlib.nullcontext() if verbose else _py4j_root_logging_quiet()
+    try:
+        with quiet, _sigint_noted():
+            yield from _stopped_at_the_end(spark, verbose)
+    finally:
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.unlink()
+
+
+#: Set by a SIGINT while Spark runs: a Spark call that fails then failed because of it.
+_INTERRUPTED: Final = threading.Event()
+
+
+@contextlib.contextmanager
+def _sigint_noted() -> Iterator[None]:
+    """Note a Ctrl-C (``_INTERRUPTED``) before pyspark's own handler runs: it cancels
+    every job, and a call collecting a result (``toPandas``) may then fail with
+    "job cancelled" instead of the KeyboardInterrupt (the report said "Spark failed",
+    exit status 1, under 80 lines of Java stack)."""
+    import signal
+
+    _INTERRUPTED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def noted(signum: int, frame: Any) -> None:
+        _INTERRUPTED.set()
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _py4j_root_logging_quiet() -> Iterator[None]:
+    """Ctrl-C during a Spark call: pyspark's SIGINT handler cancels the jobs through
+    py4j while the interrupted call is mid-answer, and py4j reports both with
+    ``logging.exception`` on the *root* logger (which, without a handler, configures
+    one: "ERROR:root:Exception while sending command." and 40 lines of traceback).
+    The interruption itself ends in one line (main); a handler that drops records
+    keeps py4j's from being printed, for as long as Spark runs."""
+    import logging
+
+    root = logging.getLogger()
+    handler = logging.NullHandler()
+    added = not root.handlers
+    if added:
+        root.addHandler(handler)
+    try:
+        yield
+    finally:
+        if added:
+            root.removeHandler(handler)
+
+
+def _stopped_at_the_end(spark: SparkSession, verbose: bool) -> Iterator[SparkSession]:
+    """Yields ``spark``, and stops it when the report is done (or interrupted)."""
     try:
         spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
         _runtime_conf(spark)
@@ -385,9 +450,6 @@ def _spark_session(
             # ends in one line (main), with a traceback.
             if not interrupted:
                 raise
-        if log is not None:
-            with contextlib.suppress(OSError):
-                log.unlink()
 
 
 def _start_quietly(builder: Any) -> tuple[SparkSession, Path]:
@@ -699,15 +761,33 @@ def _make_staging(target: Path) -> Path:
 def _run_job(
     spark: SparkSession, files: TraceFiles, steps: _Progress, verbose: bool, accuracy: int
 ) -> JobResult:
+    import warnings
+
     try:
         from . import job
 
-        return job.run_job(
-            spark, files, accuracy, step=lambda description: steps.step(description, spark)
-        )
+        # Held back until the job is over: after a Ctrl-C, pyspark warns that its
+        # Arrow path failed (the cancelled job's Java stack, 80 lines), which is no news.
+        with warnings.catch_warnings(record=True) as said:
+            try:
+                return job.run_job(
+                    spark, files, accuracy, step=lambda description: steps.step(description, spark)
+                )
+            finally:
+                if not _INTERRUPTED.is_set():
+                    for warning in said:
+                        warnings.showwarning(
+                            warning.message,
+                            warning.category,
+                            warning.filename,
+                            warning.lineno,
+                        )
     except (TraceInputError, ReportError):
         raise
     except Exception as exc:
+        if _INTERRUPTED.is_set():
+            # The jobs were cancelled by Ctrl-C: an interruption (one line, 130).
+            raise KeyboardInterrupt from None
         if verbose:
             raise
         raise ReportError(f"Spark failed: {first_line(exc)}", status=1) from None
@@ -740,7 +820,10 @@ def _write_outputs(
         plots.plot_rates(result.windows, staging / RATES_PNG)
         per_run = result.windows.groupby("run_id")["elapsed_s"].max()
         longest = int(per_run.max()) + 1 if len(per_run) else None
-        markdown = render_markdown(table, files, result.rows, master, version, source, longest)
+        typical = int(per_run.median()) + 1 if len(per_run) else None
+        markdown = render_markdown(
+            table, files, result.rows, master, version, source, longest, typical
+        )
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
     except OSError as exc:
         raise ReportError(

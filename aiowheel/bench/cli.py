@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -222,6 +223,7 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         reps=ns.reps if ns.reps is not None else (1 if ns.quick else 3),
         quick=quick,
         ops=ns.ops,
+        op_seconds=0.5 if quick else 5.0,
         seed=ns.seed,
         json=ns.json,
         trace_dir=trace_dir,
@@ -298,9 +300,13 @@ def run(
     130: interrupted by Ctrl-C, said in one line)."""
     try:
         return _run(ns, argv, trace_factory=trace_factory)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
+            raise
         # One line, not the traceback of wherever the signal landed (a workload, a
-        # child process's pipe, the Spark job's py4j call); 130 = 128 + SIGINT.
+        # child process's pipe, the Spark job's py4j call); 130 = 128 + SIGINT. A
+        # timer task the signal cut off before its first step is not news either.
+        warnings.filterwarnings("ignore", message="coroutine .* was never awaited")
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
 

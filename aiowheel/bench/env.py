@@ -14,6 +14,7 @@ traced repetitions are never measured.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
 import time
@@ -43,7 +44,15 @@ def run_fresh(backend: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     if backend == "trio":
         import trio
 
-        return trio.run(fn)
+        try:
+            return trio.run(fn)
+        except BaseExceptionGroup as group:
+            # Ctrl-C inside a nursery (trio-native's timers, aiowheel's driver) comes
+            # out wrapped in a group: a plain KeyboardInterrupt, so that the command
+            # ends in its one line, not the group's traceback.
+            if group.subgroup(KeyboardInterrupt) is not None:
+                raise KeyboardInterrupt from None
+            raise
     if backend == "uvloop":
         import uvloop
 
@@ -52,13 +61,31 @@ def run_fresh(backend: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         loop = asyncio.new_event_loop()
     else:
         raise ValueError(f"unknown backend {backend!r}")
+    task = loop.create_task(fn())
     try:
-        return loop.run_until_complete(fn())
+        return loop.run_until_complete(task)
+    except KeyboardInterrupt:
+        # Ctrl-C: the command ends in one line (cli.run). When the signal landed
+        # outside the workload's task (in the selector, in a timer callback), the task
+        # is left half-way: cancel it and let it unwind here, in its own task, or its
+        # async context managers are closed at exit from another one (anyio:
+        # "Attempted to exit cancel scope in a different task"; "generator didn't stop
+        # after athrow()"), with tracebacks under that line. Nothing of it is news.
+        loop.set_exception_handler(_quiet)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(task)
+        raise
     finally:
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
+
+
+def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """An exception handler for a loop being given up after Ctrl-C."""
 
 
 # -- tracing ------------------------------------------------------------------------

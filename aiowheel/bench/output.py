@@ -339,8 +339,27 @@ def tables(results: list[Result]) -> list[Table]:
             f"skipped {contender} ({', '.join(variants)}): {reason}"
             for (contender, reason), variants in skipped.items()
         ]
+        table.notes += _capped_notes(rows)
         out.append(table)
     return out
+
+
+def _capped_notes(rows: list[Result]) -> list[str]:
+    """A contender measured at fewer timers than its variant's N says so (memory's
+    trio-native: a task per timer costs the same at any N)."""
+    notes = []
+    for r in rows:
+        cap = r.params.get("trio_native_cap")
+        if r.skipped or r.contender.kind != "trio" or not isinstance(cap, int):
+            continue
+        if r.n is not None and r.n > cap:
+            note = (
+                f"{r.contender.name} ({r.variant}): measured at {cap:,} timers, a task "
+                "each: its cost per timer does not depend on N"
+            )
+            if note not in notes:
+                notes.append(note)
+    return notes
 
 
 def _spread(r: Result) -> str:

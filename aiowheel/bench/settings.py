@@ -27,6 +27,8 @@ class Settings:
     quick: bool = False
     #: Timed operations per repetition for churn/rearm (None: workload default).
     ops: int | None = None
+    #: churn: the pairs stop at this many seconds (after whole batches, at least 5).
+    op_seconds: float = 5.0
     seed: int = 20150515
     json: bool = False
     #: Write one Parquet trace per contender and workload here (an extra, unmeasured
@@ -60,6 +62,7 @@ class Settings:
             "reps": self.reps,
             "quick": self.quick,
             "ops": self.ops,
+            "op_seconds": self.op_seconds,
             "seed": self.seed,
             "trace_dir": str(self.trace_dir) if self.trace_dir else None,
             "spread_window": self.spread_window,

@@ -264,7 +264,8 @@ def _base_class(base: str | type[asyncio.Protocol]) -> type[asyncio.Protocol]:
         from uvicorn.protocols.http.h11_impl import H11Protocol
     except ImportError as exc:  # pragma: no cover - uvicorn is in the middleware extra
         raise ImportError(
-            "uvicorn_protocol() needs uvicorn: pip install 'aiowheel[middleware]'"
+            "uvicorn_protocol() needs uvicorn: pip install 'aiowheel[middleware]' "
+            "(from a checkout: pip install '.[middleware]')"
         ) from exc
     supported: list[type[asyncio.Protocol]] = [H11Protocol]
     httptools_protocol: type[asyncio.Protocol] | None

@@ -3,6 +3,7 @@ nothing written to DIR. These checks run before Spark starts, so no JVM is neede
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import io
 import os
@@ -607,3 +608,49 @@ def test_an_interrupted_step_is_not_shown_as_done() -> None:
     assert done.finished
     assert not stopped.finished
     assert stopped.description == "summary per run and label (stopped)"
+
+
+def test_a_spark_call_failing_after_ctrl_c_is_an_interruption(
+    monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
+    # Issue 21, seen with a real Ctrl-C: pyspark's handler cancels every job, and
+    # toPandas then failed with "job cancelled" (plus a warning carrying the Java
+    # stack): the report said "Spark failed", exit status 1, under 80 lines.
+    from aiowheel.analytics import job
+
+    def cancelled(*args: object, **kwargs: object) -> None:
+        report._INTERRUPTED.set()
+        import warnings
+
+        warnings.warn("toPandas attempted Arrow optimization ...", UserWarning, stacklevel=1)
+        raise RuntimeError("An error occurred while calling o455.getResult.")
+
+    monkeypatch.setattr(job, "run_job", cancelled)
+    steps = SimpleNamespace(step=lambda description, spark: contextlib.nullcontext())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            report._run_job(object(), None, steps, False, 100)  # type: ignore[arg-type]
+    finally:
+        report._INTERRUPTED.clear()
+    assert not [w for w in recwarn if "Arrow" in str(w.message)]
+    # The same failure without Ctrl-C is Spark's: one line, exit status 1.
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    with pytest.raises(report.ReportError, match="Spark failed: x"):
+        report._run_job(object(), None, steps, False, 100)  # type: ignore[arg-type]
+
+
+def test_py4j_root_logging_is_quiet_while_spark_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    # py4j reports an interrupted call with logging.exception on the root logger,
+    # which configures a handler of its own when there is none ("ERROR:root:...").
+    import logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()
+    try:
+        with report._py4j_root_logging_quiet():
+            logging.exception("KeyboardInterrupt while sending command.")
+        assert not root.handlers  # removed again, nothing configured
+    finally:
+        root.handlers[:] = saved
+    assert capsys.readouterr().err == ""

@@ -405,6 +405,23 @@ def test_report_md_opens_with_the_headline_figure_and_its_table() -> None:
     assert "quick sizes, ONE repetition per figure: ratios can flip between runs" in text
 
 
+def test_per_second_figures_left_out_when_most_runs_are_short() -> None:
+    # bench --report's quick sizes: most runs last 1-2 s, trio-native's 30 s. Its one
+    # long line does not make the others' 1-2 points readable (issue 21).
+    summary = _summary([("r", "aiowheel", "uvloop", "req", 3, 1)]).drop(columns=["lateness_cdf"])
+    args = (summary, _files(), 4, "local[2]", "4.3.0", Headline(None, None, "none"))
+    text = render.render_markdown(*args, 31, 2)
+    assert "Not shown: half the traced runs lasted 2 s or less (the longest 31 s" in text
+    for name in (schema.P99_PNG, schema.RATES_PNG):
+        assert f"]({name})" not in text
+        assert f"`{name}`" in text  # still written, and said so
+    shown = render.render_markdown(*args, 31, render.MIN_SECONDS_PER_FIGURE)
+    for name in (schema.P99_PNG, schema.RATES_PNG):
+        assert f"]({name})" in shown
+    # Without the median (an older caller), the longest run decides.
+    assert "the longest traced run lasted 3 s" in render.render_markdown(*args, 3)
+
+
 def test_report_md_says_what_the_headline_needs_without_bench_results() -> None:
     summary = _summary([("r", "aiowheel", "uvloop", "req|x", 3, 1)])
     text = render.render_markdown(

@@ -174,6 +174,9 @@ def test_report_runs_quick_sizes_unless_full() -> None:
     # Three repetitions for the report too (one repetition's ratios flip, issue 21).
     assert cli.settings_from(parser.parse_args(["--report"])).reps == 3
     assert cli.settings_from(parser.parse_args(["--quick"])).reps == 1
+    # churn's pairs stop at half a second at the quick sizes (trio-native's took 7 s).
+    assert cli.settings_from(parser.parse_args(["--report"])).op_seconds == 0.5
+    assert cli.settings_from(parser.parse_args(["--report", "--full"])).op_seconds == 5.0
     settings = cli.settings_from(parser.parse_args(["--report", "--out", "o"]))
     assert settings.trace_dir == Path("o") / "traces"
     assert cli.settings_from(parser.parse_args(["--report"])).trace_dir == Path("bench-out/traces")
@@ -226,3 +229,61 @@ def test_install_hints_from_a_checkout_point_at_the_checkout() -> None:
     hint = install_hint("uvloop")
     assert hint.startswith('pip install ".[uvloop]"')
     assert str(Path(cli.__file__).resolve().parents[2]) in hint
+
+
+def test_ctrl_c_inside_a_trio_nursery_is_a_plain_interruption() -> None:
+    # A real Ctrl-C during trio-native's timers came out of trio.run wrapped in a
+    # BaseExceptionGroup: a 60-line traceback and exit status 1 (issue 21).
+    import trio
+
+    from aiowheel.bench.env import run_fresh
+
+    async def body() -> None:
+        async def interrupted() -> None:
+            raise KeyboardInterrupt
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(interrupted)
+            await trio.sleep_forever()
+
+    with pytest.raises(KeyboardInterrupt):
+        run_fresh("trio", body)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "uvloop"])
+def test_ctrl_c_outside_the_workload_task_unwinds_it_in_its_own_task(backend: str) -> None:
+    # The signal landed in a timer callback, not in the workload's task: the task was
+    # left half-way and closed at exit from another task, with tracebacks (anyio's
+    # "Attempted to exit cancel scope in a different task") under the one line.
+    import asyncio
+
+    pytest.importorskip(backend)
+    from aiowheel.bench.env import run_fresh
+
+    unwound: list[str] = []
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    async def body() -> None:
+        try:
+            asyncio.get_running_loop().call_soon(interrupt)
+            await asyncio.Event().wait()
+        finally:
+            unwound.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+
+    with pytest.raises(KeyboardInterrupt):
+        run_fresh(backend, body)
+    assert len(unwound) == 1  # the task's own finally ran, once
+
+
+def test_a_group_holding_ctrl_c_ends_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: object) -> None:
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt()])
+
+    monkeypatch.setattr(cli.Runner, "run", interrupted)
+    args = ["-w", "churn", *TINY]
+    assert cli.run(parse(args), args) == 130
+    assert capsys.readouterr().err.strip() == "aiowheel bench: interrupted"

@@ -175,3 +175,23 @@ def test_a_single_repetition_is_marked_not_shown_as_a_spread() -> None:
     (table,) = tables(rows)
     spreads = [cells[4] for section in table.sections for cells, _bold in section]
     assert spreads == ["1 rep", "300\u2013360"]
+
+
+def test_a_contender_measured_below_n_says_so_under_the_table() -> None:
+    # memory's trio-native runs at most 10,000 tasks at the quick sizes: the table's
+    # "N=50,000" must not pass for its N.
+    by_name = {c.name: c for c in CONTENDERS}
+    params = {"trio_native_cap": 10_000}
+    rows = [
+        Result("memory", f"N={n:,}", n, "bytes", "per timer", "B", "lower", by_name[name], [9.0])
+        for n in (5_000, 50_000)
+        for name in ("aiowheel-trio", "trio-native")
+    ]
+    for r in rows:
+        r.params = params
+    fill_ratios(rows)
+    (table,) = tables(rows)
+    assert table.notes == [
+        "trio-native (N=50,000): measured at 10,000 timers, a task each: its cost per "
+        "timer does not depend on N"
+    ]

@@ -116,6 +116,32 @@ def test_trio_native_sits_out_sizes_above_the_task_cap() -> None:
     assert memory.skip_reason(trio_native, 1_001, settings) is None
 
 
+def test_churn_stops_its_pairs_at_the_time_budget() -> None:
+    # bench --report: trio-native's 50,000 pairs took seconds each repetition; the
+    # pairs stop after the budget (whole batches, at least 5), the figure is per pair.
+    churn = WORKLOADS["churn"]
+    assert isinstance(churn, RepeatedWorkload)
+    contender = next(c for c in CONTENDERS if c.name == "aiowheel-asyncio")
+    for budget, ops in ((1e-9, 5_000), (60.0, 12_000)):
+        settings = Settings(workloads=["churn"], ops=12_000, op_seconds=budget)
+        data = churn.prepare(100, 0, settings)
+        values = churn.repetition(contender, 100, data, settings, {})
+        assert values["_ops"] == ops
+        assert values["pair_ns"] > 0
+    params = churn.params(Settings(workloads=[], op_seconds=0.5))
+    assert "in 0.5 s (at least 5,000)" in params["pairs"]
+
+
+def test_quick_memory_measures_trio_native_at_10000_tasks() -> None:
+    # A task per timer costs the same at any N; 50,000 under tracemalloc took 7 s of
+    # CPU per quick repetition.
+    memory = WORKLOADS["memory"]
+    quick = memory.params(Settings(workloads=[], quick=True))
+    full = memory.params(Settings(workloads=[]))
+    assert quick["trio-native N"] == "min(N, 10,000)"
+    assert full["trio-native N"] == "min(N, 200,000)"
+
+
 def _spread_results(late_p99_ms: dict[str, float]) -> list[Result]:
     spread = Spread()
     by_name = {c.name: c for c in CONTENDERS}
