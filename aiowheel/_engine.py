@@ -109,10 +109,18 @@ class Engine:
         self.backend = backend
         self.clock: Callable[[], float] = backend.clock
         self.loop: asyncio.AbstractEventLoop | None = backend.loop
-        # For elsewhere(): the owner's thread, and whether the loop is asyncio's own
-        # (looptime's too), which keeps the thread it runs in as ``_thread_id``.
+        # For elsewhere(): the owner's thread, and, when the loop is asyncio's own
+        # (looptime's too), its instance dict, where it keeps the thread that runs it
+        # as ``_thread_id`` (None while it is stopped). A dict read costs half of the
+        # attribute lookup, and elsewhere() runs twice per schedule-and-cancel.
         self.thread = get_ident()
-        self.stdlib = isinstance(self.loop, asyncio.BaseEventLoop)
+        self.loop_vars: dict[str, object] | None = (
+            vars(self.loop) if isinstance(self.loop, asyncio.BaseEventLoop) else None
+        )
+        # Any other loop (uvloop): its is_running(), bound once (no lookup per call).
+        self.loop_running: Callable[[], bool] | None = (
+            self.loop.is_running if self.loop is not None else None
+        )
         self.wheel = Wheel(tick, wheel_size, self.clock())
         self.driver: Driver = backend.make_driver(self.fire_due)
         # The owner's supervisor waits on `closing`; `stopped` once it has returned.
@@ -164,17 +172,22 @@ class Engine:
         *owner check*'s second half, docs/design.md, "Loop affinity").
 
         Cheap enough for every call that changes the timer: asyncio's own loop says in
-        one attribute which thread runs it (None once stopped); uvloop's is_running()
-        is one C call; on trio, the only other loop that can run in its thread is an
-        asyncio one nested in it, and ``asyncio._get_running_loop()`` answers None
-        without a system call when no asyncio loop runs (the getpid() it makes
-        otherwise is what makes it too slow for the asyncio case)."""
-        loop = self.loop
-        if loop is None:
+        one entry of its ``__dict__`` which thread runs it (None once stopped);
+        uvloop's is_running() is one C call; on trio, the only other loop that can run
+        in its thread is an asyncio one nested in it, and
+        ``asyncio._get_running_loop()`` answers None without a system call when no
+        asyncio loop runs (the getpid() it makes otherwise is what makes it too slow
+        for the asyncio case)."""
+        loop_running = self.loop_running
+        if loop_running is None:
             return _get_running_loop() is not None
-        if self.stdlib:
-            return bool(cast(Any, loop)._thread_id != self.thread)
-        return not loop.is_running()
+        loop_vars = self.loop_vars
+        if loop_vars is not None:
+            # The owner loop runs in the owner's thread (it started the timer there),
+            # and asyncio runs one loop per thread: in that thread, another loop runs
+            # only while the owner's is stopped (None), all that is left to catch.
+            return loop_vars.get("_thread_id") is None
+        return not loop_running()
 
     def admit(self) -> None:
         """Admission: ``TimerFull`` when one more pending timer would pass the bound.
