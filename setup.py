@@ -47,7 +47,7 @@ def mypyc_extensions(target_dir: str) -> list[Extension]:
     shared library (``aiowheel/_core__mypyc``) and one small module per source."""
     from mypyc.build import mypycify
 
-    return list(
+    extensions = list(
         mypycify(
             [
                 # mypyc type-checks with the [tool.mypy] settings. It also reads the
@@ -67,6 +67,94 @@ def mypyc_extensions(target_dir: str) -> list[Extension]:
             target_dir=target_dir,
         )
     )
+    weakref_safe(target_dir)
+    return extensions
+
+
+#: The compiled classes that take weak references with no Python base: Timer (users
+#: keep timers in WeakKeyDictionaries; docs/design.md, "Compiled core").
+WEAKREF_STRUCTS = ("aiowheel____timer___TimerObject",)
+_MARK = "/* aiowheel setup.py: weakref-safe */"
+
+
+def weakref_safe(target_dir: str) -> None:
+    """Make weak references to compiled objects safe, in the C that mypyc generated.
+
+    This mypyc gives a compiled class a ``__weakref__`` slot only through a Python
+    base class (``TimerHandle`` has one through ``Generic``), and then treats the slot
+    as an owned reference: ``tp_traverse`` visits it, ``tp_clear`` and ``tp_dealloc``
+    ``Py_CLEAR`` it. The slot is the head of the object's weak-reference list, a
+    borrowed pointer: a handle freed while a weak reference to it lives decrefs that
+    weak reference and leaves it pointing at freed memory (the process crashes). So:
+
+    * the slot is neither visited nor cleared, and the deallocator calls
+      ``PyObject_ClearWeakRefs`` first when the list is not empty, as CPython's own
+      ``subtype_dealloc`` does (one load and one test per dealloc);
+    * the classes of ``WEAKREF_STRUCTS``, which have no such base, get the slot: one
+      pointer after their struct (``tp_weaklistoffset``), handled the same way.
+
+    Each expected piece of C must be found (or be patched already): if mypyc's output
+    changes shape, the build fails here and falls back to the pure core, which
+    supports weak references everywhere, rather than ship an unsafe core.
+    """
+    import glob
+
+    sources = glob.glob(os.path.join(target_dir, "**", "*.c"), recursive=True)
+    structs: dict[str, str] = {}  # struct name -> the weak-list slot's C expression
+    texts: dict[str, str] = {}
+    for path in sources:
+        with open(path, encoding="utf-8") as f:
+            texts[path] = f.read()
+    for text in texts.values():
+        for struct in re.findall(
+            r'\{"__weakref__", T_OBJECT_EX, sizeof\((\w+)\) \+ sizeof\(PyObject \*\), 0, NULL\}',
+            text,
+        ):
+            if struct == "PyObject":
+                continue  # a trait (a Protocol): never instantiated
+            structs[struct] = (
+                f"*((PyObject **)((char *)self + sizeof(PyObject *) + sizeof({struct})))"
+            )
+    for struct in WEAKREF_STRUCTS:
+        structs[struct] = f"*((PyObject **)((char *)self + sizeof({struct})))"
+    done: set[str] = set()
+    for path, text in texts.items():
+        original = text
+        for struct, slot in structs.items():
+            text = text.replace(f"Py_VISIT({slot});", f"{_MARK} /* not visited */")
+            text = text.replace(f"Py_CLEAR({slot});", f"{_MARK} /* not cleared */")
+            dealloc = re.compile(
+                r"(_dealloc\(" + struct + r" \*self\)\s*\{\s*PyObject_GC_UnTrack\(self\);)"
+            )
+            text, found = dealloc.subn(
+                lambda m, slot=slot: (
+                    f"{m[1]}\n    {_MARK}\n"
+                    f"    if ({slot} != NULL) PyObject_ClearWeakRefs((PyObject *)self);"
+                ),
+                text,
+            )
+            if found or f"if ({slot} != NULL) PyObject_ClearWeakRefs" in text:
+                done.add(struct)
+            if struct in WEAKREF_STRUCTS:
+                text = text.replace(
+                    f".tp_basicsize = sizeof({struct}),",
+                    f".tp_basicsize = sizeof({struct}) + sizeof(PyObject *), {_MARK}\n"
+                    f"    .tp_weaklistoffset = sizeof({struct}),",
+                )
+        if text != original:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            texts[path] = text
+    every = "\n".join(texts.values())
+    missing = [s for s in structs if s not in done]
+    missing += [s for s in WEAKREF_STRUCTS if f".tp_weaklistoffset = sizeof({s})," not in every]
+    unsafe = re.search(
+        r"Py_CLEAR\(\*\(\(PyObject \*\*\)\(\(char \*\)self \+ sizeof\(PyObject \*\) "
+        r"\+ sizeof\((?!PyObject\))",
+        every,
+    )
+    if missing or unsafe:
+        raise RuntimeError(f"mypyc's C changed shape; cannot make weak references safe: {missing}")
 
 
 class build_core(build_ext):

@@ -29,8 +29,9 @@ settle the handle first and then propagate (docs/design.md, guarantee 5).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Coroutine
-from contextvars import ContextVar
+import asyncio
+from collections.abc import Awaitable, Coroutine, Generator
+from contextvars import Context
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
@@ -42,14 +43,7 @@ if TYPE_CHECKING:
     from ._driver import Backend
     from ._engine import Engine
 
-__all__ = ["RunQueue", "WorkerPool", "inside"]
-
-#: Set in the timer's own tasks (its supervisor and its workers) to its engine, so that
-#: ``aclose()`` called from one of them does not wait for itself.
-inside: ContextVar[object] = ContextVar("aiowheel_inside", default=None)
-# The handle whose callback this worker task runs, and the worker's cancel scope.
-_current: ContextVar[object] = ContextVar("aiowheel_current", default=None)
-_scope: ContextVar[anyio.CancelScope | None] = ContextVar("aiowheel_worker_scope", default=None)
+__all__ = ["InContext", "RunQueue", "WorkerPool"]
 
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
 
@@ -68,15 +62,34 @@ class RunQueue(Bucket):
         super().__init__(-2)
 
 
+class _Worker:
+    """One worker task: its cancel scope, the handle whose job it runs, and an event
+    set when it has returned (what ``join`` waits for on trio)."""
+
+    __slots__ = ("done", "handle", "scope")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.handle: TimerHandle[Any] | None = None
+        self.done = anyio.Event()
+
+
 class WorkerPool:
-    """At most ``max_concurrency`` worker tasks awaiting queued jobs, FIFO."""
+    """At most ``max_concurrency`` worker tasks awaiting queued jobs, FIFO.
+
+    The pool knows its workers by their *task* (``_workers``), never by a context
+    variable: a job runs in the context captured when its handle was scheduled, and a
+    task that a job starts inherits that context, not the worker's. So ``aclose()``
+    from such a task is a call from outside the pool: it cancels the job that started
+    it and waits for it to end (docs/usage.md, "Shutting down")."""
 
     __slots__ = (
         "_backend",
         "_closed",
         "_host",
+        "_loop",
         "_parked",
-        "_scopes",
+        "_workers",
         "busy",
         "limit",
         "queue",
@@ -92,11 +105,12 @@ class WorkerPool:
         self.busy = 0
         self.workers = 0
         self._parked: list[anyio.Event] = []
-        self._scopes: set[anyio.CancelScope] = set()
+        self._workers: dict[object, _Worker] = {}
         self._closed = False
         # How workers start, are joined and tell their own cancellation apart is
         # the backend's (aiowheel/_driver.py, AsyncioBackend and TrioBackend).
         self._backend = backend
+        self._loop = backend.loop  # None on trio (see _task)
 
     # -- the timer's side ---------------------------------------------------------------
 
@@ -115,23 +129,50 @@ class WorkerPool:
         runs user code (docs/design.md, "Re-entrancy")."""
         return [_as_handle(entry) for entry in self.queue.take_all()]
 
+    def _task(self) -> object:
+        """The calling task (None outside of one: a loop callback on asyncio)."""
+        if self._loop is not None:
+            return asyncio.current_task(self._loop)
+        import trio
+
+        return trio.lowlevel.current_task()
+
+    def _me(self) -> _Worker | None:
+        """The worker record of the calling task, if it is one of ours."""
+        if not self._workers:
+            return None
+        return self._workers.get(self._task())
+
+    def inside(self) -> bool:
+        """True when called from one of the pool's worker tasks (from a job itself)."""
+        return self._me() is not None
+
     def current(self) -> object:
         """The handle whose job runs in the calling task, if it is one of ours."""
-        return _current.get()
+        me = self._me()
+        return me.handle if me is not None else None
 
     def close(self) -> None:
         """Cancel every worker but the calling one; parked workers return."""
         self._closed = True
-        own = _scope.get()
-        for scope in self._scopes:
-            if scope is not own:
-                scope.cancel()
+        me = self._me()
+        for worker in self._workers.values():
+            if worker is not me:
+                worker.scope.cancel()
         for parked in self._parked:
             parked.set()
 
     async def join(self) -> None:
-        """Wait for the workers (but the calling one) to end."""
-        await self._backend.join()
+        """Wait until every worker but the calling one has returned: asyncio's
+        workers are tasks the backend joins by hand; trio's live in the timer's task
+        group, and a job that calls aclose() waits here for the others' ``done``."""
+        if self._loop is not None:
+            await self._backend.join()
+            return
+        me = self._task()
+        for task, worker in list(self._workers.items()):
+            if task is not me:
+                await worker.done.wait()
 
     # -- workers ------------------------------------------------------------------------
 
@@ -140,22 +181,22 @@ class WorkerPool:
         self._backend.spawn(self._worker)
 
     async def _worker(self) -> None:
-        inside.set(self._host)
-        scope = anyio.CancelScope()
-        _scope.set(scope)
-        self._scopes.add(scope)
+        task = self._task()
+        worker = _Worker()
+        self._workers[task] = worker
         try:
-            with scope:
-                await self._work(scope)
+            with worker.scope:
+                await self._work(worker)
         finally:
-            self._scopes.discard(scope)
+            del self._workers[task]
+            worker.done.set()
             self.workers -= 1
             if not self.queue.empty() and not self._closed and not self._parked:
                 # Died of SystemExit/KeyboardInterrupt with jobs still queued: if the
                 # loop goes on, they must not wait for the next submit.
                 self._spawn()
 
-    async def _work(self, scope: anyio.CancelScope) -> None:
+    async def _work(self, worker: _Worker) -> None:
         # One worker's loop: take the oldest job and run it. Each job runs in its own
         # frame (_run), so a parked worker keeps no reference to its last handle,
         # awaitable or result: memory is released at once.
@@ -163,7 +204,7 @@ class WorkerPool:
         while not self._closed:
             entry = queue.pop_first()
             if entry is not None:
-                await self._run(_as_handle(entry), scope)
+                await self._run(_as_handle(entry), worker)
                 continue
             parked = anyio.Event()
             self._parked.append(parked)
@@ -173,20 +214,22 @@ class WorkerPool:
                 if parked in self._parked:
                     self._parked.remove(parked)
 
-    async def _run(self, handle: TimerHandle[Any], scope: anyio.CancelScope) -> None:
+    async def _run(self, handle: TimerHandle[Any], worker: _Worker) -> None:
         host = self._host
         awaitable: Any = handle._result
         handle._result = _RUNNING
         self.running[handle] = self.running.get(handle, 0) + 1
         self.busy += 1
-        _current.set(handle)
+        worker.handle = handle
         host._job_started(handle)
         outcome: Any = None
         failure: BaseException | None = None
         try:
-            outcome = await awaitable
+            # The job runs in the handle's context, as its call did in the pass (the
+            # one captured at schedule time), on every step, not in the worker's.
+            outcome = await InContext(awaitable, handle._context)
         except anyio.get_cancelled_exc_class() as exc:
-            if self._really_cancelled(scope):
+            if self._really_cancelled(worker.scope):
                 self._leave(handle)
                 host._job_stopped(handle)
                 raise
@@ -194,15 +237,15 @@ class WorkerPool:
             # being cancelled: a failure like any other (asyncio's Handle does so).
             failure = exc
         except _EXIT as exc:
-            host._job_ended(handle, _Failure(without_frame(exc)), last=self._leave(handle))
+            host._job_ended(handle, _Failure(_without_frames(exc)), last=self._leave(handle))
             raise
         except BaseException as exc:
             failure = exc
         finally:
-            _current.set(None)
+            worker.handle = None
         try:
             if failure is not None:
-                outcome = _Failure(without_frame(failure))
+                outcome = _Failure(_without_frames(failure))
                 host._job_failed(handle, failure)  # on_error may raise SystemExit...
         finally:
             # ...and the job is settled all the same.
@@ -223,6 +266,74 @@ class WorkerPool:
 
     def _really_cancelled(self, scope: anyio.CancelScope) -> bool:
         return self._backend.cancelled_by_us(scope)
+
+
+class InContext:
+    """``await InContext(awaitable, context)`` awaits ``awaitable`` with each of its
+    steps run inside ``context`` (``context.run``), whichever task awaits it.
+
+    The worker task has its own context; an async callback's body must see the one
+    its handle captured at schedule time (docs/usage.md, "Context variables"), before
+    and after each ``await``, as the body of a task created with that context would.
+    Everything else passes through unchanged: what the body yields to the event loop,
+    what the loop sends back, exceptions thrown in (cancellation), and close()."""
+
+    __slots__ = ("_awaitable", "_context")
+
+    def __init__(self, awaitable: Awaitable[Any], context: Context) -> None:
+        self._awaitable = awaitable
+        self._context = context
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return _stepped(self._awaitable, self._context)
+
+
+def _stepped(awaitable: Awaitable[Any], context: Context) -> Generator[Any, Any, Any]:
+    # What ``yield from awaitable.__await__()`` does, but with every step of the inner
+    # iterator run by context.run. (A plain iterator without send()/throw() is stepped
+    # with next(), and a thrown exception is raised here, as `yield from` does.)
+    run = context.run
+    inner: Any = awaitable.__await__()
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        try:
+            if thrown is not None:
+                exc = thrown
+                thrown = None
+                throw = getattr(inner, "throw", None)
+                if throw is None:
+                    raise exc
+                yielded = run(throw, exc)
+            elif sent is None:
+                yielded = run(next, inner)
+            else:
+                yielded = run(inner.send, sent)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            close = getattr(inner, "close", None)
+            if close is not None:
+                run(close)
+            raise
+        except BaseException as exc:
+            thrown = exc
+            sent = None
+
+
+def _without_frames(exc: BaseException) -> BaseException:
+    """The exception without the frames of the pool (``_run``, ``_stepped``): see
+    ``without_frame``; the callback's own frames are kept."""
+    exc = without_frame(exc)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name in _OWN_FRAMES:
+        tb = exc.__traceback__ = tb.tb_next
+    return exc
+
+
+_OWN_FRAMES: Final = frozenset({"_stepped"})
 
 
 def close_awaitable(awaitable: object) -> None:

@@ -21,7 +21,9 @@ The rules copied into hot paths (``Timer.schedule_nowait``, ``Timer._cancel``, t
 handle's inline ``reset``) are named here once; each inline copy is tagged with the
 name of its rule: *arm-if-earlier* (``arm_if_earlier``), *admission* (``admit``), the
 *drain wake-up* (``pending_fell``), *lateness* (``note_lateness``), the *trace row*
-(``write_row``), the *cancel* (``cancel``) and the *lazy extend* (``Wheel.extend``).
+(``write_row``), the *cancel* (``cancel``), the *lazy extend* (``Wheel.extend``), the
+*owner check* (``Timer._here``, with ``elsewhere``) and *closed while filing*
+(``closed_while_filing``).
 
 Re-entrancy (docs/design.md, "Re-entrancy"): no user code, finalizers included, runs
 between deciding a linked-list change and completing it. Each method below that
@@ -33,8 +35,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from _thread import get_ident
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, cast, final
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, final
 
 import anyio
 
@@ -65,6 +68,7 @@ __all__ = ["Engine"]
 logger: Final = logging.getLogger("aiowheel")
 
 _INF: Final = math.inf
+_get_running_loop: Final = asyncio._get_running_loop
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
 ASYNC_ON_ERROR: Final = (
     "the timer calls on_error inside its pass, which never awaits: pass a plain "
@@ -105,6 +109,18 @@ class Engine:
         self.backend = backend
         self.clock: Callable[[], float] = backend.clock
         self.loop: asyncio.AbstractEventLoop | None = backend.loop
+        # For elsewhere(): the owner's thread, and, when the loop is asyncio's own
+        # (looptime's too), its instance dict, where it keeps the thread that runs it
+        # as ``_thread_id`` (None while it is stopped). A dict read costs half of the
+        # attribute lookup, and elsewhere() runs twice per schedule-and-cancel.
+        self.thread = get_ident()
+        self.loop_vars: dict[str, object] | None = (
+            vars(self.loop) if isinstance(self.loop, asyncio.BaseEventLoop) else None
+        )
+        # Any other loop (uvloop): its is_running(), bound once (no lookup per call).
+        self.loop_running: Callable[[], bool] | None = (
+            self.loop.is_running if self.loop is not None else None
+        )
         self.wheel = Wheel(tick, wheel_size, self.clock())
         self.driver: Driver = backend.make_driver(self.fire_due)
         # The owner's supervisor waits on `closing`; `stopped` once it has returned.
@@ -149,6 +165,29 @@ class Engine:
         self.stranded: set[TimerHandle[Any]] = set()
 
     # -- the named rules ------------------------------------------------------------
+
+    def elsewhere(self) -> bool:
+        """True when, in the owner's thread (checked first by the caller), the event
+        loop that runs is not the timer's: a second loop in the same thread (the
+        *owner check*'s second half, docs/design.md, "Loop affinity").
+
+        Cheap enough for every call that changes the timer: asyncio's own loop says in
+        one entry of its ``__dict__`` which thread runs it (None once stopped);
+        uvloop's is_running() is one C call; on trio, the only other loop that can run
+        in its thread is an asyncio one nested in it, and
+        ``asyncio._get_running_loop()`` answers None without a system call when no
+        asyncio loop runs (the getpid() it makes otherwise is what makes it too slow
+        for the asyncio case)."""
+        loop_running = self.loop_running
+        if loop_running is None:
+            return _get_running_loop() is not None
+        loop_vars = self.loop_vars
+        if loop_vars is not None:
+            # The owner loop runs in the owner's thread (it started the timer there),
+            # and asyncio runs one loop per thread: in that thread, another loop runs
+            # only while the owner's is stopped (None), all that is left to catch.
+            return loop_vars.get("_thread_id") is None
+        return not loop_running()
 
     def admit(self) -> None:
         """Admission: ``TimerFull`` when one more pending timer would pass the bound.
@@ -242,6 +281,8 @@ class Engine:
         and move the driver's wake-up earlier if its bucket comes due first."""
         wheel = self.wheel
         when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
+        if self.closed:
+            self.closed_while_filing(handle, new)
         if new:
             self.pending += 1
             self.scheduled += 1
@@ -249,12 +290,29 @@ class Engine:
             handle._level = _level_of(handle)
         self.arm_if_earlier(when)
 
+    def closed_while_filing(self, handle: TimerHandle[Any], new: bool) -> NoReturn:
+        """*Closed while filing*: an allocation while filing ``handle`` (the handle
+        itself, a level, the heap's tuple) ran the garbage collector, and a finalizer
+        or a gc.callbacks hook closed the timer (docs/design.md, "Re-entrancy"). The
+        call fails with TimerClosed, and the counters stay exact: nothing is pending
+        on a closed timer. (Inline copy: ``Timer.schedule_nowait``.)"""
+        if handle._bucket is not None:
+            self.wheel.remove(handle)  # filed in the closed timer's wheel: take it back
+            if not new:
+                self.cancelled += 1  # it was pending, out of the close's reach
+        elif new:
+            self.cancelled -= 1  # the close took it before this call counted it
+        handle._result = _CANCELLED
+        raise self._closed_error()
+
     def rearm(self, handle: TimerHandle[Any], deadline: float) -> None:
         """``reset()``/``reset_at()`` past the fast path, at a valid deadline.
 
         Admission first: nothing changes unless the whole re-arm can be done. (The
         levels first: creating one may run finalizers that change the handle.)"""
         self.wheel.reserve(deadline)
+        if self.closed:
+            raise self._closed_error()  # the collector ran, and user code closed the timer
         if isinstance(handle, PeriodicHandle):
             self.periodic_rearm(handle, deadline)
             return
@@ -381,11 +439,20 @@ class Engine:
         else:
             deadline = handle._next_deadline(now)
         self.wheel.reserve(deadline)  # levels first (see move)
+        if self.stopped_meanwhile(handle):
+            return
         previous: Any = handle._result
         handle._result = _PENDING
         handle._scheduled_at = now
         self.file(handle, deadline, deadline <= now, new=False)
         release(previous)  # its finalizer may run now: the period is filed (see move)
+
+    def stopped_meanwhile(self, handle: PeriodicHandle) -> bool:
+        # After an allocation in periodic_end: the collector ran user code (a finalizer,
+        # a gc.callbacks hook) that closed the timer or stopped this periodic timer,
+        # whose slot was given back then (docs/design.md, "Re-entrancy"). A method, so
+        # that the tests made before the allocation do not answer for after it.
+        return self.closed or not handle._active
 
     def periodic_halt(self, handle: PeriodicHandle) -> None:
         # Stop a periodic timer that is in a run: its reserved next period is cancelled.

@@ -8,12 +8,13 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 A handle talks to its timer through six methods, ``Timer._cancel``,
 ``Timer._reset``, ``Timer._reset_at``, ``Timer._wait``, ``Timer._cancelled_error`` and
 ``Timer._periodic_stop`` (a periodic handle's run calls the engine,
-``Engine.periodic_begin``/``periodic_queued``/``periodic_end``), and reads two
-attributes, ``Timer._now`` (the loop clock) and ``Timer._loop_thread`` (the loop's
-thread), for the one path it keeps inline: the lazy ``reset`` of the idle-timeout
-pattern, which runs on every read of every connection and would pay a third of its
-cost for a method call. The timer and its engine own every counter and every state
-change; the handle owns its two state slots, which the modules below write.
+``Engine.periodic_begin``/``periodic_queued``/``periodic_end``), and reads
+``Timer._now`` (the loop clock) and asks ``Timer._on_owner_loop()`` (the caller's
+thread and loop: the owner check) for the one path it keeps inline: the lazy ``reset``
+of the idle-timeout pattern, which runs on every read of every connection and would
+pay a third of its cost for the full ``_reset``. The timer and its engine own every
+counter and every state change; the handle owns its two state slots, which the
+modules below write.
 
 State lives in two slots. ``_bucket`` is the container holding the handle while it is
 pending, ``None`` otherwise; ``_result`` says the rest. The states, and who writes
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import math
 import sys
-from _thread import get_ident
 from collections.abc import Callable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
@@ -68,7 +68,6 @@ _FLOAT_MAX: Final = sys.float_info.max
 # A grid of more periods than floats resolve (2**52) cannot be stepped in floats.
 _GRID_LIMIT: Final = 2.0**52
 _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
-_get_ident: Final = get_ident
 _copy_context: Final = copy_context
 
 
@@ -164,7 +163,9 @@ def without_frame(exc: BaseException) -> BaseException:
 class TimerHandle(WheelEntry, Generic[T]):
     """A scheduled callback. Returned by ``Timer.schedule`` and friends."""
 
-    __slots__ = ("_args", "_callback", "_context", "_result", "_timer")
+    # __weakref__: users keep handles in WeakValueDictionaries (the compiled core has
+    # the slot through Generic; setup.py makes it safe there).
+    __slots__ = ("__weakref__", "_args", "_callback", "_context", "_result", "_timer")
 
     def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._timer = timer
@@ -268,7 +269,7 @@ class TimerHandle(WheelEntry, Generic[T]):
             # call from a foreign thread included, goes to the timer. A bad delay
             # raises here as it would there (a pending handle's timer is open).
             timer = self._timer
-            if _get_ident() == timer._loop_thread:
+            if timer._on_owner_loop():  # the owner check (Timer._on_owner_loop)
                 seconds_ = delay if type(delay) is float else to_seconds(delay)
                 deadline = timer._now() + seconds_
                 if _INF > deadline >= bucket.time:

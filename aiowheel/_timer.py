@@ -37,12 +37,16 @@ from the wheel itself (a bug) closes the timer and makes every later call say wh
 Loop affinity (the *owner check*). A timer belongs to the event loop that started it.
 Every call that changes it compares the calling thread with the loop's
 (``_thread.get_ident()``, about 45 ns here) and raises ``RuntimeError`` for a foreign
-caller; threads go through ``call_threadsafe``/``schedule_threadsafe``. The calls that
-wait or set things up (``wait``, ``aclose``, ``every``, ``timeout``,
-``schedule``/``schedule_at`` waiting for room) also compare the running asyncio loop,
-which catches a second loop in the same thread; ``asyncio._get_running_loop()`` costs
-about 230 ns on CPython 3.11, five times the thread check, so the calls that run per
-timer do without it. ``_here`` is the first check, ``_check_owner`` both.
+caller; threads go through ``call_threadsafe``/``schedule_threadsafe``. In the owner's
+thread, a second event loop (the owner one stopped between two ``run_until_complete``,
+another one running; an asyncio loop nested in trio's thread) is caught by
+``Engine.elsewhere()``, which asks the owner loop whether it runs, in one attribute
+read or one C call (20-40 ns); every call that changes the timer makes both tests. The
+obvious test, ``asyncio._get_running_loop() is loop``, makes a ``getpid()`` system
+call whenever a loop runs (about 230-350 ns on CPython 3.11, more than a whole
+``cancel()``), so only the calls that wait or set things up (``wait``, ``aclose``,
+``every``, ``timeout``, ``schedule``/``schedule_at`` waiting for room) make it too.
+``_here`` checks the thread and ``elsewhere()``, ``_check_owner`` the running loop too.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ from ._checks import (
     seconds,
     too_far,
 )
-from ._dispatch import WorkerPool, inside
+from ._dispatch import WorkerPool
 from ._driver import backend_name, current_clock, make_backend
 from ._engine import ASYNC_ON_ERROR, Engine
 from ._exceptions import TimerCancelled, TimerClosed
@@ -279,9 +283,9 @@ class Timer:
         with anyio.CancelScope(shield=True):
             await self.aclose()
             parts = self._engine
-            if parts is not None and inside.get() is not parts:
-                # aclose() called by one of the timer's own jobs did not wait for the
-                # workers (it runs on one); the block does not end before they have.
+            if parts is not None and not parts.pool.inside():
+                # aclose() called by one of the timer's own jobs did not wait for its
+                # own worker; the block does not end before every worker has.
                 await parts.stopped.wait()
                 await parts.pool.join()
         outer = self._outer_tg
@@ -312,7 +316,6 @@ class Timer:
                     self._closed_error,
                 )
                 live.pool = WorkerPool(live, self._max_concurrency, parts)
-                inside.set(live)
                 stopped = live.stopped
                 await live.driver.start(tg)
                 task_status.started(live)
@@ -347,11 +350,21 @@ class Timer:
             while (live.pending or pool.busy > me) and self._state is _DRAINING:
                 await live.wait_idle()
         if self._state is _CLOSED:
+            # Closed during the drain, by a callback's aclose(): this call too returns
+            # once every running callback (but its own caller) has ended, the closer
+            # included, as aclose() does below.
+            if not live.pool.inside():
+                await live.stopped.wait()
+            await live.pool.join()
             return []
         cancelled = live.close()
-        if inside.get() is not live:
+        # Whoever calls, every running callback has ended when aclose() returns, but
+        # the one that calls it (its worker would wait for itself). A task that a
+        # callback started is not that callback: the callback is cancelled, and
+        # waited for (docs/usage.md, "Shutting down").
+        if not live.pool.inside():
             await live.stopped.wait()
-            await live.pool.join()
+        await live.pool.join()
         if self._recorder is not None:
             with anyio.CancelScope(shield=True):
                 try:
@@ -475,16 +488,17 @@ class Timer:
         return error
 
     # The owner check (module docstring, "Loop affinity"), in one place: _here checks
-    # the thread (the per-timer calls; schedule_nowait and _cancel keep a tagged inline
-    # copy), _check_owner the thread and the running loop (the calls that wait or set
-    # things up), _open both on an open timer.
+    # the thread and Engine.elsewhere() (the per-timer calls; schedule_nowait, _cancel
+    # and the handle's inline reset, through _on_owner_loop, keep a tagged inline
+    # copy), _check_owner the running loop too (the calls that wait or set things up),
+    # _open all of it on an open timer.
 
     def _here(self) -> Engine:
         """The engine, for a call from the timer's thread; else raise."""
         live = self._live
         if live is None:
             raise self._closed_error()
-        if _get_ident() != self._loop_thread:
+        if _get_ident() != self._loop_thread or live.elsewhere():
             raise self._foreign(live)
         return live
 
@@ -493,6 +507,14 @@ class Timer:
             live.loop is not None and asyncio._get_running_loop() is not live.loop
         ):
             raise self._foreign(live)
+        if live.elsewhere():  # trio: an asyncio loop nested in its thread
+            raise self._foreign(live)
+
+    def _on_owner_loop(self) -> bool:
+        """For the handle's inline reset: open, and called from the owner loop (the
+        owner check, _here, as a test)."""
+        live = self._live
+        return live is not None and _get_ident() == self._loop_thread and not live.elsewhere()
 
     def _open(self) -> Engine:
         """The engine, for a call from the timer's own loop; else raise."""
@@ -543,7 +565,8 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed_error()
-        if _get_ident() != self._loop_thread:  # inline copy of the owner check, _here
+        # inline copy of the owner check, _here
+        if _get_ident() != self._loop_thread or live.elsewhere():
             raise self._foreign(live)
         # A finite float passes with two tests; anything else goes through the rule.
         seconds_ = delay if type(delay) is float and delay - delay == 0.0 else to_seconds(delay)
@@ -562,6 +585,8 @@ class Timer:
         else:
             # Due now: the next pass, not the next tick.
             when = live.wheel.insert_due(handle, now + seconds_)
+        if live.closed:  # inline copy of Engine.file's closed-while-filing check
+            live.closed_while_filing(handle, True)
         live.pending += 1
         live.scheduled += 1
         if when < live.wake_at:  # inline copy of Engine.arm_if_earlier
@@ -734,7 +759,8 @@ class Timer:
         live = self._live
         if live is None:
             return False
-        if _get_ident() != self._loop_thread:  # inline copy of the owner check, _here
+        # inline copy of the owner check, _here
+        if _get_ident() != self._loop_thread or live.elsewhere():
             raise self._foreign(live)
         bucket = handle._bucket
         if bucket is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from aiowheel import Timer
@@ -86,3 +87,108 @@ async def test_periodic_runs_in_the_context_of_every() -> None:
         timer.schedule_nowait(0.005, lambda: None)  # another context arms the driver
         await done.wait()
     assert seen == ["periodic owner"] * 3
+
+
+# -- the body of an async callback ---------------------------------------------------------
+
+
+async def test_async_body_runs_in_the_scheduler_context_across_awaits() -> None:
+    """Each body sees its own scheduler's value before and after an await, on one
+    worker (max_concurrency=1) that runs the three jobs one after the other."""
+    seen: dict[str, list[str]] = {}
+    async with Timer(tick=0.001, max_concurrency=1) as timer:
+
+        async def job(name: str) -> None:
+            seen[name] = [request_id.get()]
+            await anyio.sleep(0.01)
+            seen[name].append(request_id.get())
+            request_id.set(f"changed by {name}")
+            await anyio.lowlevel.checkpoint()
+            seen[name].append(request_id.get())
+
+        async def handler(name: str, delay: float) -> None:
+            request_id.set(name)
+            handle = timer.schedule_nowait(delay, job, name)
+            await handle.wait()
+            assert request_id.get() == name  # what the body set stays in its copy
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(handler, "A", 0.03)
+            tg.start_soon(handler, "B", 0.01)
+            tg.start_soon(handler, "C", 0.02)
+    assert seen == {name: [name, name, f"changed by {name}"] for name in "ABC"}
+
+
+async def test_async_periodic_body_runs_in_the_context_of_every() -> None:
+    seen: list[tuple[str, str]] = []
+    async with Timer(tick=0.001) as timer:
+        done = anyio.Event()
+
+        async def tick() -> None:
+            before = request_id.get()
+            await anyio.sleep(0.001)
+            seen.append((before, request_id.get()))
+            if len(seen) == 3:
+                done.set()
+
+        async def owner() -> None:
+            request_id.set("periodic owner")
+            timer.every(0.01, tick)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(owner)
+        request_id.set("someone else")
+        timer.schedule_nowait(0.005, lambda: None)  # another context arms the driver
+        await done.wait()
+    assert seen == [("periodic owner", "periodic owner")] * 3
+
+
+async def test_a_task_started_by_an_async_body_inherits_its_context() -> None:
+    seen: list[str] = []
+    async with Timer(tick=0.001) as timer:
+
+        async def child() -> None:
+            await anyio.lowlevel.checkpoint()
+            seen.append(request_id.get())
+
+        async def job() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child)
+
+        request_id.set("scheduler")
+        handle = timer.schedule_nowait(0.01, job)
+        request_id.set("later")
+        await handle.wait()
+    assert seen == ["scheduler"]
+
+
+async def test_an_async_body_that_fails_or_is_cancelled_in_its_context() -> None:
+    """Exceptions and the cancellation of aclose() reach the body through the context
+    it runs in; what it reads in its except/finally is still its own value."""
+    seen: list[str] = []
+    reported: list[BaseException] = []
+    async with Timer(tick=0.001, on_error=lambda h, e: reported.append(e)) as timer:
+        started = anyio.Event()
+
+        async def failing() -> None:
+            await anyio.sleep(0.001)
+            raise KeyError(request_id.get())
+
+        async def long() -> None:
+            started.set()
+            try:
+                await anyio.sleep(100)
+            finally:
+                seen.append(request_id.get())
+
+        request_id.set("failing")
+        failed = timer.schedule_nowait(0.01, failing)
+        request_id.set("long")
+        timer.schedule_nowait(0.01, long)
+        request_id.set("closer")
+        with pytest.raises(KeyError, match="failing"):
+            await failed.wait()
+        await started.wait()
+        await timer.aclose()
+    assert seen == ["long"]
+    assert [type(e) for e in reported] == [KeyError]

@@ -763,6 +763,95 @@ async def test_leaving_async_with_waits_for_a_job_that_closed_its_timer(unit: fl
     assert pool.workers == 0
 
 
+@pytest.mark.parametrize("where", ["outside", "child"])
+async def test_aclose_from_a_task_a_job_started_cancels_that_job_and_waits(
+    where: str, unit: float
+) -> None:
+    """A task that a job started is not that job (issue 20): aclose() from it cancels
+    the job like any running one and returns only once it has ended (its cleanup,
+    even one that awaits shielded, has run). ``outside``: the task lives in a task
+    group of the test; ``child``: in the job's own task group, so the job's
+    cancellation reaches the closer too: its aclose() raises the cancellation, after
+    closing the timer."""
+    log: list[str] = []
+    async with anyio.create_task_group() as outer, Timer(max_concurrency=2) as timer:
+        pool = pool_of(timer)
+        returned, ended = anyio.Event(), anyio.Event()
+
+        async def closer() -> None:
+            try:
+                assert await timer.aclose() == []
+            except anyio.get_cancelled_exc_class():
+                log.append("closer cancelled")
+                raise
+            log.append(f"aclose returned, {pool.busy} running")
+            returned.set()
+
+        async def job() -> str:
+            try:
+                if where == "outside":
+                    outer.start_soon(closer)
+                    await anyio.sleep_forever()
+                async with anyio.create_task_group() as inner:
+                    inner.start_soon(closer)
+                    await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(unit)
+                log.append("job ended")
+                ended.set()
+            return "unreachable"
+
+        handle = timer.schedule_nowait(0, job)
+        with anyio.fail_after(100 * unit):
+            await ended.wait()
+            if where == "outside":
+                await returned.wait()
+            assert timer.closed
+            assert handle.fired()
+            with pytest.raises(TimerCancelled):
+                await handle.wait()
+    if where == "outside":
+        assert log == ["job ended", "aclose returned, 0 running"]
+    else:
+        assert log == ["closer cancelled", "job ended"]
+    assert pool.workers == 0
+
+
+async def test_a_job_that_closes_its_timer_waits_for_the_other_jobs(unit: float) -> None:
+    """The job that calls aclose() is not cancelled by it (it goes on, see above), but
+    the others are, and aclose() returns to it once they have ended."""
+    log: list[str] = []
+    async with Timer(max_concurrency=3) as timer:
+        started = anyio.Event()
+
+        async def other(name: str) -> None:
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.sleep(unit)
+                log.append(f"{name} ended")
+
+        async def closer() -> str:
+            await started.wait()
+            await anyio.lowlevel.checkpoint()
+            await timer.aclose()
+            log.append("aclose returned")
+            return "closed"
+
+        others = [timer.schedule_nowait(0, other, n) for n in ("a", "b")]
+        c = timer.schedule_nowait(0, closer)
+        with anyio.fail_after(100 * unit):
+            assert await c.wait() == "closed"
+        assert sorted(log[:2]) == ["a ended", "b ended"]
+        assert log[2:] == ["aclose returned"]
+        for handle in others:
+            with pytest.raises(TimerCancelled):
+                await handle.wait()
+
+
 # == a worker killed by KeyboardInterrupt or SystemExit (asyncio, an explicit loop) ========
 
 
