@@ -87,10 +87,11 @@ __all__ = [
 
 logger = logging.getLogger("aiowheel.trace")
 
-#: The Parquet footer's key-value metadata of a trace: how many rows of the run the
-#: recorder dropped (its writer could not keep up), and the run they belong to. A
-#: trace without the key was written before the count existed: unknown, not zero.
+#: Key, in a trace file's Parquet footer metadata, of how many rows of the run the
+#: recorder dropped (its writer could not keep up). A trace without the key was
+#: written before the count existed, so its count is unknown, not zero.
 DROPPED_ROWS_KEY: Final = "aiowheel.dropped_rows"
+#: Key, in the same footer metadata, of the run the dropped rows belong to.
 RUN_ID_KEY: Final = "aiowheel.run_id"
 
 

@@ -70,6 +70,9 @@ nitpick_ignore_regex = [
     # buffer type of aiowheel/middleware/_streams.py. Not part of the API, so not
     # documented.
     ("py:class", r"aiowheel\._handle\.TracedHandle"),
+    # The compiled base of DelayedOperation (aiowheel/_purgatory.py), which the
+    # purgatory's signatures name; the public subclass is documented instead.
+    ("py:class", r"aiowheel\._purgatory\._DelayedOperation"),
     # Type variables (T, and Ts for a callback's arguments) of the generic signatures:
     # Sphinx renders them as class references, but they have no page of their own.
     ("py:class", r"(aiowheel\.\w+\.)?(T|Ts)"),
