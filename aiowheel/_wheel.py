@@ -725,10 +725,15 @@ class Wheel:
                     # later; or, lazily extended, its deadline is no earlier than the
                     # bucket's time (extend's own test, in floats: past 2**53 ticks a
                     # bucket's time is its start rounded, possibly down, so the two
-                    # disagree by less than the clock can tell apart).
+                    # disagree by less than the clock can tell apart). Or it waits
+                    # one tick past its due tick: _take_due found it due by the tick
+                    # count but not by the clock (its deadline a rounding after the
+                    # tick's time), and never runs an entry early.
+                    due = self.due_tick_of(entry._deadline)
                     assert (
-                        self.due_tick_of(entry._deadline) >= bucket.tick
+                        due >= bucket.tick
                         or entry._deadline >= bucket.time
+                        or (bucket.tick == due + 1 and entry._deadline > self.tick_time(due))
                     ), entry
         assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
 
