@@ -140,8 +140,10 @@ class Engine:
         self.draining = False
         self.broken: BaseException | None = None  # what closed it, if not aclose
         # When the driver is armed for; -inf during a pass (no re-arming from
-        # callbacks: the pass re-arms once at its end), inf when idle.
+        # callbacks: the pass re-arms once at its end) or when armed for "now", inf
+        # when idle. So -inf does not say a pass is running: `passing` does.
         self.wake_at = _INF
+        self.passing = False
 
         # Counters (docs/design.md, "Accounting"). pending is exact at every moment.
         self.pending = 0
@@ -508,8 +510,12 @@ class Engine:
 
     def sync_wakeup_unless_passing(self) -> None:
         # The deferred re-check after a cancel emptied the armed bucket; a pass in
-        # progress re-arms at its end anyway.
-        if not self.closed and self.wake_at != -_INF:
+        # progress re-arms at its end anyway. Not `wake_at != -inf`: a timer filed as
+        # due meanwhile arms -inf too, and on trio the re-check's wake-up is the only
+        # one coming (the driver's one cancel scope carries both), so skipping the
+        # re-arm then stranded the due timer and every later one (found by
+        # tests/test_fault_model.py; fixed program there).
+        if not self.closed and not self.passing:
             self.sync_wakeup()
 
     # -- the pass -------------------------------------------------------------------
@@ -522,12 +528,14 @@ class Engine:
         if self.closed:
             return
         self.wake_at = -_INF
+        self.passing = True
         self.wakeups += 1
         try:
             now = self.clock()
             buckets = self.wheel.advance(now)
         except BaseException as exc:
             self.wake_at = _INF
+            self.passing = False
             self.break_(exc)
             if isinstance(exc, _EXIT):
                 raise
@@ -537,6 +545,7 @@ class Engine:
                 self.run_due(buckets, now)
         finally:
             self.wake_at = _INF
+            self.passing = False
             if not self.closed:
                 try:
                     self.wheel.release()  # what the pass did not reach: filed again
