@@ -3,7 +3,7 @@
 ``new_event_loop(base=...)`` returns a subclass of the base loop (asyncio's default
 selector loop, or ``uvloop.Loop``) in which only where timers live changes. Every
 ``call_at``/``call_later`` (and so ``asyncio.sleep``, ``asyncio.timeout``,
-``wait_for`` and every library's timeouts) files an ``asyncio.TimerHandle`` on the
+``wait_for`` and every library's timeouts) files a timer handle on the
 loop's one ``Wheel`` (aiowheel/_wheel.py). The base loop's own timer machinery (the
 heap on asyncio, libuv's timers on uvloop) holds a single entry: the wheel's next
 wake-up, armed through the *base* class's ``call_at`` (never through the override).
@@ -12,14 +12,15 @@ Seam (for the engine refactor, issue 17): the loop drives the wheel only through
 ``_WheelLoop._wake`` (the pass: ``Wheel.advance`` and running what is due) and
 ``_WheelLoop._arm`` (keeping the one base-loop entry at the wheel's next expiry).
 
-Design: two objects per timer (docs/loop.md, "Memory"). ``asyncio.TimerHandle`` is a
-pure-Python class with ``__slots__``; the compiled ``WheelEntry`` is a native class, so
-one object cannot be both. Each handle holds a small ``_Entry`` (a ``WheelEntry``
-with a back reference), and cancel() unlinks that entry at once: no tombstones.
+Design: one object per timer (docs/loop.md, "Memory"). The handle ``call_at`` returns
+is the wheel's entry, a compiled ``LoopTimerHandle`` (aiowheel/_loophandle.py) that
+implements ``asyncio.TimerHandle``'s contract itself (a native class cannot subclass
+the pure-Python ``asyncio.TimerHandle``; uvloop's handles are not ones either), and
+cancel() unlinks it at once: no tombstones.
 
 Invariants:
 
-* a handle is on the wheel exactly while ``handle._entry._bucket is not None``;
+* a handle is on the wheel exactly while ``handle._bucket is not None``;
 * ``self._armed_at`` is the instant the base-loop entry ``self._wake_handle`` is armed
   for (``inf`` when none), and it is never later than the wheel's next expiry outside
   a pass;
@@ -30,13 +31,15 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import asyncio.events as _events
+import asyncio.format_helpers as _format_helpers
 import math
+import sys
 from collections.abc import Callable, Coroutine
 from contextvars import Context
 from typing import Any, TypeVar
 
 from ._checks import seconds
+from ._loophandle import LoopTimerHandle
 from ._timer import MAX_TICK, MIN_TICK
 from ._wheel import Wheel, WheelEntry
 
@@ -52,49 +55,15 @@ _WHEEL_SIZE = 64
 def _guard_internals() -> None:
     # The private asyncio internals relied on below. Checked once at import so that a
     # Python release that changes them fails loudly here, not subtly at run time.
-    handle_slots = set(_events.Handle.__slots__)
-    needed = {"_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_context"}
-    if not needed <= handle_slots or not hasattr(_events.Handle, "_run"):
-        raise ImportError("aiowheel's loop: asyncio.Handle lost an internal it relies on")
-    if not {"_when", "_scheduled"} <= set(_events.TimerHandle.__slots__):
-        raise ImportError("aiowheel's loop: asyncio.TimerHandle lost _when/_scheduled")
+    for name in ("_format_callback_source", "extract_stack"):
+        if not hasattr(_format_helpers, name):
+            raise ImportError(f"aiowheel's loop: asyncio.format_helpers lost {name}")
     for name in ("_check_thread", "_check_callback", "_check_closed"):
         if not hasattr(asyncio.BaseEventLoop, name):
             raise ImportError(f"aiowheel's loop: asyncio.BaseEventLoop lost {name}")
 
 
 _guard_internals()
-
-
-class _Entry(WheelEntry):
-    """The wheel's node for one loop timer: points back at its handle."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: _WheelTimerHandle) -> None:
-        super().__init__()
-        self.handle = handle
-
-
-class _WheelTimerHandle(asyncio.TimerHandle):
-    """An ``asyncio.TimerHandle`` whose timer lives on the loop's wheel."""
-
-    __slots__ = ("_entry",)
-    _entry: _Entry
-
-    def cancel(self) -> None:
-        if not self._cancelled:
-            entry = self._entry
-            bucket = entry._bucket
-            if bucket is not None:
-                bucket.remove(entry)  # off the wheel at once: no tombstone
-            self._scheduled = False
-        # Handle.cancel, not TimerHandle.cancel: the base loop's heap never saw us.
-        asyncio.Handle.cancel(self)
-
-
-# repr as on the base loop: "<TimerHandle when=... callback()>".
-_WheelTimerHandle.__name__ = _WheelTimerHandle.__qualname__ = "TimerHandle"
 
 
 class _WheelLoop:
@@ -121,13 +90,13 @@ class _WheelLoop:
         callback: Callable[..., object],
         *args: Any,
         context: Context | None = None,
-    ) -> asyncio.TimerHandle:
+    ) -> Any:
         if delay is None:
             raise TypeError("delay must not be None")
         loop: Any = self
         handle = self.call_at(loop.time() + delay, callback, *args, context=context)
-        trace = getattr(handle, "_source_traceback", None)
-        if trace and isinstance(handle, _WheelTimerHandle):
+        trace = handle._source_traceback
+        if trace and isinstance(handle, LoopTimerHandle):
             del trace[-1]  # this frame, as the base loop does
         return handle
 
@@ -137,7 +106,7 @@ class _WheelLoop:
         callback: Callable[..., object],
         *args: Any,
         context: Context | None = None,
-    ) -> asyncio.TimerHandle:
+    ) -> Any:
         if when is None:
             raise TypeError("when cannot be None")
         loop: Any = self
@@ -155,14 +124,13 @@ class _WheelLoop:
             check_callback = getattr(loop, "_check_callback", None)
             if check_callback is not None:
                 check_callback(callback, "call_at")
-        handle = _WheelTimerHandle(when, callback, args, loop, context)
-        trace = getattr(handle, "_source_traceback", None)
-        if trace:
-            del trace[-1]  # this frame, as the base loop does
-        entry = _Entry(handle)
-        handle._entry = entry
-        handle._scheduled = True
-        at = self._wheel.insert(entry, when)
+            handle: LoopTimerHandle[Any] = LoopTimerHandle(when, callback, args, loop, context)
+            # From the caller of call_at, as the base loop's (Handle.__init__ drops
+            # its own frames and call_at's).
+            handle._source_traceback = _format_helpers.extract_stack(sys._getframe(1))
+        else:
+            handle = LoopTimerHandle(when, callback, args, loop, context)
+        at = self._wheel.insert(handle, when)
         if at < self._armed_at:
             self._arm(at)
         return handle
@@ -195,7 +163,7 @@ class _WheelLoop:
         loop: Any = self
         wheel = self._wheel
         buckets = wheel.advance(loop.time())
-        due: list[_Entry] = []
+        due: list[LoopTimerHandle[Any]] = []
         for bucket in buckets:
             node = bucket._first
             while node is not None:
@@ -206,29 +174,30 @@ class _WheelLoop:
             due.sort(key=_deadline)
         index = -1
         try:
-            for entry in due:
+            for handle in due:
                 index += 1
-                held = entry._bucket
+                held = handle._bucket
                 if held is None:
                     continue  # cancelled by an earlier callback of this pass
-                held.remove(entry)
-                handle = entry.handle
-                handle._scheduled = False
-                if not handle._cancelled:
-                    handle._run()
+                held.remove(handle)
+                handle._run()
         except BaseException:
             # SystemExit/KeyboardInterrupt from a callback (Handle._run lets only
             # those through): put back what this pass had not reached.
             for rest in due[index + 1 :]:
                 if rest._bucket is not None:
                     rest._bucket.remove(rest)
-                    rest.handle._scheduled = True
                     wheel.insert_due(rest, rest._deadline)
             self._armed_at = _INF
             self._rearm()
             raise
+        finally:
+            due.clear()
         self._armed_at = _INF
         self._rearm()
+
+    def _wheel_cancelled(self, handle: LoopTimerHandle[Any], bucket: object) -> None:
+        """A handle's cancel() took it off the wheel (the hook ``loop.timer`` counts)."""
 
     def _rearm(self) -> None:
         nxt = self._wheel.next_expiry()
@@ -237,8 +206,7 @@ class _WheelLoop:
 
     def _drop_wheel(self) -> None:
         # close(): pending timers are dropped as the base loop drops its heap.
-        for entry in self._wheel.clear():
-            entry.handle._scheduled = False
+        self._wheel.clear()
         old = self._wake_handle
         self._wake_handle = None
         self._armed_at = _INF
