@@ -15,9 +15,11 @@ compiled), no ``_scheduled`` (``_bucket is not None``) and no ``_cancelled``: a 
 is cancelled exactly when ``_args`` is ``None`` (``cancel()`` drops the callback and
 its arguments, as ``Handle.cancel`` does; a live handle's arguments are a tuple).
 
-Who writes what: ``_loop.py`` files the handle (``Wheel.insert``), runs it in its pass
-and sets ``_source_traceback`` in debug mode; ``cancel()`` unlinks it and tells the
-loop (``_loop._wheel_cancelled``), which keeps the counts of ``loop.timer``.
+Who writes what: the loop's ``call_at`` (``_loop.py``) makes the handle, sets
+``_source_traceback`` in debug mode and files it through ``Engine.file_loop`` on the
+wheel of ``loop.timer``'s engine, whose pass (``Engine.run_due``) runs it with
+``_run``; ``cancel()`` unlinks it and tells the engine (``Engine.loop_cancelled``),
+which keeps the counts (``len(loop.timer)``) and the wake-up.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import asyncio
 import asyncio.format_helpers as _format_helpers
 from collections.abc import Callable
 from contextvars import Context, copy_context
-from typing import Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from ._wheel import WheelEntry
+
+if TYPE_CHECKING:
+    from ._engine import Engine
 
 __all__ = ["LoopTimerHandle"]
 
@@ -49,7 +54,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         "_args",
         "_callback",
         "_context",
-        "_loop",
+        "_engine",
         "_repr",
         "_source_traceback",
     )
@@ -59,7 +64,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         when: float,
         callback: Callable[..., object],
         args: tuple[Any, ...],
-        loop: Any,
+        engine: Engine,
         context: Context | None,
     ) -> None:
         self._deadline = when
@@ -67,7 +72,9 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         self._prev = self._next = None
         self._callback: Callable[..., object] | None = callback
         self._args: tuple[Any, ...] | None = args
-        self._loop: Any = loop
+        # The loop's timer engine (loop.timer's), whose wheel holds this handle; the
+        # loop is its ``loop`` (one slot for both: the memory target).
+        self._engine = engine
         self._context: Context = _copy_context() if context is None else context
         # Set by the loop in debug mode (it knows which frames are its own).
         self._source_traceback: Any = None
@@ -92,12 +99,16 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         bucket = self._bucket
         if bucket is not None:
             bucket.remove(self)
-            self._loop._wheel_cancelled(self, bucket)
+            self._engine.loop_cancelled(bucket)
         if self._loop.get_debug():
             # As Handle.cancel: keep the callback in the repr of a cancelled handle.
             self._repr = self._format(True)
         self._callback = None
         self._args = None
+
+    @property
+    def _loop(self) -> Any:
+        return self._engine.loop
 
     @property
     def _when(self) -> float:
