@@ -316,6 +316,8 @@ def test_loop_timer_reset_and_every(base: str) -> None:
                 periodic.cancel()
                 done.set_result(None)
 
+        with timer.timeout(10):
+            await asyncio.sleep(0)
         periodic = timer.every(0.002, tick)
         h = timer.schedule_nowait(100, cb)
         h.reset(0)
