@@ -375,3 +375,26 @@ def test_nan_and_infinite_when_never_reach_the_wheel(base: str) -> None:
         check(loop)
     finally:
         loop.close()
+
+
+def test_wheel_in_order_merges_the_buckets_of_one_pass() -> None:
+    from aiowheel._wheel import Wheel, WheelEntry
+
+    wheel = Wheel(0.01, 4, 0.0)
+    deadlines = [0.035, 0.001, 0.2, 0.009, 0.0351, 0.15, 0.002, 0.2]
+    entries = [WheelEntry() for _ in deadlines]
+    for entry, deadline in zip(entries, deadlines, strict=True):
+        wheel.insert(entry, deadline)
+    late = WheelEntry()
+    wheel.insert_due(late, 0.0005)  # filed as due: merged by deadline
+    buckets = wheel.in_order(wheel.advance(1.0))
+    got = [entry for bucket in buckets for entry in bucket]
+    assert [e._deadline for e in got] == sorted([*deadlines, 0.0005])
+    # ties keep the order they were filed in
+    assert got.index(entries[2]) < got.index(entries[7])
+    for bucket in buckets:
+        while bucket.pop_first() is not None:
+            pass
+    wheel.release()
+    wheel._check()
+    assert len(wheel) == 0
