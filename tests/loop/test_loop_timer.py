@@ -398,3 +398,24 @@ def test_wheel_in_order_merges_the_buckets_of_one_pass() -> None:
     wheel.release()
     wheel._check()
     assert len(wheel) == 0
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_loop_timer_belongs_to_the_thread_that_runs_the_loop(base: str) -> None:
+    import threading
+
+    loop: Any = aiowheel.new_event_loop(base=base)  # made here, run in another thread
+    seen: list[object] = []
+
+    async def main() -> None:
+        handle = loop.timer.schedule_nowait(0, seen.append, "ran")
+        await handle.wait()
+
+    def run() -> None:
+        loop.run_until_complete(main())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    loop.close()
+    assert seen == ["ran"]
