@@ -419,3 +419,28 @@ def test_loop_timer_belongs_to_the_thread_that_runs_the_loop(base: str) -> None:
     thread.join()
     loop.close()
     assert seen == ["ran"]
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_mode_exception_context_has_the_source_traceback(base: str) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)
+        loop.set_exception_handler(lambda _loop, context: seen.append(context))
+
+        def cancelled() -> None:
+            raise asyncio.CancelledError  # a BaseException: the handler gets it too
+
+        handle = loop.call_later(0, cancelled)
+        done = loop.create_future()
+        loop.call_later(0.001, done.set_result, None)
+        await done
+        assert [c["handle"] for c in seen] == [handle]
+        context = seen[0]
+        assert set(context) == {"message", "exception", "handle", "source_traceback"}
+        assert isinstance(context["exception"], asyncio.CancelledError)
+        assert context["source_traceback"][-1].name == "main"
+
+    run_on(base, main)
