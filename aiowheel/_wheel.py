@@ -602,6 +602,46 @@ class Wheel:
             self._set_now(target)
         return fired
 
+    def in_order(self, buckets: list[Bucket]) -> list[Bucket]:
+        """The entries of ``buckets`` (what ``advance`` just handed out) in deadline
+        order, ties in the order given: ``buckets`` itself when they already are (the
+        usual case: one comparison per entry, no allocation), else one bucket holding
+        them all. The drop-in loop's rule (``when`` order within a pass); ``advance``
+        alone promises deadline order only between ticks.
+
+        Allocations come first: between unlinking the entries and linking them again
+        into the first bucket (in ``_out``, where ``clear`` finds them) no code runs."""
+        previous = -_INF
+        ordered = True
+        for bucket in buckets:
+            node = bucket._first
+            while node is not None:
+                if node._deadline < previous:
+                    ordered = False
+                    break
+                previous = node._deadline
+                node = node._next
+            if not ordered:
+                break
+        if ordered:
+            return buckets
+        entries: list[WheelEntry] = []
+        for bucket in buckets:
+            entries.extend(bucket)
+        entries.sort(key=deadline_of)  # stable
+        merged = [buckets[0]]
+        for bucket in buckets:
+            node = bucket._first
+            while node is not None:
+                after = node._next
+                node._bucket = node._prev = node._next = None
+                node = after
+            bucket._first = bucket._last = None
+        target = buckets[0]
+        for entry in entries:
+            target.add(entry)
+        return merged
+
     def release(self) -> None:
         """The caller is done with the buckets ``advance`` handed out. Normally they
         are empty; an entry the caller did not get to (it stopped half-way) is filed
