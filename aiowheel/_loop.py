@@ -49,7 +49,7 @@ from ._loophandle import LoopTimerHandle
 from ._timer import MAX_TICK, MIN_TICK, Timer
 from ._wheel import Wheel
 
-__all__ = ["EventLoopPolicy", "loop_timer", "new_event_loop", "run"]
+__all__ = ["EventLoopPolicy", "loop_timer", "new_event_loop", "new_uvloop_event_loop", "run"]
 
 _T = TypeVar("_T")
 _INF = math.inf
@@ -296,6 +296,12 @@ def new_event_loop(*, base: str = "asyncio", tick: float = 0.001) -> asyncio.Abs
     else:
         loop = _AsyncioWheelLoop(tick_)
     return loop
+
+
+def new_uvloop_event_loop(*, tick: float = 0.001) -> asyncio.AbstractEventLoop:
+    """``new_event_loop(base="uvloop")``, for where only a loop factory's import string
+    fits: ``uvicorn.run(app, loop="aiowheel:new_uvloop_event_loop")``."""
+    return new_event_loop(base="uvloop", tick=tick)
 
 
 def run(main: Coroutine[Any, Any, _T], *, base: str = "asyncio", debug: bool | None = None) -> _T:

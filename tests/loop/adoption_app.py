@@ -5,23 +5,17 @@ Run as a program it is a user's server, started as the docs tell (docs/loop.md,
 
     python adoption_app.py uvicorn|aiohttp|hypercorn asyncio|uvloop FD
 
-and it serves until SIGINT (Ctrl-C). With this file's folder on ``sys.path`` its
-``wheel_uvloop`` is the import string ``"adoption_app:wheel_uvloop"`` uvicorn takes.
+and it serves until SIGINT (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 import sys
 from typing import Any
 
 import aiowheel
-
-# uvicorn's ``loop=`` takes an import string naming a zero-argument loop factory; the
-# uvloop base needs one bound to ``base="uvloop"``, in the user's own module.
-wheel_uvloop = functools.partial(aiowheel.new_event_loop, base="uvloop")
 
 DELAY = 0.02
 
@@ -95,7 +89,7 @@ def serve_uvicorn(base: str, fd: int) -> None:
 
     # As docs/loop.md says: the import string of aiowheel's loop factory. uvicorn
     # imports it and calls it with no arguments (asyncio.Runner's loop_factory).
-    loop = "aiowheel:new_event_loop" if base == "asyncio" else "adoption_app:wheel_uvloop"
+    loop = "aiowheel:new_event_loop" if base == "asyncio" else "aiowheel:new_uvloop_event_loop"
     uvicorn.run(asgi_app, loop=loop, fd=fd, lifespan="on", log_level="warning")
 
 

@@ -174,8 +174,7 @@ def _serve_in_child(server: str, base: str) -> list[str]:
 def test_uvicorn_run_with_the_loop_import_string(base: str) -> None:
     # uvicorn.run(app, loop="aiowheel:new_event_loop"): uvicorn imports the string and
     # uses what it names as asyncio.Runner's loop_factory (called with no arguments).
-    # The uvloop base needs a factory bound to base="uvloop" in the user's own module:
-    # loop="adoption_app:wheel_uvloop" here.
+    # The uvloop base: loop="aiowheel:new_uvloop_event_loop".
     assert _serve_in_child("uvicorn", base) == [on_time(base)] * REQUESTS
 
 
