@@ -14,7 +14,11 @@ the fastest plain loop at moving a deadline).
                      ``asyncio.timeout(...).reschedule()`` does): ns per reschedule.
 ``loop-steps``       N timers pending (60 to 90 s out, none fires), then 100 tasks
                      each taking steps that do no timer work (``await
-                     asyncio.sleep(0)``): ns per task step.
+                     asyncio.sleep(0)``): ns per task step; then the same steps each
+                     keeping one small object alive to the end of the run (as a
+                     server's steps keep request state), which makes the garbage
+                     collector run its full collections, and those traverse every
+                     pending timer: ns per step, and of it ns in the collector.
 ``loop-timeout``     N tasks, each inside ``asyncio.timeout(30)``, each "read" (a task
                      step, ``await asyncio.sleep(0)``) followed by
                      ``cm.reschedule(loop.time() + 30)``: ns per read.
@@ -24,6 +28,11 @@ the fastest plain loop at moving a deadline).
                      wall time a 1 ms sleep took.
 ``loop-memory``      bytes per pending ``call_later`` timer at N (tracemalloc growth,
                      as ``memory``).
+
+``loop-reschedule`` and ``loop-steps`` also report the time spent in the garbage
+collector (``gc.callbacks``, from a collection's start to its stop) per operation: on
+the drop-in loop, that is where most of the difference goes (docs/loop.md,
+"Figures").
 
 None of them runs by default (``Workload.default``): ``aiowheel bench -w loop`` runs
 them all, ``-w loop-steps`` one. They trace nothing (their timers are asyncio's
@@ -93,6 +102,29 @@ def _cancel_all(handles: list[asyncio.TimerHandle]) -> None:
         handle.cancel()
 
 
+class _GcClock:
+    """Time spent in the garbage collector while installed (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._start = 0.0
+
+    def __enter__(self) -> _GcClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.collections += 1
+
+
 class _LoopWorkload(RepeatedWorkload):
     kinds: ClassVar[frozenset[str]] = _KINDS
     backends: ClassVar[frozenset[str]] = _BACKENDS
@@ -114,7 +146,10 @@ class _RescheduleData:
 class LoopReschedule(_LoopWorkload):
     name = "loop-reschedule"
     title = "reschedule one pending timer (cancel + call_at), N pending"
-    metrics = (Metric("reschedule_ns", "reschedule (cancel + call_at)", "ns", "lower"),)
+    metrics = (
+        Metric("reschedule_ns", "reschedule (cancel + call_at)", "ns", "lower"),
+        Metric("gc_ns", "of which in the garbage collector", "ns", "lower", ratio=False),
+    )
 
     def default_sizes(self, quick: bool) -> list[int]:
         return [100_000]
@@ -144,15 +179,20 @@ class LoopReschedule(_LoopWorkload):
         sleep = asyncio.sleep
         perf = time.perf_counter
         gc.collect()
-        t0 = perf()
-        for batch in data.moves:
-            for i, delay in batch:
-                handles[i].cancel()
-                handles[i] = call_at(now() + delay, noop)
-            await sleep(0)
-        elapsed = perf() - t0
+        with _GcClock() as collector:
+            t0 = perf()
+            for batch in data.moves:
+                for i, delay in batch:
+                    handles[i].cancel()
+                    handles[i] = call_at(now() + delay, noop)
+                await sleep(0)
+            elapsed = perf() - t0
         _cancel_all(handles)
-        return {"reschedule_ns": elapsed / data.ops * 1e9}
+        return {
+            "reschedule_ns": elapsed / data.ops * 1e9,
+            "gc_ns": collector.seconds / data.ops * 1e9,
+            "_collections": float(collector.collections),
+        }
 
 
 # -- loop-steps -----------------------------------------------------------------------
@@ -172,7 +212,11 @@ def _steps(settings: Settings) -> int:
 class LoopSteps(_LoopWorkload):
     name = "loop-steps"
     title = "task steps that do no timer work, N timers pending"
-    metrics = (Metric("step_ns", "task step (await asyncio.sleep(0))", "ns", "lower"),)
+    metrics = (
+        Metric("step_ns", "task step (await asyncio.sleep(0))", "ns", "lower"),
+        Metric("keep_ns", "task step keeping one small object alive", "ns", "lower"),
+        Metric("keep_gc_ns", "of which in the garbage collector", "ns", "lower", ratio=False),
+    )
 
     def default_sizes(self, quick: bool) -> list[int]:
         return [100_000]
@@ -186,6 +230,8 @@ class LoopSteps(_LoopWorkload):
             "out (none fires while measuring)",
             "tasks": _STEP_TASKS,
             "steps": f"M in all (--ops; {_STEPS_FULL:,}, {_STEPS_QUICK:,} quick)",
+            "keeping": "each step appends a new empty list to one list, emptied after",
+            "gc": "gc.callbacks: the time from each collection's start to its stop",
         }
 
     async def run(
@@ -193,18 +239,37 @@ class LoopSteps(_LoopWorkload):
     ) -> dict[str, float]:
         handles = await _fill(data)
         per_task = max(_steps(settings) // _STEP_TASKS, 1)
+        steps = per_task * _STEP_TASKS
         sleep = asyncio.sleep
+        kept: list[list[int]] = []
+        keep = kept.append
 
         async def stepper() -> None:
             for _ in range(per_task):
                 await sleep(0)
 
+        async def keeper() -> None:
+            for _ in range(per_task):
+                keep([])
+                await sleep(0)
+
         gc.collect()
         t0 = time.perf_counter()
         await asyncio.gather(*[stepper() for _ in range(_STEP_TASKS)])
-        elapsed = time.perf_counter() - t0
+        plain = time.perf_counter() - t0
+        gc.collect()
+        with _GcClock() as collector:
+            t0 = time.perf_counter()
+            await asyncio.gather(*[keeper() for _ in range(_STEP_TASKS)])
+            keeping = time.perf_counter() - t0
+        del kept[:]
         _cancel_all(handles)
-        return {"step_ns": elapsed / (per_task * _STEP_TASKS) * 1e9}
+        return {
+            "step_ns": plain / steps * 1e9,
+            "keep_ns": keeping / steps * 1e9,
+            "keep_gc_ns": collector.seconds / steps * 1e9,
+            "_collections": float(collector.collections),
+        }
 
 
 # -- loop-timeout ---------------------------------------------------------------------
