@@ -45,7 +45,8 @@ EPILOG = (
     " only when asked for: -w loop runs them all)"
     + ".  contenders: "
     + ", ".join(c.name for c in CONTENDERS)
-    + " (or a kind/backend: aiowheel, call_later, deadline, asyncio, uvloop, trio; or pure:"
+    + " (or a kind/backend: aiowheel, loop, call_later, deadline, asyncio, uvloop, trio,"
+    " rloop; or pure:"
     " the -pure ones, aiowheel's pure-Python core in a child process, never by default)."
 )
 
