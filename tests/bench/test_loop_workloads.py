@@ -53,16 +53,14 @@ def test_loop_workloads_run_only_the_loops_and_the_loops_run_nothing_else() -> N
     [("asyncio", True), ("uvloop", True), ("rloop", False), ("asyncio", False)],
 )
 def test_each_contender_runs_in_its_own_loop(backend: str, drop_in: bool) -> None:
-    async def which() -> tuple[str, str]:
+    async def which() -> str:
         loop = asyncio.get_running_loop()
-        handle = loop.call_later(10.0, print)
-        handle.cancel()
-        return type(loop).__module__, type(handle).__name__
+        loop.call_later(10.0, print).cancel()
+        return type(loop).__module__
 
-    module, handle = run_fresh(backend, which, drop_in=drop_in)
+    module = run_fresh(backend, which, drop_in=drop_in)
     if drop_in:
         assert module == "aiowheel._loop"
-        assert handle == "TimerHandle"
     else:
         assert module.split(".")[0] == {"asyncio": "asyncio", "rloop": "rloop"}[backend]
 
@@ -86,7 +84,9 @@ def test_loop_workloads_report_every_loop_with_ratios_against_the_drop_in_loop(
             for contender, row in rows.items():
                 assert row["skipped"] is None
                 assert row["reps"] == 2
-                assert all(s > 0 for s in row["samples"]), (name, contender)
+                # The collector's share may be nothing at all (no collection ran).
+                low = 0.0 if "gc" in metric.key else 1e-9
+                assert all(s >= low for s in row["samples"]), (name, contender)
                 if contender in LOOP:
                     assert row["core"] in ("compiled", "pure")
                     assert row["ratios"] == {}
