@@ -110,14 +110,15 @@ class Engine:
         self.backend = backend
         self.clock: Callable[[], float] = backend.clock
         self.loop: asyncio.AbstractEventLoop | None = backend.loop
-        # For elsewhere(): the owner's thread, and, when the loop is asyncio's own
-        # (looptime's too), its instance dict, where it keeps the thread that runs it
-        # as ``_thread_id`` (None while it is stopped). A dict read costs half of the
-        # attribute lookup, and elsewhere() runs twice per schedule-and-cancel.
+        # For elsewhere(): the owner's thread, and whether the loop is asyncio's own
+        # (looptime's too), which keeps the thread that runs it as ``_thread_id`` (None
+        # while it is stopped). Read as an attribute, never through vars(loop): on
+        # CPython 3.11+ asking for an object's __dict__ materialises it, and every
+        # attribute access of the loop's own methods then takes the slower dict path
+        # (task steps 1.1x slower on any asyncio loop a Timer ran on; measured by
+        # `aiowheel bench -w loop-steps`, docs/loop.md, "Figures").
         self.thread = get_ident()
-        self.loop_vars: dict[str, object] | None = (
-            vars(self.loop) if isinstance(self.loop, asyncio.BaseEventLoop) else None
-        )
+        self.loop_is_asyncio = isinstance(self.loop, asyncio.BaseEventLoop)
         # Any other loop (uvloop): its is_running(), bound once (no lookup per call).
         self.loop_running: Callable[[], bool] | None = (
             self.loop.is_running if self.loop is not None else None
@@ -178,7 +179,7 @@ class Engine:
         *owner check*'s second half, docs/design.md, "Loop affinity").
 
         Cheap enough for every call that changes the timer: asyncio's own loop says in
-        one entry of its ``__dict__`` which thread runs it (None once stopped);
+        one attribute which thread runs it (None once stopped);
         uvloop's is_running() is one C call; on trio, the only other loop that can run
         in its thread is an asyncio one nested in it, and
         ``asyncio._get_running_loop()`` answers None without a system call when no
@@ -187,12 +188,11 @@ class Engine:
         loop_running = self.loop_running
         if loop_running is None:
             return _get_running_loop() is not None
-        loop_vars = self.loop_vars
-        if loop_vars is not None:
+        if self.loop_is_asyncio:
             # The owner loop runs in the owner's thread (it started the timer there),
             # and asyncio runs one loop per thread: in that thread, another loop runs
             # only while the owner's is stopped (None), all that is left to catch.
-            return loop_vars.get("_thread_id") is None
+            return getattr(self.loop, "_thread_id", None) is None
         return not loop_running()
 
     def admit(self) -> None:
