@@ -40,18 +40,18 @@ Every call that changes it compares the calling thread with the loop's
 caller; threads go through ``call_threadsafe``/``schedule_threadsafe``. In the owner's
 thread, a second event loop (the owner one stopped between two ``run_until_complete``,
 another one running; an asyncio loop nested in trio's thread) is caught by
-``Engine.elsewhere()``, which asks the owner loop whether it runs, in one attribute
-read or one C call (20-40 ns); every call that changes the timer makes both tests. The
-obvious test, ``asyncio._get_running_loop() is loop``, makes a ``getpid()`` system
-call whenever a loop runs (about 230-350 ns on CPython 3.11, more than a whole
-``cancel()``), so only the calls that wait or set things up (``wait``, ``aclose``,
-``every``, ``timeout``, ``schedule``/``schedule_at`` waiting for room) make it too.
-``_here`` checks the thread and ``elsewhere()``, ``_check_owner`` the running loop too.
+``Affinity.elsewhere()`` (``_affinity.py``), which asks the owner loop whether it
+runs, in one attribute read or one C call (20-40 ns); every call that changes the
+timer makes both tests. The obvious test, ``asyncio._get_running_loop() is loop``,
+makes a ``getpid()`` system call whenever a loop runs (about 230-350 ns on CPython
+3.11, more than a whole ``cancel()``), so only the calls that wait or set things up
+(``wait``, ``aclose``, ``every``, ``timeout``, ``schedule``/``schedule_at`` waiting
+for room) make it too. ``_here`` checks the thread and ``elsewhere()``
+(``Affinity.here``), ``_check_owner`` the running loop too (``Affinity.check``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import enum
 import inspect
@@ -78,6 +78,7 @@ from typing import (
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from . import _extras
 from ._checks import (
     check_callable,
     check_int,
@@ -99,7 +100,7 @@ from ._handle import (
     TracedHandle,
     to_seconds,
 )
-from ._timeout import Timeout, Wake
+from ._timeout import Timeout
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
@@ -116,7 +117,6 @@ Ts = TypeVarTuple("Ts")
 # Final: compiled, these are C statics rather than lookups in the module's dict on
 # every use (docs/design.md, "Rules for compiled modules").
 _INF: Final = math.inf
-_EXIT: Final = (SystemExit, KeyboardInterrupt)
 _ONE_RESOURCE: Final = "a timer is one resource of its event loop; share the timer itself"
 _get_ident: Final = get_ident
 
@@ -341,14 +341,9 @@ class Timer:
         if drain and self._state is _OPEN:
             self._state = _DRAINING
             live.draining = True
-            for periodic in list(live.periodic):
+            for periodic in list(live.periodics.active):
                 periodic.cancel()
-            # Called from an async callback, that callback is one of the running
-            # ones: do not wait for it (it is waiting for us).
-            pool = live.pool
-            me = 1 if pool.current() in pool.running else 0
-            while (live.pending or pool.busy > me) and self._state is _DRAINING:
-                await live.wait_idle()
+            await live.waiters.drain()
         if self._state is _CLOSED:
             # Closed during the drain, by a callback's aclose(): this call too returns
             # once every running callback (but its own caller) has ended, the closer
@@ -487,34 +482,31 @@ class Timer:
         error.__cause__ = self._engine.broken if self._engine is not None else None
         return error
 
-    # The owner check (module docstring, "Loop affinity"), in one place: _here checks
-    # the thread and Engine.elsewhere() (the per-timer calls; schedule_nowait, _cancel
-    # and the handle's inline reset, through _on_owner_loop, keep a tagged inline
-    # copy), _check_owner the running loop too (the calls that wait or set things up),
-    # _open all of it on an open timer.
+    # The owner check (module docstring, "Loop affinity"; aiowheel/_affinity.py): _here
+    # checks the thread and the loop (Affinity.here: the per-timer calls;
+    # schedule_nowait, _cancel and the handle's inline reset, through _on_owner_loop,
+    # keep a tagged inline copy), _check_owner the running loop too (Affinity.check:
+    # the calls that wait or set things up), _open all of it on an open timer.
 
     def _here(self) -> Engine:
         """The engine, for a call from the timer's thread; else raise."""
         live = self._live
         if live is None:
             raise self._closed_error()
-        if _get_ident() != self._loop_thread or live.elsewhere():
-            raise self._foreign(live)
+        if not live.affinity.here():
+            raise live.affinity.foreign()
         return live
 
     def _check_owner(self, live: Engine) -> None:
-        if _get_ident() != self._loop_thread or (
-            live.loop is not None and asyncio._get_running_loop() is not live.loop
-        ):
-            raise self._foreign(live)
-        if live.elsewhere():  # trio: an asyncio loop nested in its thread
-            raise self._foreign(live)
+        live.affinity.check()
 
     def _on_owner_loop(self) -> bool:
-        """For the handle's inline reset: open, and called from the owner loop (the
-        owner check, _here, as a test)."""
+        """For the handle's inline reset: open, and called from the owner loop (inline
+        copy of the owner check, Affinity.here)."""
         live = self._live
-        return live is not None and _get_ident() == self._loop_thread and not live.elsewhere()
+        return (
+            live is not None and _get_ident() == self._loop_thread and not live.affinity.elsewhere()
+        )
 
     def _open(self) -> Engine:
         """The engine, for a call from the timer's own loop; else raise."""
@@ -523,13 +515,6 @@ class Timer:
             raise self._closed_error()
         self._check_owner(live)
         return live
-
-    def _foreign(self, live: Engine) -> RuntimeError:
-        return RuntimeError(
-            f"this Timer belongs to the {live.backend.name} event loop that started it; call it "
-            "from that loop, or from another thread use timer.call_threadsafe() or "
-            "timer.schedule_threadsafe()"
-        )
 
     # -- scheduling -----------------------------------------------------------------
 
@@ -565,9 +550,9 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed_error()
-        # inline copy of the owner check, _here
-        if _get_ident() != self._loop_thread or live.elsewhere():
-            raise self._foreign(live)
+        # inline copy of the owner check, Affinity.here
+        if _get_ident() != self._loop_thread or live.affinity.elsewhere():
+            raise live.affinity.foreign()
         # A finite float passes with two tests; anything else goes through the rule.
         seconds_ = delay if type(delay) is float and delay - delay == 0.0 else to_seconds(delay)
         if not callable(callback):
@@ -663,7 +648,7 @@ class Timer:
             self._open()
             seconds(delay)
             check_callable(callback)
-            await live.wait_for_room()
+            await live.waiters.wait_for_room()
         return self.schedule_nowait(delay, callback, *args, label=label)
 
     @overload
@@ -697,7 +682,7 @@ class Timer:
             self._open()
             seconds(deadline, "deadline")
             check_callable(callback)
-            await live.wait_for_room()
+            await live.waiters.wait_for_room()
         return self.schedule_at_nowait(deadline, callback, *args, label=label)
 
     def _add_traced(
@@ -748,7 +733,7 @@ class Timer:
         handle = PeriodicHandle(self, callback, args, period, fixed_rate, now)
         live.stamp(handle, label, now)  # traced or not: the pass reads it when traced
         live.file(handle, now + period, False, new=True)
-        live.periodic.add(handle)
+        live.periodics.active.add(handle)
         return handle
 
     # -- what handles call ------------------------------------------------------------
@@ -759,9 +744,9 @@ class Timer:
         live = self._live
         if live is None:
             return False
-        # inline copy of the owner check, _here
-        if _get_ident() != self._loop_thread or live.elsewhere():
-            raise self._foreign(live)
+        # inline copy of the owner check, Affinity.here
+        if _get_ident() != self._loop_thread or live.affinity.elsewhere():
+            raise live.affinity.foreign()
         bucket = handle._bucket
         if bucket is None:
             return False
@@ -796,7 +781,7 @@ class Timer:
             handle._stop()  # unreachable: closing stops every periodic timer
             return True
         self._check_owner(live)
-        return live.periodic_stop(handle)
+        return live.periodics.stop(handle)
 
     def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
         """What ``wait()`` of a cancelled handle raises."""
@@ -811,7 +796,7 @@ class Timer:
             self._check_owner(live)
         engine = self._engine
         assert engine is not None  # a handle needs a started timer
-        return await engine.wait(handle)
+        return await engine.waiters.wait(handle)
 
     # -- self-check (tests) ------------------------------------------------------------
 
@@ -838,31 +823,7 @@ class Timer:
         thread. Never call ``.result()`` on the loop's own thread: it would wait for
         the loop it blocks. On a closed timer the future raises ``TimerClosed``.
         """
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        live = self._live
-        if live is None:
-            future.set_exception(self._closed_error())
-            return future
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                result = fn(*args)
-            except BaseException as exc:
-                future.set_exception(exc)
-                if isinstance(exc, _EXIT):
-                    raise
-            else:
-                future.set_result(result)
-
-        try:
-            live.backend.call_soon_threadsafe(run)
-        except Exception as exc:  # the loop is closed, or trio's run has finished
-            error = self._closed_error()
-            error.__cause__ = exc
-            future.set_exception(error)
-        return future
+        return _extras.call_threadsafe(self, fn, args)
 
     @overload
     def schedule_threadsafe(
@@ -891,18 +852,7 @@ class Timer:
     ) -> concurrent.futures.Future[TimerHandle[Any]]:
         """``schedule_nowait`` from any thread: a ``concurrent.futures.Future`` of the
         handle. The delay counts from when the loop runs the request."""
-        seconds(delay)
-        check_callable(callback)
-        return self.call_threadsafe(self._schedule_labelled, delay, callback, label, args)
-
-    def _schedule_labelled(
-        self,
-        delay: SupportsFloat,
-        callback: Callable[..., Any],
-        label: str | None,
-        args: tuple[Any, ...],
-    ) -> TimerHandle[Any]:
-        return self.schedule_nowait(delay, callback, *args, label=label)
+        return _extras.schedule_threadsafe(self, delay, callback, args, label)
 
     # -- conveniences -------------------------------------------------------------------
 
@@ -913,16 +863,7 @@ class Timer:
     async def sleep_until(self, deadline: SupportsFloat) -> None:
         """Sleep until ``deadline`` on the loop clock. ``TimerClosed`` if the timer is
         closed meanwhile (``aclose(drain=True)`` lets the sleep end first)."""
-        wake = Wake()
-        handle = await self.schedule_at(deadline, wake)
-        try:
-            await wake.event.wait()
-        finally:
-            handle.cancel()
-        if wake.closed:
-            # aclose() cancelled it: the sleep would never end (TimerClosed, as for
-            # every call on a closed timer).
-            raise self._closed_error()
+        await _extras.sleep_until(self, deadline)
 
     def timeout(self, delay: SupportsFloat) -> Timeout:
         """``with timer.timeout(delay) as t:`` cancels the block and raises

@@ -211,7 +211,7 @@ async def test_an_async_callback_is_queued_still_pending_then_run_by_a_worker() 
         assert (e.pending, e.fired) == (1, 0)
         assert handle._bucket is e.pool.queue
         e.check()
-        assert await e.wait(handle) == "job"
+        assert await e.waiters.wait(handle) == "job"
         await done.wait()
         assert (e.pending, e.fired) == (0, 1)
         e.check()
@@ -263,7 +263,7 @@ async def test_a_periodic_timer_holds_one_slot_and_runs_on_its_grid() -> None:
         handle = PeriodicHandle(r.owner, lambda: runs.append(r.now), (), 1.0, True, r.now)
         e.stamp(handle, None, r.now)
         e.file(handle, r.now + 1.0, False, new=True)
-        e.periodic.add(handle)
+        e.periodics.active.add(handle)
         start = r.now
         for k in (1, 2, 3):
             r.now = start + k + 0.002  # the grid point, rounded up to the tick
@@ -271,7 +271,7 @@ async def test_a_periodic_timer_holds_one_slot_and_runs_on_its_grid() -> None:
             e.check()
             assert e.pending == 1  # the next period, filed in the slot it holds
         assert runs == pytest.approx([start + 1.002, start + 2.002, start + 3.002])
-        assert e.periodic_stop(handle) is True
+        assert e.periodics.stop(handle) is True
         assert (e.pending, e.fired, e.cancelled) == (0, 3, 1)
         e.check()
 
@@ -293,7 +293,7 @@ async def test_close_cancels_everything_in_deadline_order_once() -> None:
         # gets the closed error at once.
         e.fire_due()
         assert e.wakeups == 0
-        outcome = await e.wait(r.handle(print))
+        outcome = await e.waiters.wait(r.handle(print))
         assert isinstance(outcome, _Failure)
         assert isinstance(outcome.exc, TimerClosed)
 
