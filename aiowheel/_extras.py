@@ -1,4 +1,5 @@
-"""What ``Timer`` offers around scheduling: calls from other threads, and sleeping.
+"""What ``Timer`` offers around scheduling: calls from other threads, sleeping, and
+introspection (``stats``, ``next_deadline``).
 
 ``Timer`` (``_timer.py``) keeps these public methods (their signatures, overloads and
 docstrings are the API) and hands their bodies to the functions here, so that the
@@ -9,6 +10,7 @@ class holds validation, admission, the lifecycle, loop affinity and the hot path
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, SupportsFloat, TypeVar
 
@@ -17,9 +19,9 @@ from ._handle import TimerHandle
 from ._timeout import Wake
 
 if TYPE_CHECKING:
-    from ._timer import Timer
+    from ._timer import Timer, TimerStats
 
-__all__ = ["call_threadsafe", "schedule_threadsafe", "sleep_until"]
+__all__ = ["call_threadsafe", "next_deadline", "schedule_threadsafe", "sleep_until", "stats"]
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
@@ -92,3 +94,38 @@ async def sleep_until(timer: Timer, deadline: SupportsFloat) -> None:
         # aclose() cancelled it: the sleep would never end (TimerClosed, as for
         # every call on a closed timer).
         raise timer._closed_error()
+
+
+def stats(timer: Timer) -> TimerStats:
+    """``Timer.stats``: a snapshot of the engine's counters."""
+    from ._timer import TimerStats  # (_timer imports this module)
+
+    live = timer._live
+    engine = timer._engine
+    if engine is None:
+        return TimerStats(0, 0, 0, 0, 0, 0, 0.0)
+    return TimerStats(
+        pending=engine.pending,
+        scheduled=engine.scheduled,
+        fired=engine.fired,
+        cancelled=engine.cancelled,
+        failed=engine.failed,
+        levels=live.wheel.levels if live is not None else timer._levels,
+        lateness_max=engine.lateness_max,
+        # The pool outlives aclose() while its last jobs finish (the one that called
+        # aclose() runs to its end): count what really runs.
+        running=engine.pool.busy,
+        workers=engine.pool.workers,
+        wakeups=engine.wakeups,
+    )
+
+
+def next_deadline(timer: Timer) -> float | None:
+    """``Timer.next_deadline``: the wheel's earliest occupied bucket (now if due)."""
+    live = timer._live
+    if live is None:
+        return None
+    when = live.wheel.next_expiry()
+    if when == -math.inf:
+        return live.clock()
+    return when

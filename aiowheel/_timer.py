@@ -417,34 +417,11 @@ class Timer:
 
     def stats(self) -> TimerStats:
         """A snapshot of the counters; zeros on a timer that is not started."""
-        live = self._live
-        engine = self._engine
-        if engine is None:
-            return TimerStats(0, 0, 0, 0, 0, 0, 0.0)
-        return TimerStats(
-            pending=engine.pending,
-            scheduled=engine.scheduled,
-            fired=engine.fired,
-            cancelled=engine.cancelled,
-            failed=engine.failed,
-            levels=live.wheel.levels if live is not None else self._levels,
-            lateness_max=engine.lateness_max,
-            # The pool outlives aclose() while its last jobs finish (the one that
-            # called aclose() runs to its end): count what really runs.
-            running=engine.pool.busy,
-            workers=engine.pool.workers,
-            wakeups=engine.wakeups,
-        )
+        return _extras.stats(self)
 
     def next_deadline(self) -> float | None:
         """When the driver next wakes (the earliest occupied bucket), or None."""
-        live = self._live
-        if live is None:
-            return None
-        when = live.wheel.next_expiry()
-        if when == -_INF:
-            return live.clock()
-        return when
+        return _extras.next_deadline(self)
 
     def __repr__(self) -> str:
         return (
