@@ -3,9 +3,13 @@
 Rooms (docs/design.md, "Module map"):
 
 * ``Timer`` (here) checks every call, admits timers under ``max_pending``, starts and
-  closes; it keeps the hottest paths inline (``schedule_nowait``, ``cancel``);
+  closes; it keeps the hottest paths inline (``schedule_nowait``, ``cancel``), and
+  hands the bodies of its thread-safe calls, ``sleep_until`` and its introspection to
+  ``_extras.py``;
 * the engine (``_engine.py``) runs a started timer: the parts, the counters, the
-  pass, re-filing, the worker pool's accounting, waiters, tracing and closing;
+  pass, re-filing, the worker pool's accounting, tracing and closing; its waiters are
+  ``Waiters`` (``_waiters.py``), its periodic timers ``Periodics`` (``_periodic.py``)
+  and the owner check ``Affinity`` (``_affinity.py``);
 * ``Wheel`` (``_wheel.py``) files handles and hands back expired buckets; a driver
   (``_driver.py``) calls ``Engine.fire_due`` when the earliest one comes due; plain
   callbacks run right there, like ``call_later`` callbacks, and a callback that
@@ -13,7 +17,7 @@ Rooms (docs/design.md, "Module map"):
 * handles (``_handle.py``) call back into the timer through six methods (``_cancel``,
   ``_reset``, ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_periodic_stop``) and
   read two attributes (``_now``, ``_loop_thread``); a periodic handle's run calls the
-  engine (``_engine``).
+  engine's ``Periodics``.
 
 The engine exists from ``__aenter__`` on; ``self._live`` is that engine exactly while
 the timer accepts timers. So every entry point starts with one test, ``live is
@@ -29,7 +33,7 @@ they still count as pending, so ``max_pending`` bounds them).
 
 Failure containment (docs/design.md, guarantee 5). Every public call validates all
 of its arguments before it changes anything. The pass catches every exception of a
-callback and of ``on_error`` (``Engine.run_one``); only ``SystemExit`` and
+callback and of ``on_error`` (``Engine.callback_failed``); only ``SystemExit`` and
 ``KeyboardInterrupt`` escape it, after the callbacks it had not reached are filed
 again, and whatever escapes, the pass re-arms the driver on its way out. An exception
 from the wheel itself (a bug) closes the timer and makes every later call say why.
