@@ -56,6 +56,7 @@ MODULES: tuple[str, ...] = (
     "_timer",
     "_timeout",
     "_purgatory",
+    "_loophandle",
 )
 
 #: The environment variable that forces the pure-Python core (at build and at import).
