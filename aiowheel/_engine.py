@@ -7,12 +7,15 @@ everything that happens once a timer is filed (docs/design.md, "Module map"):
   the worker pool of async callbacks (``_dispatch.py``; its host is this class, typed
   as itself so that compiled, the pool's calls are native);
 * the counters (docs/design.md, "Accounting") and the driver's wake-up;
-* filing and re-filing: ``file``, ``move``, ``rearm`` and the periodic timers;
-* the pass: ``fire_due`` (the driver's callback) is a short loop over what the wheel
-  hands back, and ``run_one`` is the only place where the pass calls a callback, and
-  where its exception rules live (``WorkerPool._run`` applies the same rules to jobs);
-* waiters (``handle.wait()``, room under ``max_pending``, the drain), tracing, and
-  closing (``close``; ``break_`` when the wheel itself raised).
+* filing and re-filing: ``file``, ``move``, ``rearm``; the periodic timers' slots
+  are ``Periodics``' (``_periodic.py``);
+* the pass: ``fire_due`` (the driver's callback) advances the wheel, ``run_due`` is a
+  short loop over what it hands back, and ``run_one`` runs one callback: the only
+  place where the pass calls one (but ``run_due``'s inline copy, tagged, for a plain
+  callback on an untraced timer), next to ``callback_failed``, where its exception
+  rules live (``WorkerPool._run`` applies the same rules to jobs);
+* the drain wake-up (the waiting tasks are ``Waiters``', ``_waiters.py``), tracing,
+  and closing (``close``; ``break_`` when the wheel itself raised).
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
 plain method; the owner builds the pool (which may need one) and assigns ``pool``.
@@ -22,8 +25,8 @@ handle's inline ``reset``) are named here once; each inline copy is tagged with 
 name of its rule: *arm-if-earlier* (``arm_if_earlier``), *admission* (``admit``), the
 *drain wake-up* (``pending_fell``), *lateness* (``note_lateness``), the *trace row*
 (``write_row``), the *cancel* (``cancel``), the *lazy extend* (``Wheel.extend``), the
-*owner check* (``Timer._here``, with ``elsewhere``) and *closed while filing*
-(``closed_while_filing``).
+*owner check* (``Affinity.here``, ``_affinity.py``), *closed while filing*
+(``closed_while_filing``) and *run one* (``run_one``).
 
 Re-entrancy (docs/design.md, "Re-entrancy"): no user code, finalizers included, runs
 between deciding a linked-list change and completing it. Each method below that
@@ -35,12 +38,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from _thread import get_ident
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, final
 
 import anyio
 
+from ._affinity import Affinity
 from ._checks import full
 from ._dispatch import close_awaitable
 from ._driver import Backend, Driver
@@ -57,7 +60,9 @@ from ._handle import (
     without_frame,
 )
 from ._loophandle import LoopTimerHandle
+from ._periodic import Periodics
 from ._timeout import Guard
+from ._waiters import Waiters
 from ._wheel import Bucket, Wheel, WheelEntry, deadline_of
 
 if TYPE_CHECKING:
@@ -69,22 +74,11 @@ __all__ = ["Engine"]
 logger: Final = logging.getLogger("aiowheel")
 
 _INF: Final = math.inf
-_get_running_loop: Final = asyncio._get_running_loop
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
 ASYNC_ON_ERROR: Final = (
     "the timer calls on_error inside its pass, which never awaits: pass a plain "
     "function (it may start a task for async work)"
 )
-
-
-class _Waiter:
-    """Tasks waiting in ``handle.wait()`` for one handle share one of these."""
-
-    __slots__ = ("event", "outcome")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.outcome: Any = _PENDING
 
 
 @final  # compiled, calls between its own methods are direct (no vtable)
@@ -110,19 +104,8 @@ class Engine:
         self.backend = backend
         self.clock: Callable[[], float] = backend.clock
         self.loop: asyncio.AbstractEventLoop | None = backend.loop
-        # For elsewhere(): the owner's thread, and whether the loop is asyncio's own
-        # (looptime's too), which keeps the thread that runs it as ``_thread_id`` (None
-        # while it is stopped). Read as an attribute, never through vars(loop): on
-        # CPython 3.11+ asking for an object's __dict__ materialises it, and every
-        # attribute access of the loop's own methods then takes the slower dict path
-        # (task steps 1.1x slower on any asyncio loop a Timer ran on; measured by
-        # `aiowheel bench -w loop-steps`, docs/loop.md, "Figures").
-        self.thread = get_ident()
-        self.loop_is_asyncio = isinstance(self.loop, asyncio.BaseEventLoop)
-        # Any other loop (uvloop): its is_running(), bound once (no lookup per call).
-        self.loop_running: Callable[[], bool] | None = (
-            self.loop.is_running if self.loop is not None else None
-        )
+        # The owner check's thread and loop (the owner starts the engine in its thread).
+        self.affinity = Affinity(self.loop, backend.name)
         self.wheel = Wheel(tick, wheel_size, self.clock())
         self.driver: Driver = backend.make_driver(self.fire_due)
         # The owner's supervisor waits on `closing`; `stopped` once it has returned.
@@ -157,14 +140,13 @@ class Engine:
         self.wakeups = 0
         self.last_id = 0  # trace rows number the timers from 1
 
-        self.waiters: dict[TimerHandle[Any], _Waiter] = {}
-        self.room_waiters: list[anyio.Event] = []
-        self.idle_waiters: list[anyio.Event] = []
+        # The tasks waiting on handles, for room and for the drain.
+        self.waiters = Waiters(self)
         # True whenever a cancel must do more than count: someone may be waiting (on
         # the handle, for room, for the drain), or there is a recorder. Set on every
         # registration, recomputed lazily, so that cancel() checks one attribute.
         self.notify_cancel = tracing is not None
-        self.periodic: set[PeriodicHandle] = set()
+        self.periodics = Periodics(self)
         # The handles an internal error cancelled (see break_): their wait() says why.
         self.stranded: set[TimerHandle[Any]] = set()
         # True for the timer of a drop-in event loop (aiowheel/_loop.py, loop.timer):
@@ -172,28 +154,6 @@ class Engine:
         self.loop_timers = False
 
     # -- the named rules ------------------------------------------------------------
-
-    def elsewhere(self) -> bool:
-        """True when, in the owner's thread (checked first by the caller), the event
-        loop that runs is not the timer's: a second loop in the same thread (the
-        *owner check*'s second half, docs/design.md, "Loop affinity").
-
-        Cheap enough for every call that changes the timer: asyncio's own loop says in
-        one attribute which thread runs it (None once stopped);
-        uvloop's is_running() is one C call; on trio, the only other loop that can run
-        in its thread is an asyncio one nested in it, and
-        ``asyncio._get_running_loop()`` answers None without a system call when no
-        asyncio loop runs (the getpid() it makes otherwise is what makes it too slow
-        for the asyncio case)."""
-        loop_running = self.loop_running
-        if loop_running is None:
-            return _get_running_loop() is not None
-        if self.loop_is_asyncio:
-            # The owner loop runs in the owner's thread (it started the timer there),
-            # and asyncio runs one loop per thread: in that thread, another loop runs
-            # only while the owner's is stopped (None), all that is left to catch.
-            return getattr(self.loop, "_thread_id", None) is None
-        return not loop_running()
 
     def admit(self) -> None:
         """Admission: ``TimerFull`` when one more pending timer would pass the bound.
@@ -211,10 +171,11 @@ class Engine:
     def pending_fell(self) -> None:
         """Fewer timers pending: wake tasks waiting for room, and the drain (which
         re-checks: it may be running itself, on a worker) when nothing is left."""
-        if self.room_waiters:
-            self.wake_room()
-        if self.idle_waiters and not self.pending and self.pool.busy <= 1:
-            self.wake_idle()
+        waiters = self.waiters
+        if waiters.room:
+            waiters.wake_room()
+        if waiters.idle and not self.pending and self.pool.busy <= 1:
+            waiters.wake_idle()
 
     def note_lateness(self, handle: TimerHandle[Any], now: float) -> None:
         """Lateness: the worst start time minus deadline. (Inline copy, tagged:
@@ -320,7 +281,7 @@ class Engine:
         if self.closed:
             raise self._closed_error()  # the collector ran, and user code closed the timer
         if isinstance(handle, PeriodicHandle):
-            self.periodic_rearm(handle, deadline)
+            self.periodics.rearm(handle, deadline)
             return
         if handle._bucket is None:
             self.admit()
@@ -393,112 +354,14 @@ class Engine:
             self.driver.recheck(self.sync_wakeup_unless_passing)
         if self.tracing is not None and isinstance(handle, TracedHandle):
             self.trace(handle, None, self.clock())
-        if self.waiters:
-            self.settle(handle, _CANCELLED)
+        if self.waiters.handles:
+            self.waiters.settle(handle, _CANCELLED)
         self.pending_fell()
-        self.notify_cancel = bool(
-            self.tracing is not None or self.waiters or self.room_waiters or self.idle_waiters
-        )
+        self.notify_cancel = self.tracing is not None or self.waiters.any()
         if bucket is queue:
             # A coroutine's close() runs its finally blocks: user code, which may
             # re-arm the handle; the cancel is complete by now.
             close_awaitable(previous)
-
-    # -- periodic timers --------------------------------------------------------------
-    # docs/design.md, "Periodic timers". An active periodic timer holds one pending
-    # slot for its whole life: its filed (or queued) period, and while a run is in
-    # progress the next period, which is armed (counted scheduled and pending) when the
-    # run starts and filed when it ends. So the next period never needs admission, and
-    # the counters keep scheduled == fired + cancelled + pending (see check).
-
-    def periodic_begin(self, handle: PeriodicHandle) -> None:
-        # A run starts (plain: in the pass; async: on its worker).
-        handle._in_run = True
-        if handle._active:
-            self.pending += 1
-            self.scheduled += 1
-
-    def periodic_queued(self, handle: PeriodicHandle) -> None:
-        # The callback returned an awaitable: the pass queues it for a worker, where it
-        # counts as the pending period until it starts, so give back the slot reserved
-        # for the next one (the worker reserves it again when the run really starts).
-        handle._in_run = False
-        if handle._active:
-            self.pending -= 1
-            self.scheduled -= 1
-
-    def periodic_end(self, handle: PeriodicHandle) -> None:
-        # A run ended: file the next period in the slot it holds (no admission).
-        handle._in_run = False
-        if not handle._active:
-            return  # stopped during the run: cancel() or the close gave its slot back
-        if self.closed:
-            return  # unreachable: closing stops every periodic timer
-        if self.draining:
-            # A reset() during the drain re-activated it: no more periods.
-            self.periodic_halt(handle)
-            return
-        now = self.clock()
-        if handle._rearmed:
-            handle._rearmed = False  # reset() during the run set the deadline
-            deadline = handle._deadline
-        else:
-            deadline = handle._next_deadline(now)
-        self.wheel.reserve(deadline)  # levels first (see move)
-        if self.stopped_meanwhile(handle):
-            return
-        previous: Any = handle._result
-        handle._result = _PENDING
-        handle._scheduled_at = now
-        self.file(handle, deadline, deadline <= now, new=False)
-        release(previous)  # its finalizer may run now: the period is filed (see move)
-
-    def stopped_meanwhile(self, handle: PeriodicHandle) -> bool:
-        # After an allocation in periodic_end: the collector ran user code (a finalizer,
-        # a gc.callbacks hook) that closed the timer or stopped this periodic timer,
-        # whose slot was given back then (docs/design.md, "Re-entrancy"). A method, so
-        # that the tests made before the allocation do not answer for after it.
-        return self.closed or not handle._active
-
-    def periodic_halt(self, handle: PeriodicHandle) -> None:
-        # Stop a periodic timer that is in a run: its reserved next period is cancelled.
-        handle._stop()
-        self.periodic.discard(handle)
-        self.pending -= 1
-        self.cancelled += 1
-        self.pending_fell()
-
-    def periodic_stop(self, handle: PeriodicHandle) -> bool:
-        """``cancel()`` of an active periodic timer (the owner checked the caller)."""
-        if handle._bucket is not None:
-            handle._stop()
-            self.periodic.discard(handle)
-            return self.cancel(handle)
-        # A run is in progress; it finishes, and it is not re-armed.
-        self.periodic_halt(handle)
-        return True
-
-    def periodic_rearm(self, handle: PeriodicHandle, deadline: float) -> None:
-        # reset()/reset_at() of a periodic timer. During a run, only record the next
-        # deadline: the run's end files it, so a second run never starts while the
-        # first one goes on.
-        if handle._in_run:
-            if not handle._active:
-                # Stopped during this run: re-activating arms a new period.
-                self.admit()
-                self.pending += 1
-                self.scheduled += 1
-                self.periodic.add(handle)
-            handle._restart(deadline)
-            handle._deadline = deadline
-            handle._rearmed = True
-            return
-        if handle._bucket is None:
-            self.admit()
-        handle._restart(deadline)
-        handle._rearmed = False
-        self.periodic.add(handle)
-        self.move(handle, deadline)
 
     # -- waking the driver ----------------------------------------------------------
 
@@ -570,16 +433,20 @@ class Engine:
         fired = 0
         lateness_max = self.lateness_max
         index = 0
-        # Declared here so that `finally` can drop it: a stored exception's traceback
+        # Untraced (for the whole pass: tracing only ever stops), each handle runs in
+        # the inline copy of run_one below: a call per callback is a tenth of its cost.
+        inline = self.tracing is None
+        # Declared here so that `finally` can drop them: a stored exception's traceback
         # keeps this frame alive, and the frame must not keep the last handle alive.
         handle: TimerHandle[Any] | None = None
+        result: Any = None
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
                 while True:
-                    # Release the previous handle here, between two handles: dropping
-                    # the last reference may run a finalizer (user code), which must
-                    # not run between the pop below and the count (re-entrancy).
-                    handle = entry = None
+                    # Release the previous handle and result here, between two handles:
+                    # dropping the last reference may run a finalizer (user code), which
+                    # must not run between the pop below and the count (re-entrancy).
+                    handle = entry = result = None
                     entry = bucket.pop_first()
                     if entry is None:
                         break
@@ -595,7 +462,25 @@ class Engine:
                     lateness = now - handle._deadline  # inline copy of note_lateness
                     if lateness > lateness_max:
                         lateness_max = lateness
-                    self.run_one(handle, now)
+                    if not inline:
+                        self.run_one(handle, now)
+                        continue
+                    # Inline copy of run_one (the *run one* rule), but the trace row.
+                    try:
+                        if handle._args:
+                            result = handle._context.run(handle._callback, *handle._args)
+                        else:
+                            result = handle._context.run(handle._callback)
+                    except BaseException as exc:
+                        result = self.callback_failed(handle, exc)
+                    else:
+                        if result is not None and hasattr(type(result), "__await__"):
+                            self.to_worker(handle, result)
+                            continue
+                        if handle._bucket is None:
+                            handle._result = result
+                    if self.waiters.handles:
+                        self.waiters.settle(handle, result)
         except BaseException as exc:
             # SystemExit/KeyboardInterrupt (from a callback or on_error): put back
             # what this pass did not get to, so nothing pending is lost.
@@ -606,15 +491,13 @@ class Engine:
         finally:
             self.fired += fired
             self.lateness_max = lateness_max
-            handle = None
+            handle = entry = result = None
 
     def run_one(self, handle: TimerHandle[Any], now: float) -> None:
-        """Run one expired handle (popped, counted fired, no longer pending): the only
-        place where the pass calls a callback. Its exception rules, as in
-        ``WorkerPool._run``: a callback's exception, ``CancelledError`` and
-        ``GeneratorExit`` included, is its failure alone (reported to ``on_error``);
-        ``SystemExit`` and ``KeyboardInterrupt`` settle the handle and propagate.
-        A callback that returns an awaitable is queued for a worker, still pending."""
+        """*Run one* expired handle (popped, counted fired, no longer pending): the
+        only place where the pass calls a callback (``run_due`` keeps an inline copy,
+        tagged, for an untraced timer). A callback that returns an awaitable is queued
+        for a worker, still pending; its exceptions go to ``callback_failed``."""
         recorder = self.tracing
         traced: TracedHandle[Any] | None = None
         if recorder is not None:
@@ -638,35 +521,17 @@ class Engine:
                     result = handle._context.run(handle._callback, *args)
                 else:
                     result = handle._context.run(handle._callback)
-            except _EXIT as exc:
-                # Settle this one, then let it stop the loop (run_due re-files the rest).
-                self.failed += 1
-                outcome = _Failure(without_frame(exc))
-                if handle._bucket is None:
-                    handle._result = outcome
-                self.settle(handle, outcome)
-                raise
             except BaseException as exc:
-                self.failed += 1
-                outcome = _Failure(without_frame(exc))
-                if handle._bucket is None:  # unless it re-armed itself
-                    handle._result = outcome
-                try:
-                    self.report(handle, exc)  # on_error may re-arm the handle
-                except _EXIT:
-                    self.settle(handle, outcome)  # on_error's SystemExit...
-                    raise
+                outcome = self.callback_failed(handle, exc)
             else:
                 if result is not None and hasattr(type(result), "__await__"):
-                    self.fired -= 1  # it fires when a worker starts it
-                    self.pending += 1
-                    self.pool.submit(handle, result)
+                    self.to_worker(handle, result)
                     return
                 outcome = result
                 if handle._bucket is None:
                     handle._result = result
-            if self.waiters:
-                self.settle(handle, outcome)
+            if self.waiters.handles:
+                self.waiters.settle(handle, outcome)
             if recorder is not None:
                 self.write_row(
                     row_id, row_label, row_scheduled_at, row_deadline, row_level, now, None
@@ -678,6 +543,32 @@ class Engine:
             # have no frame).
             traced = outcome = result = None
             del handle, args
+
+    def callback_failed(self, handle: TimerHandle[Any], exc: BaseException) -> _Failure:
+        """The pass's exception rules, as in ``WorkerPool._run``: a callback's
+        exception, ``CancelledError`` and ``GeneratorExit`` included, is its failure
+        alone (reported to ``on_error``; returned, the handle's outcome);
+        ``SystemExit`` and ``KeyboardInterrupt`` settle the handle and propagate."""
+        self.failed += 1
+        outcome = _Failure(without_frame(exc))
+        if handle._bucket is None:  # unless it re-armed itself
+            handle._result = outcome
+        if isinstance(exc, _EXIT):
+            # Settle this one, then let it stop the loop (run_due re-files the rest).
+            self.waiters.settle(handle, outcome)
+            raise exc
+        try:
+            self.report(handle, exc)  # on_error may re-arm the handle
+        except _EXIT:
+            self.waiters.settle(handle, outcome)  # on_error's SystemExit...
+            raise
+        return outcome
+
+    def to_worker(self, handle: TimerHandle[Any], awaitable: Any) -> None:
+        """The callback returned an awaitable: queue it for a worker, still pending."""
+        self.fired -= 1  # it fires when a worker starts it
+        self.pending += 1
+        self.pool.submit(handle, awaitable)
 
     # -- the drop-in loop (aiowheel/_loop.py): its call_at handles on this wheel --------
     # They count in pending/scheduled/fired/cancelled as the timer's own handles do
@@ -754,13 +645,13 @@ class Engine:
         self.pending -= 1
         self.fired += 1
         if isinstance(handle, PeriodicHandle):
-            self.periodic_begin(handle)
+            self.periodics.begin(handle)
         now = self.clock()
         self.note_lateness(handle, now)
         if isinstance(handle, TracedHandle):
             self.trace(handle, now, None)
-        if self.room_waiters:
-            self.wake_room()
+        if self.waiters.room:
+            self.waiters.wake_room()
 
     def _job_failed(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         """The job raised ``exc`` (reported to ``on_error``)."""
@@ -773,14 +664,14 @@ class Engine:
         if isinstance(outcome, _Failure) and isinstance(outcome.exc, _EXIT):
             self.failed += 1
         if isinstance(handle, PeriodicHandle):
-            self.periodic_end(handle)  # the next period, before the settling below
+            self.periodics.end(handle)  # the next period, before the settling below
         # A handle re-armed while it ran may have a newer run still going, or be
         # pending again: then wait() waits for that one (the newest firing).
         if last and handle._bucket is None:
             if handle._result is _RUNNING:
                 handle._result = outcome
-            if self.waiters:
-                self.settle(handle, outcome)
+            if self.waiters.handles:
+                self.waiters.settle(handle, outcome)
         self.pending_fell()
 
     def _job_stopped(self, handle: TimerHandle[Any]) -> None:
@@ -792,63 +683,7 @@ class Engine:
         if handle._result is _RUNNING:
             stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
             handle._result = stopped
-            self.settle(handle, stopped)
-
-    # -- waiters --------------------------------------------------------------------
-
-    def settle(self, handle: TimerHandle[Any], outcome: Any) -> None:
-        waiter = self.waiters.pop(handle, None)
-        if waiter is not None:
-            waiter.outcome = outcome
-            waiter.event.set()
-
-    async def wait(self, handle: TimerHandle[Any]) -> Any:
-        """What ``handle.wait()`` gets once the handle settles."""
-        if self.closed and (handle._bucket is not None or handle._result is _PENDING):
-            # This handle will never run: nothing would settle a waiter.
-            return _Failure(self._closed_error())
-        waiter = self.waiters.get(handle)
-        if waiter is None:
-            waiter = self.waiters[handle] = _Waiter()
-            self.notify_cancel = True
-        await waiter.event.wait()
-        return waiter.outcome
-
-    async def wait_for_room(self) -> None:
-        while self.pending >= self.limit:
-            if self.closed:
-                raise self._closed_error()
-            event = anyio.Event()
-            self.room_waiters.append(event)
-            self.notify_cancel = True
-            try:
-                await event.wait()
-            except BaseException:
-                if event in self.room_waiters:
-                    self.room_waiters.remove(event)
-                elif self.room_waiters:
-                    self.wake_room()  # pass on the wake-up we were given
-                raise
-
-    async def wait_idle(self) -> None:
-        """Wait for the next drain wake-up (``pending_fell``); the caller re-checks."""
-        event = anyio.Event()
-        self.idle_waiters.append(event)
-        self.notify_cancel = True
-        await event.wait()
-
-    def wake_room(self) -> None:
-        room = self.limit - self.pending
-        waiters = self.room_waiters
-        while room > 0 and waiters:
-            waiters.pop(0).set()
-            room -= 1
-
-    def wake_idle(self) -> None:
-        waiters = self.idle_waiters
-        self.idle_waiters = []
-        for event in waiters:
-            event.set()
+            self.waiters.settle(handle, stopped)
 
     # -- closing --------------------------------------------------------------------
 
@@ -865,10 +700,7 @@ class Engine:
             cancelled = self.cancel_everything()
         finally:
             self.pool.close()
-            for event in self.room_waiters + self.idle_waiters:
-                event.set()
-            self.room_waiters.clear()
-            self.idle_waiters.clear()
+            self.waiters.wake_all()
         return cancelled
 
     def cancel_everything(self) -> list[TimerHandle[Any]]:
@@ -882,15 +714,10 @@ class Engine:
         for handle in handles:
             olds.append(handle._result)
             handle._result = _CANCELLED
-            self.settle(handle, _CANCELLED)
+            self.waiters.settle(handle, _CANCELLED)
         # Every periodic timer stops: the filed and queued ones are among the handles;
         # one whose run is in progress gives back its reserved period, cancelled too.
-        reserved = 0
-        for periodic in self.periodic:
-            if periodic._in_run:  # (the wheel and queue have let go of the others)
-                reserved += 1
-            periodic._stop()
-        self.periodic.clear()
+        reserved = self.periodics.stop_all()
         self.cancelled += len(handles) + reserved
         self.pending = 0
         # A task in sleep() or a timeout() block whose timer this was learns it now
@@ -908,7 +735,7 @@ class Engine:
                 TimerCancelled(f"{handle!r} was cancelled by aclose() while running")
             )
             handle._result = outcome
-            self.settle(handle, outcome)
+            self.waiters.settle(handle, outcome)
         # The trace rows last: everything above is settled whatever a recorder raises
         # (even SystemExit, which write_row lets through).
         try:
@@ -929,10 +756,7 @@ class Engine:
             return
         self.broken = exc
         # Whoever waits on a handle learns why, and does not wait for ever.
-        for waiter in self.waiters.values():
-            waiter.outcome = _Failure(self._closed_error())
-            waiter.event.set()
-        self.waiters.clear()
+        self.waiters.fail_all(self._closed_error)
         try:
             # Every handle it held (the wheel, the buckets a pass had taken, the run
             # queue) is cancelled, and its wait() raises TimerClosed from `exc`.
@@ -944,7 +768,8 @@ class Engine:
 
     def check(self) -> None:
         """Assert the counters against the wheel, the run queue and the periodic
-        timers (docs/design.md, "Accounting"), then the wheel's own invariants. For
+        timers (docs/design.md, "Accounting"; ``Periodics.check``), then the wheel's own
+        invariants. For
         tests, between passes (not from inside a callback): O(pending)."""
         pending = self.pending
         assert self.scheduled == self.fired + self.cancelled + pending, (
@@ -957,7 +782,7 @@ class Engine:
         assert pool.busy <= pool.limit
         if self.closed:
             assert pending == 0, f"closed with {pending} pending"
-            assert not self.periodic, "closed with active periodic timers"
+            assert not self.periodics.active, "closed with active periodic timers"
             return
         self.wheel._check()
         filed = 0
@@ -974,13 +799,7 @@ class Engine:
             assert handle._bucket is pool.queue
             assert hasattr(type(handle._result), "__await__"), handle
             queued += 1
-        reserved = 0
-        for periodic in self.periodic:
-            assert periodic._active, periodic
-            assert periodic._callback == periodic._run, periodic
-            if periodic._bucket is None:
-                assert periodic._in_run, f"{periodic!r}: active, not filed, not running"
-                reserved += 1
+        reserved = self.periodics.check()
         assert pending == filed + queued + reserved, (
             f"pending {pending} != filed {filed} + queued {queued} + runs {reserved}"
         )

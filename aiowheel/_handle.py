@@ -7,8 +7,8 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 
 A handle talks to its timer through six methods, ``Timer._cancel``,
 ``Timer._reset``, ``Timer._reset_at``, ``Timer._wait``, ``Timer._cancelled_error`` and
-``Timer._periodic_stop`` (a periodic handle's run calls the engine,
-``Engine.periodic_begin``/``periodic_queued``/``periodic_end``), and reads
+``Timer._periodic_stop`` (a periodic handle's run calls the engine's periodic
+timers, ``Periodics.begin``/``queued``/``end``, aiowheel/_periodic.py), and reads
 ``Timer._now`` (the loop clock) and asks ``Timer._on_owner_loop()`` (the caller's
 thread and loop: the owner check) for the one path it keeps inline: the lazy ``reset``
 of the idle-timeout pattern, which runs on every read of every connection and would
@@ -431,16 +431,16 @@ class PeriodicHandle(TracedHandle[Any]):
         # queued run that never starts is closed like any async callback's.
         engine = self._timer._engine
         assert engine is not None  # a run needs a started timer
-        engine.periodic_begin(self)
+        engine.periodics.begin(self)
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            engine.periodic_end(self)
+            engine.periodics.end(self)
             raise
         if result is not None and _is_awaitable(result):
-            engine.periodic_queued(self)
+            engine.periodics.queued(self)
             return result
-        engine.periodic_end(self)
+        engine.periodics.end(self)
         return result
 
     def _next_deadline(self, now: float) -> float:

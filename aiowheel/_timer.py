@@ -3,9 +3,13 @@
 Rooms (docs/design.md, "Module map"):
 
 * ``Timer`` (here) checks every call, admits timers under ``max_pending``, starts and
-  closes; it keeps the hottest paths inline (``schedule_nowait``, ``cancel``);
+  closes; it keeps the hottest paths inline (``schedule_nowait``, ``cancel``), and
+  hands the bodies of its thread-safe calls, ``sleep_until`` and its introspection to
+  ``_extras.py``;
 * the engine (``_engine.py``) runs a started timer: the parts, the counters, the
-  pass, re-filing, the worker pool's accounting, waiters, tracing and closing;
+  pass, re-filing, the worker pool's accounting, tracing and closing; its waiters are
+  ``Waiters`` (``_waiters.py``), its periodic timers ``Periodics`` (``_periodic.py``)
+  and the owner check ``Affinity`` (``_affinity.py``);
 * ``Wheel`` (``_wheel.py``) files handles and hands back expired buckets; a driver
   (``_driver.py``) calls ``Engine.fire_due`` when the earliest one comes due; plain
   callbacks run right there, like ``call_later`` callbacks, and a callback that
@@ -13,7 +17,7 @@ Rooms (docs/design.md, "Module map"):
 * handles (``_handle.py``) call back into the timer through six methods (``_cancel``,
   ``_reset``, ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_periodic_stop``) and
   read two attributes (``_now``, ``_loop_thread``); a periodic handle's run calls the
-  engine (``_engine``).
+  engine's ``Periodics``.
 
 The engine exists from ``__aenter__`` on; ``self._live`` is that engine exactly while
 the timer accepts timers. So every entry point starts with one test, ``live is
@@ -29,7 +33,7 @@ they still count as pending, so ``max_pending`` bounds them).
 
 Failure containment (docs/design.md, guarantee 5). Every public call validates all
 of its arguments before it changes anything. The pass catches every exception of a
-callback and of ``on_error`` (``Engine.run_one``); only ``SystemExit`` and
+callback and of ``on_error`` (``Engine.callback_failed``); only ``SystemExit`` and
 ``KeyboardInterrupt`` escape it, after the callbacks it had not reached are filed
 again, and whatever escapes, the pass re-arms the driver on its way out. An exception
 from the wheel itself (a bug) closes the timer and makes every later call say why.
@@ -40,18 +44,18 @@ Every call that changes it compares the calling thread with the loop's
 caller; threads go through ``call_threadsafe``/``schedule_threadsafe``. In the owner's
 thread, a second event loop (the owner one stopped between two ``run_until_complete``,
 another one running; an asyncio loop nested in trio's thread) is caught by
-``Engine.elsewhere()``, which asks the owner loop whether it runs, in one attribute
-read or one C call (20-40 ns); every call that changes the timer makes both tests. The
-obvious test, ``asyncio._get_running_loop() is loop``, makes a ``getpid()`` system
-call whenever a loop runs (about 230-350 ns on CPython 3.11, more than a whole
-``cancel()``), so only the calls that wait or set things up (``wait``, ``aclose``,
-``every``, ``timeout``, ``schedule``/``schedule_at`` waiting for room) make it too.
-``_here`` checks the thread and ``elsewhere()``, ``_check_owner`` the running loop too.
+``Affinity.elsewhere()`` (``_affinity.py``), which asks the owner loop whether it
+runs, in one attribute read or one C call (20-40 ns); every call that changes the
+timer makes both tests. The obvious test, ``asyncio._get_running_loop() is loop``,
+makes a ``getpid()`` system call whenever a loop runs (about 230-350 ns on CPython
+3.11, more than a whole ``cancel()``), so only the calls that wait or set things up
+(``wait``, ``aclose``, ``every``, ``timeout``, ``schedule``/``schedule_at`` waiting
+for room) make it too. ``_here`` checks the thread and ``elsewhere()``
+(``Affinity.here``), ``_check_owner`` the running loop too (``Affinity.check``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import enum
 import inspect
@@ -78,6 +82,7 @@ from typing import (
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from . import _extras
 from ._checks import (
     check_callable,
     check_int,
@@ -99,7 +104,7 @@ from ._handle import (
     TracedHandle,
     to_seconds,
 )
-from ._timeout import Timeout, Wake
+from ._timeout import Timeout
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
@@ -116,7 +121,6 @@ Ts = TypeVarTuple("Ts")
 # Final: compiled, these are C statics rather than lookups in the module's dict on
 # every use (docs/design.md, "Rules for compiled modules").
 _INF: Final = math.inf
-_EXIT: Final = (SystemExit, KeyboardInterrupt)
 _ONE_RESOURCE: Final = "a timer is one resource of its event loop; share the timer itself"
 _get_ident: Final = get_ident
 
@@ -351,7 +355,7 @@ class Timer:
         self._loop_thread = _get_ident()
         live = self._live
         if live is not None:
-            live.thread = self._loop_thread
+            live.affinity.thread = self._loop_thread
 
     async def aclose(self, drain: bool = False) -> list[TimerHandle[Any]]:
         """Close the timer. ``drain=False``: cancel every pending timer and running async
@@ -372,14 +376,9 @@ class Timer:
         if drain and self._state is _OPEN:
             self._state = _DRAINING
             live.draining = True
-            for periodic in list(live.periodic):
+            for periodic in list(live.periodics.active):
                 periodic.cancel()
-            # Called from an async callback, that callback is one of the running
-            # ones: do not wait for it (it is waiting for us).
-            pool = live.pool
-            me = 1 if pool.current() in pool.running else 0
-            while (live.pending or pool.busy > me) and self._state is _DRAINING:
-                await live.wait_idle()
+            await live.waiters.drain()
         if self._state is _CLOSED:
             # Closed during the drain, by a callback's aclose(): this call too returns
             # once every running callback (but its own caller) has ended, the closer
@@ -453,34 +452,11 @@ class Timer:
 
     def stats(self) -> TimerStats:
         """A snapshot of the counters; zeros on a timer that is not started."""
-        live = self._live
-        engine = self._engine
-        if engine is None:
-            return TimerStats(0, 0, 0, 0, 0, 0, 0.0)
-        return TimerStats(
-            pending=engine.pending,
-            scheduled=engine.scheduled,
-            fired=engine.fired,
-            cancelled=engine.cancelled,
-            failed=engine.failed,
-            levels=live.wheel.levels if live is not None else self._levels,
-            lateness_max=engine.lateness_max,
-            # The pool outlives aclose() while its last jobs finish (the one that
-            # called aclose() runs to its end): count what really runs.
-            running=engine.pool.busy,
-            workers=engine.pool.workers,
-            wakeups=engine.wakeups,
-        )
+        return _extras.stats(self)
 
     def next_deadline(self) -> float | None:
         """When the driver next wakes (the earliest occupied bucket), or None."""
-        live = self._live
-        if live is None:
-            return None
-        when = live.wheel.next_expiry()
-        if when == -_INF:
-            return live.clock()
-        return when
+        return _extras.next_deadline(self)
 
     def __repr__(self) -> str:
         return (
@@ -518,34 +494,31 @@ class Timer:
         error.__cause__ = self._engine.broken if self._engine is not None else None
         return error
 
-    # The owner check (module docstring, "Loop affinity"), in one place: _here checks
-    # the thread and Engine.elsewhere() (the per-timer calls; schedule_nowait, _cancel
-    # and the handle's inline reset, through _on_owner_loop, keep a tagged inline
-    # copy), _check_owner the running loop too (the calls that wait or set things up),
-    # _open all of it on an open timer.
+    # The owner check (module docstring, "Loop affinity"; aiowheel/_affinity.py): _here
+    # checks the thread and the loop (Affinity.here: the per-timer calls;
+    # schedule_nowait, _cancel and the handle's inline reset, through _on_owner_loop,
+    # keep a tagged inline copy), _check_owner the running loop too (Affinity.check:
+    # the calls that wait or set things up), _open all of it on an open timer.
 
     def _here(self) -> Engine:
         """The engine, for a call from the timer's thread; else raise."""
         live = self._live
         if live is None:
             raise self._closed_error()
-        if _get_ident() != self._loop_thread or live.elsewhere():
-            raise self._foreign(live)
+        if not live.affinity.here():
+            raise live.affinity.foreign()
         return live
 
     def _check_owner(self, live: Engine) -> None:
-        if _get_ident() != self._loop_thread or (
-            live.loop is not None and asyncio._get_running_loop() is not live.loop
-        ):
-            raise self._foreign(live)
-        if live.elsewhere():  # trio: an asyncio loop nested in its thread
-            raise self._foreign(live)
+        live.affinity.check()
 
     def _on_owner_loop(self) -> bool:
-        """For the handle's inline reset: open, and called from the owner loop (the
-        owner check, _here, as a test)."""
+        """For the handle's inline reset: open, and called from the owner loop (inline
+        copy of the owner check, Affinity.here)."""
         live = self._live
-        return live is not None and _get_ident() == self._loop_thread and not live.elsewhere()
+        return (
+            live is not None and _get_ident() == self._loop_thread and not live.affinity.elsewhere()
+        )
 
     def _open(self) -> Engine:
         """The engine, for a call from the timer's own loop; else raise."""
@@ -554,13 +527,6 @@ class Timer:
             raise self._closed_error()
         self._check_owner(live)
         return live
-
-    def _foreign(self, live: Engine) -> RuntimeError:
-        return RuntimeError(
-            f"this Timer belongs to the {live.backend.name} event loop that started it; call it "
-            "from that loop, or from another thread use timer.call_threadsafe() or "
-            "timer.schedule_threadsafe()"
-        )
 
     # -- scheduling -----------------------------------------------------------------
 
@@ -596,9 +562,9 @@ class Timer:
         live = self._live
         if live is None:
             raise self._closed_error()
-        # inline copy of the owner check, _here
-        if _get_ident() != self._loop_thread or live.elsewhere():
-            raise self._foreign(live)
+        # inline copy of the owner check, Affinity.here
+        if _get_ident() != self._loop_thread or live.affinity.elsewhere():
+            raise live.affinity.foreign()
         # A finite float passes with two tests; anything else goes through the rule.
         seconds_ = delay if type(delay) is float and delay - delay == 0.0 else to_seconds(delay)
         if not callable(callback):
@@ -694,7 +660,7 @@ class Timer:
             self._open()
             seconds(delay)
             check_callable(callback)
-            await live.wait_for_room()
+            await live.waiters.wait_for_room()
         return self.schedule_nowait(delay, callback, *args, label=label)
 
     @overload
@@ -728,7 +694,7 @@ class Timer:
             self._open()
             seconds(deadline, "deadline")
             check_callable(callback)
-            await live.wait_for_room()
+            await live.waiters.wait_for_room()
         return self.schedule_at_nowait(deadline, callback, *args, label=label)
 
     def _add_traced(
@@ -779,7 +745,7 @@ class Timer:
         handle = PeriodicHandle(self, callback, args, period, fixed_rate, now)
         live.stamp(handle, label, now)  # traced or not: the pass reads it when traced
         live.file(handle, now + period, False, new=True)
-        live.periodic.add(handle)
+        live.periodics.active.add(handle)
         return handle
 
     # -- what handles call ------------------------------------------------------------
@@ -790,9 +756,9 @@ class Timer:
         live = self._live
         if live is None:
             return False
-        # inline copy of the owner check, _here
-        if _get_ident() != self._loop_thread or live.elsewhere():
-            raise self._foreign(live)
+        # inline copy of the owner check, Affinity.here
+        if _get_ident() != self._loop_thread or live.affinity.elsewhere():
+            raise live.affinity.foreign()
         bucket = handle._bucket
         if bucket is None:
             return False
@@ -827,7 +793,7 @@ class Timer:
             handle._stop()  # unreachable: closing stops every periodic timer
             return True
         self._check_owner(live)
-        return live.periodic_stop(handle)
+        return live.periodics.stop(handle)
 
     def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
         """What ``wait()`` of a cancelled handle raises."""
@@ -842,7 +808,7 @@ class Timer:
             self._check_owner(live)
         engine = self._engine
         assert engine is not None  # a handle needs a started timer
-        return await engine.wait(handle)
+        return await engine.waiters.wait(handle)
 
     # -- self-check (tests) ------------------------------------------------------------
 
@@ -869,31 +835,7 @@ class Timer:
         thread. Never call ``.result()`` on the loop's own thread: it would wait for
         the loop it blocks. On a closed timer the future raises ``TimerClosed``.
         """
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        live = self._live
-        if live is None:
-            future.set_exception(self._closed_error())
-            return future
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                result = fn(*args)
-            except BaseException as exc:
-                future.set_exception(exc)
-                if isinstance(exc, _EXIT):
-                    raise
-            else:
-                future.set_result(result)
-
-        try:
-            live.backend.call_soon_threadsafe(run)
-        except Exception as exc:  # the loop is closed, or trio's run has finished
-            error = self._closed_error()
-            error.__cause__ = exc
-            future.set_exception(error)
-        return future
+        return _extras.call_threadsafe(self, fn, args)
 
     @overload
     def schedule_threadsafe(
@@ -922,18 +864,7 @@ class Timer:
     ) -> concurrent.futures.Future[TimerHandle[Any]]:
         """``schedule_nowait`` from any thread: a ``concurrent.futures.Future`` of the
         handle. The delay counts from when the loop runs the request."""
-        seconds(delay)
-        check_callable(callback)
-        return self.call_threadsafe(self._schedule_labelled, delay, callback, label, args)
-
-    def _schedule_labelled(
-        self,
-        delay: SupportsFloat,
-        callback: Callable[..., Any],
-        label: str | None,
-        args: tuple[Any, ...],
-    ) -> TimerHandle[Any]:
-        return self.schedule_nowait(delay, callback, *args, label=label)
+        return _extras.schedule_threadsafe(self, delay, callback, args, label)
 
     # -- conveniences -------------------------------------------------------------------
 
@@ -944,16 +875,7 @@ class Timer:
     async def sleep_until(self, deadline: SupportsFloat) -> None:
         """Sleep until ``deadline`` on the loop clock. ``TimerClosed`` if the timer is
         closed meanwhile (``aclose(drain=True)`` lets the sleep end first)."""
-        wake = Wake()
-        handle = await self.schedule_at(deadline, wake)
-        try:
-            await wake.event.wait()
-        finally:
-            handle.cancel()
-        if wake.closed:
-            # aclose() cancelled it: the sleep would never end (TimerClosed, as for
-            # every call on a closed timer).
-            raise self._closed_error()
+        await _extras.sleep_until(self, deadline)
 
     def timeout(self, delay: SupportsFloat) -> Timeout:
         """``with timer.timeout(delay) as t:`` cancels the block and raises

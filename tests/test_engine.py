@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -23,7 +23,14 @@ from aiowheel import Timer, TimerClosed, TimerFull
 from aiowheel._dispatch import WorkerPool
 from aiowheel._driver import backend_name, make_backend
 from aiowheel._engine import Engine
-from aiowheel._handle import _CANCELLED, _PENDING, PeriodicHandle, TimerHandle, _Failure
+from aiowheel._handle import (
+    _CANCELLED,
+    _PENDING,
+    PeriodicHandle,
+    TimerHandle,
+    TracedHandle,
+    _Failure,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -55,6 +62,16 @@ class RecordingDriver:
         self.stopped = True
 
 
+class Rows:
+    """A trace recorder that keeps the rows (what the engine calls of one)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+
+    def record(self, *row: Any) -> None:
+        self.rows.append(row)
+
+
 class Rig:
     """An engine, its recording driver, a clock the test sets, and what it reported."""
 
@@ -73,7 +90,12 @@ class Rig:
         return self.now
 
     def handle(self, callback: Callable[..., Any], *args: Any) -> TimerHandle[Any]:
-        return TimerHandle(self.owner, callback, args)
+        if self.engine.tracing is None:
+            return TimerHandle(self.owner, callback, args)
+        # A traced engine files only traced handles (the pass reads their rows).
+        traced: TracedHandle[Any] = TracedHandle(self.owner, callback, args)
+        self.engine.stamp(traced, None, self.now)
+        return traced
 
     def file(self, delay: float, callback: Callable[..., Any], *args: Any) -> TimerHandle[Any]:
         handle = self.handle(callback, *args)
@@ -89,7 +111,9 @@ class Rig:
 
 
 @asynccontextmanager
-async def rig(*, limit: int = 1000, max_concurrency: int = 4) -> AsyncIterator[Rig]:
+async def rig(
+    *, limit: int = 1000, max_concurrency: int = 4, traced: bool = False
+) -> AsyncIterator[Rig]:
     holder: list[Rig] = []
 
     def on_error(handle: TimerHandle[Any], exc: BaseException) -> None:
@@ -103,7 +127,8 @@ async def rig(*, limit: int = 1000, max_concurrency: int = 4) -> AsyncIterator[R
 
     async with anyio.create_task_group() as tg:
         backend = make_backend(backend_name(), tg)
-        engine = Engine(backend, TICK, 64, limit, on_error, None, on_close, closed_error)
+        recorder: Any = Rows() if traced else None
+        engine = Engine(backend, TICK, 64, limit, on_error, recorder, on_close, closed_error)
         driver = RecordingDriver()
         engine.driver = driver
         state = Rig(engine, driver, engine.clock())
@@ -116,6 +141,11 @@ async def rig(*, limit: int = 1000, max_concurrency: int = 4) -> AsyncIterator[R
             if not engine.closed:
                 engine.close()
             await engine.pool.join()
+
+
+# The pass runs an untraced timer's plain callbacks in run_due's inline copy of run_one,
+# a traced timer's through run_one: both paths must follow the same rules.
+TRACED = pytest.mark.parametrize("traced", [False, True], ids=["inline", "run_one"])
 
 
 async def test_the_pass_runs_what_is_due_in_deadline_order_and_rearms_once() -> None:
@@ -155,8 +185,9 @@ async def test_nothing_due_is_never_run_early() -> None:
         assert ran == [1]
 
 
-async def test_run_one_keeps_a_callbacks_failure_with_its_handle() -> None:
-    async with rig() as r:
+@TRACED
+async def test_run_one_keeps_a_callbacks_failure_with_its_handle(traced: bool) -> None:
+    async with rig(traced=traced) as r:
 
         def boom() -> None:
             raise ValueError("boom")
@@ -171,10 +202,15 @@ async def test_run_one_keeps_a_callbacks_failure_with_its_handle() -> None:
         assert good._result == "ok"
         assert bad.fired()
         assert good.done()
+        if traced:  # one row per firing, failed or not, fired at the pass's now
+            rows = cast(Rows, e.tracing).rows
+            ids = [cast("TracedHandle[Any]", h)._id for h in (bad, good)]
+            assert [(row[0], row[5]) for row in rows] == [(ids[0], r.now), (ids[1], r.now)]
 
 
-async def test_system_exit_settles_its_handle_and_refiles_the_rest() -> None:
-    async with rig() as r:
+@TRACED
+async def test_system_exit_settles_its_handle_and_refiles_the_rest(traced: bool) -> None:
+    async with rig(traced=traced) as r:
         ran: list[str] = []
 
         def stop() -> None:
@@ -195,8 +231,9 @@ async def test_system_exit_settles_its_handle_and_refiles_the_rest() -> None:
         assert ran == ["x", "y"]
 
 
-async def test_an_async_callback_is_queued_still_pending_then_run_by_a_worker() -> None:
-    async with rig() as r:
+@TRACED
+async def test_an_async_callback_is_queued_still_pending_then_run_by_a_worker(traced: bool) -> None:
+    async with rig(traced=traced) as r:
         done = anyio.Event()
 
         async def job() -> str:
@@ -211,7 +248,7 @@ async def test_an_async_callback_is_queued_still_pending_then_run_by_a_worker() 
         assert (e.pending, e.fired) == (1, 0)
         assert handle._bucket is e.pool.queue
         e.check()
-        assert await e.wait(handle) == "job"
+        assert await e.waiters.wait(handle) == "job"
         await done.wait()
         assert (e.pending, e.fired) == (0, 1)
         e.check()
@@ -263,7 +300,7 @@ async def test_a_periodic_timer_holds_one_slot_and_runs_on_its_grid() -> None:
         handle = PeriodicHandle(r.owner, lambda: runs.append(r.now), (), 1.0, True, r.now)
         e.stamp(handle, None, r.now)
         e.file(handle, r.now + 1.0, False, new=True)
-        e.periodic.add(handle)
+        e.periodics.active.add(handle)
         start = r.now
         for k in (1, 2, 3):
             r.now = start + k + 0.002  # the grid point, rounded up to the tick
@@ -271,7 +308,7 @@ async def test_a_periodic_timer_holds_one_slot_and_runs_on_its_grid() -> None:
             e.check()
             assert e.pending == 1  # the next period, filed in the slot it holds
         assert runs == pytest.approx([start + 1.002, start + 2.002, start + 3.002])
-        assert e.periodic_stop(handle) is True
+        assert e.periodics.stop(handle) is True
         assert (e.pending, e.fired, e.cancelled) == (0, 3, 1)
         e.check()
 
@@ -293,7 +330,7 @@ async def test_close_cancels_everything_in_deadline_order_once() -> None:
         # gets the closed error at once.
         e.fire_due()
         assert e.wakeups == 0
-        outcome = await e.wait(r.handle(print))
+        outcome = await e.waiters.wait(r.handle(print))
         assert isinstance(outcome, _Failure)
         assert isinstance(outcome.exc, TimerClosed)
 
