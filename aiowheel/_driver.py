@@ -132,15 +132,27 @@ class Driver(Protocol):
 class AsyncioDriver:
     """Wakes the timer with a single ``call_at`` handle on the running loop."""
 
-    __slots__ = ("_grid", "_handle", "_loop", "_on_wakeup", "_recheck")
+    __slots__ = ("_call_at", "_grid", "_handle", "_loop", "_on_wakeup", "_recheck")
 
-    def __init__(self, on_wakeup: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(
+        self,
+        on_wakeup: Callable[[], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        grid: float | None = None,
+        call_at: Callable[..., asyncio.Handle] | None = None,
+    ) -> None:
+        # By default the running loop, its grid and its call_at; the drop-in loop
+        # (aiowheel/_loop.py) gives its own, before it runs, with its base class's
+        # call_at (its override would file the wake-up on the wheel it wakes).
+        self._loop = loop if loop is not None else asyncio.get_running_loop()
         self._on_wakeup = on_wakeup
         self._handle: asyncio.Handle | None = None
         # Wake-ups are rounded up to the loop clock's grid (see arm): uvloop keeps
         # whole milliseconds; for the others a microsecond covers the virtual clocks.
-        self._grid = 1e3 if backend_name() == "uvloop" else 1e6
+        if grid is None:
+            grid = 1e3 if backend_name() == "uvloop" else 1e6
+        self._grid = grid
+        self._call_at = call_at if call_at is not None else self._loop.call_at
         self._recheck: Callable[[], None] | None = None
 
     def recheck(self, check: Callable[[], None]) -> None:
@@ -179,7 +191,7 @@ class AsyncioDriver:
             # rounds the step to zero, for ever. One grid unit of lateness at most
             # (on uvloop its clock's own resolution), and never early.
             when = round_up(when, self._grid)
-        self._handle = self._loop.call_at(when, self._wake)
+        self._handle = self._call_at(when, self._wake)
 
     def disarm(self) -> None:
         if self._handle is not None:

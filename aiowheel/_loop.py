@@ -9,12 +9,13 @@ loop's own ``aiowheel.Timer``, ``loop.timer``. The base loop's own timer machine
 next wake-up, armed through the *base* class's ``call_at`` (never the override).
 
 One wheel, one engine. ``loop.timer`` is opened with the loop (``Timer._open_for_loop``:
-its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver
-(``_LoopDriver``) arms the base loop directly. ``call_at`` files its handle through
-``Engine.file_loop``; the engine's pass (``Engine.fire_due``) runs the loop's handles by
-``Handle._run``'s rules and the timer's own by the engine's, all in ``when`` order
-(``Wheel.in_order``). ``loop.close()`` closes the timer (``Engine.close``), which drops
-the loop's pending handles as the base loop drops its heap.
+its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver (an
+``AsyncioDriver`` given the base class's ``call_at``) arms the base loop directly.
+``call_at`` files its handle through ``Engine.file_loop``; the engine's pass
+(``Engine.fire_due``) runs the loop's handles by ``Handle._run``'s rules and the
+timer's own by the engine's, all in ``when`` order (``Wheel.in_order``).
+``loop.close()`` closes the timer (``Engine.close``), which drops the loop's pending
+handles as the base loop drops its heap.
 
 One object per timer (docs/loop.md, "Memory"): the handle ``call_at`` returns is the
 wheel's entry, a compiled ``LoopTimerHandle`` (aiowheel/_loophandle.py) that implements
@@ -43,7 +44,7 @@ from contextvars import Context
 from typing import Any, TypeVar
 
 from ._checks import seconds
-from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock, round_up
+from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
 from ._engine import Engine
 from ._loophandle import LoopTimerHandle
 from ._timer import MAX_TICK, MIN_TICK, Timer
@@ -56,7 +57,6 @@ _INF = math.inf
 _isfinite = math.isfinite
 _BASES = ("asyncio", "uvloop")
 # Past this (about 31 years of loop time) a microsecond is near float resolution.
-_ROUNDING_LIMIT = 1e9
 
 
 def _guard_internals() -> None:
@@ -71,33 +71,6 @@ def _guard_internals() -> None:
 
 
 _guard_internals()
-
-
-class _LoopDriver(AsyncioDriver):
-    """``loop.timer``'s driver: one base-loop timer entry, armed through the base
-    class's ``call_at`` (the override would file the wake-up on the wheel it wakes)."""
-
-    __slots__ = ("_base_call_at",)
-
-    def __init__(self, loop: _WheelLoop, on_wakeup: Callable[[], None], grid: float) -> None:
-        # Not AsyncioDriver.__init__: the loop need not be running yet.
-        self._loop = loop  # type: ignore[assignment]
-        self._on_wakeup = on_wakeup
-        self._handle = None
-        self._grid = grid
-        self._recheck = None
-        self._base_call_at = loop._base_call_at
-
-    def arm(self, when: float) -> None:
-        handle = self._handle
-        if handle is not None:
-            handle.cancel()
-        if when == -_INF:
-            self._handle = self._loop.call_soon(self._wake)
-            return
-        if when < _ROUNDING_LIMIT:
-            when = round_up(when, self._grid)  # as AsyncioDriver.arm: never early
-        self._handle = self._base_call_at(when, self._wake)
 
 
 class _LoopBackend(AsyncioBackend):
@@ -117,7 +90,10 @@ class _LoopBackend(AsyncioBackend):
 
     def make_driver(self, on_wakeup: Callable[[], None]) -> Driver:
         loop: Any = self.loop
-        return _LoopDriver(loop, on_wakeup, self._grid)
+        # loop.timer's driver: one base-loop timer entry, armed through the base
+        # class's call_at (the override would file the wake-up on the wheel it wakes);
+        # the loop need not be running yet.
+        return AsyncioDriver(on_wakeup, loop, self._grid, loop._base_call_at)
 
 
 class _WheelLoop:
