@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "_timer",
     "_timeout",
     "_purgatory",
+    "_tracing",
 )
 
 #: The environment variable that forces the pure-Python core (at build and at import).

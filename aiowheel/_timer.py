@@ -577,7 +577,7 @@ class Timer:
         if live.pending >= self._limit:  # inline copy of admission (Engine.admit)
             raise full(live.pending, self._limit)
         now = live.clock()
-        if live.tracing is not None:
+        if live.tracing is not None and live.tracing.pick():
             return self._add_traced(live, now + seconds_, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         if seconds_ > 0:
@@ -625,7 +625,7 @@ class Timer:
         check_callable(callback)
         live.admit()
         now = live.clock()
-        if live.tracing is not None:
+        if live.tracing is not None and live.tracing.pick():
             return self._add_traced(live, deadline, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         live.file(handle, deadline, deadline <= now, new=True)
@@ -709,9 +709,11 @@ class Timer:
         args: tuple[Any, ...],
         label: str | None,
     ) -> TimerHandle[Any]:
-        # Timers with a recorder get handles that carry what a trace row needs.
+        # A timer the trace keeps (Tracer.pick) gets a handle that carries what its
+        # rows need; the others are plain handles.
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
-        live.stamp(handle, label, now)
+        assert live.tracing is not None
+        live.tracing.adopt(handle, label, now)
         live.file(handle, deadline, deadline <= now, new=True)
         return handle
 

@@ -114,9 +114,7 @@ def measured_recorder(directory: str, every: int) -> aiowheel.TraceRecorder:
     ``-sampled`` contender: a ``ParquetRecorder`` into ``directory``."""
     from aiowheel.trace import ParquetRecorder
 
-    if every == 1:
-        return ParquetRecorder(directory, run_id="measured")
-    return ParquetRecorder(directory, run_id="measured", every=every)  # type: ignore[call-arg]
+    return ParquetRecorder(directory, run_id="measured", every=every)
 
 
 class _TracedCall:
