@@ -100,6 +100,7 @@ from ._handle import (
     to_seconds,
 )
 from ._timeout import Timeout, Wake
+from ._tracing import sample_every
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
@@ -198,7 +199,10 @@ class Timer:
         itself raises is logged there too, and the timer goes on. It is a plain
         function (an ``async def`` one is refused: the pass never awaits).
     :param recorder: a trace recorder (``aiowheel.trace.ParquetRecorder``) that gets one
-        row per timer when it ends; a timer without one pays nothing for tracing.
+        row per timer when it ends; a timer without one pays nothing for tracing. A
+        recorder with ``every=k`` samples: one timer in k is traced (the 1st, the
+        k+1-th...), the others pay nothing either (``TypeError``/``ValueError`` here
+        when ``every`` is not an int of at least 1).
     """
 
     def __init__(
@@ -221,6 +225,8 @@ class Timer:
             raise TypeError(f"on_error must be callable, got {on_error!r}")
         if inspect.iscoroutinefunction(on_error):
             raise TypeError(f"on_error is an async function; {ASYNC_ON_ERROR}")
+        if recorder is not None:
+            sample_every(recorder)  # a bad sampling rate fails here, not at the start
         self._tick = tick_
         self._wheel_size = size
         self._limit = limit
