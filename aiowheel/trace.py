@@ -32,8 +32,8 @@ How the work is split, so that the event loop never waits for the disk:
   ``call_later`` and trio baselines) runs on the event loop, once per timer. It
   packs the row's numbers into the next 48-byte slot of a preallocated buffer (one
   ``struct.pack_into``: no Python object outlives the call), puts the label in a
-  preallocated list and, when
-  the chunk is full, hands the chunk to a bounded queue. That is all it does.
+  preallocated list and, when the chunk is full, hands the chunk to a bounded
+  queue. That is all it does.
 * A writer thread takes chunks off the queue and turns each into an Arrow record
   batch (one row group) without going through Python objects: the buffer is viewed
   as Arrow arrays and the columns are taken out of it by Arrow's own kernels; only
