@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, SupportsFloat, cast, final
 
 if TYPE_CHECKING:
     from ._handle import TracedHandle
@@ -62,7 +62,9 @@ class Tracer:
 
     def __init__(self, recorder: TraceRecorder, clock: Callable[[], float]) -> None:
         self.recorder = recorder
-        self.clock = clock
+        # Typed as returning an object: a cancel's time goes into a column as the
+        # float object the clock returned, not unboxed and boxed again.
+        self.clock: Callable[[], object] = clock
         self.every = sample_every(recorder)
         # Countdown to the next traced timer: the first one scheduled is traced.
         self.left = 1
@@ -150,6 +152,15 @@ class Tracer:
 
     def cancelled(self, handle: TracedHandle[Any], now: float) -> None:
         """A traced timer was cancelled at ``now``."""
+        self.cancelled_at(handle, now)
+
+    def cancelled_now(self, handle: TracedHandle[Any]) -> None:
+        """A traced timer was cancelled just now (``handle.cancel()``)."""
+        if self.active:
+            self.cancelled_at(handle, self.clock())
+
+    def cancelled_at(self, handle: TracedHandle[Any], now: object) -> None:
+        # ``now``: a float, as an object.
         if not self.active:
             return
         if self.take is None:
@@ -160,7 +171,7 @@ class Tracer:
                 handle._deadline,
                 handle._level,
                 None,
-                now,
+                float(cast("SupportsFloat", now)),
             )
             return
         i = self.count
@@ -174,11 +185,6 @@ class Tracer:
         self.count = i
         if i == self.rows:
             self.flush()
-
-    def cancelled_now(self, handle: TracedHandle[Any]) -> None:
-        """A traced timer was cancelled just now (``handle.cancel()``)."""
-        if self.active:
-            self.cancelled(handle, self.clock())
 
     def one(
         self,
