@@ -349,6 +349,7 @@ class ParquetRecorder:
         self._spare_columns: collections.deque[list[list[Any]]] = collections.deque()
         self._packers: dict[tuple[str, int], struct.Struct] = {}  # the writer's
         self._last_columns: list[_Columns] = []  # partial batches, for close()
+        self._repeats: dict[int, tuple[list[pa.Array], list[pa.Array]]] = {}  # the writer's
         self._take_chunk: Callable[[], _Chunk | None] = _nothing  # see _make_record
         self._thread: threading.Thread | None = None
         self._dropped_full = 0  # written by the loop thread only
@@ -667,9 +668,9 @@ class ParquetRecorder:
 
         deadline = fields.column("deadline")
         fired_at = nullable("fired_at")
-        constant = self._constants
+        run, anchors = self._repeated(n)
         columns = [
-            *(pa.repeat(constant[name], n) for name in _RUN_COLUMNS),
+            *run,
             fields.column("timer_id"),
             _labels(pa, labels if len(labels) == n else labels[:n]),
             pc.take(int8s.slice(_ROW_LEVEL_OFFSET, span * 8 - 7), in_bytes),  # level
@@ -678,8 +679,7 @@ class ParquetRecorder:
             fired_at,
             nullable("cancelled_at"),
             pc.subtract(fired_at, deadline),  # lateness
-            pa.repeat(constant["clock_anchor"], n),
-            pa.repeat(constant["wall_anchor"], n),
+            *anchors,
         ]
         writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=writer.schema))
 
@@ -712,9 +712,9 @@ class ParquetRecorder:
         none = pa.scalar(None, f64)
         deadline = packed("d", deadlines, f64)
         fired_at = pc.if_else(fired, end, none)
-        constant = self._constants
+        run, anchors = self._repeated(n)
         batch = [
-            *(pa.repeat(constant[name], n) for name in _RUN_COLUMNS),
+            *run,
             packed("q", ids, pa.int64()),
             pa.nulls(n, pa.string()) if labels.count(None) == n else _labels(pa, labels),
             level,
@@ -723,10 +723,23 @@ class ParquetRecorder:
             fired_at,
             pc.if_else(fired, none, end),
             pc.subtract(fired_at, deadline),  # lateness
-            pa.repeat(constant["clock_anchor"], n),
-            pa.repeat(constant["wall_anchor"], n),
+            *anchors,
         ]
         writer.write_batch(pa.RecordBatch.from_arrays(batch, schema=writer.schema))
+
+    def _repeated(self, n: int) -> tuple[list[pa.Array], list[pa.Array]]:
+        # The columns that are constant within the run (the run's five, then the two
+        # anchors), n rows long: built once per batch size and reused (Arrow arrays
+        # are immutable); repeating the strings cost ~40 ns per row and batch.
+        cached = self._repeats.get(n)
+        if cached is None:
+            pa = self._pa
+            constant = self._constants
+            cached = self._repeats[n] = (
+                [pa.repeat(constant[name], n) for name in _RUN_COLUMNS],
+                [pa.repeat(constant[name], n) for name in ("clock_anchor", "wall_anchor")],
+            )
+        return cached
 
     def _strides(self, n: int) -> tuple[pa.Array, pa.Array]:
         # The indices of the first field of each of n rows, in 8-byte values and in
