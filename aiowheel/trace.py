@@ -111,9 +111,9 @@ logger = logging.getLogger("aiowheel.trace")
 DROPPED_ROWS_KEY: Final = "aiowheel.dropped_rows"
 #: Key, in the same footer metadata, of the run the dropped rows belong to.
 RUN_ID_KEY: Final = "aiowheel.run_id"
-#: Key, in the same footer metadata, of the sampling: the trace keeps one timer in
-#: this many (``ParquetRecorder(path, every=k)``; "1": every timer). A trace without
-#: the key was written before sampling existed, and kept every timer.
+#: Key, in the same footer metadata, of the sampling rate. The trace keeps one timer
+#: in this many (``ParquetRecorder(path, every=k)``), "1" when it kept every timer.
+#: A trace without the key was written before sampling existed, and kept every timer.
 SAMPLE_EVERY_KEY: Final = "aiowheel.sample_every"
 
 
@@ -327,7 +327,7 @@ class ParquetRecorder:
         self.implementation: Final[str] = implementation
         self.batch_rows: Final[int] = batch_rows
         self.max_queued_batches: Final[int] = max_queued_batches
-        #: The trace keeps one timer in this many (1: every timer).
+        #: The trace keeps one timer in this many, 1 when it keeps every timer.
         self.every: Final[int] = every
         self._compression = compression
         self._partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.partial")
