@@ -349,6 +349,7 @@ class ParquetRecorder:
         self._spare_columns: collections.deque[list[list[Any]]] = collections.deque()
         self._packers: dict[tuple[str, int], struct.Struct] = {}  # the writer's
         self._last_columns: list[_Columns] = []  # partial batches, for close()
+        self._nones: list[None] = []  # the writer's, to empty written columns
         self._repeats: dict[int, tuple[list[pa.Array], list[pa.Array]]] = {}  # the writer's
         self._take_chunk: Callable[[], _Chunk | None] = _nothing  # see _make_record
         self._thread: threading.Thread | None = None
@@ -595,6 +596,15 @@ class ParquetRecorder:
                     self._write_columns(writer, columns, count)
                     self._written += count
                     if count == self.batch_rows:
+                        # Emptied here, where the values were just read: freeing them
+                        # on the loop, as it overwrites each slot a batch later,
+                        # touched one cold object per value (+35% on the churn's
+                        # traced cancels, measured with a writer that drops batches).
+                        nones = self._nones
+                        if len(nones) != count:
+                            nones = self._nones = [None] * count
+                        for column in columns:
+                            column[:] = nones
                         self._spare_columns.append(columns)
                     continue
                 self._write_batch(writer, chunk)
