@@ -11,8 +11,9 @@ everything that happens once a timer is filed (docs/design.md, "Module map"):
 * the pass: ``fire_due`` (the driver's callback) is a short loop over what the wheel
   hands back, and ``run_one`` is the only place where the pass calls a callback, and
   where its exception rules live (``WorkerPool._run`` applies the same rules to jobs);
-* waiters (``handle.wait()``, room under ``max_pending``, the drain), tracing, and
-  closing (``close``; ``break_`` when the wheel itself raised).
+* waiters (``handle.wait()``, room under ``max_pending``, the drain), and closing
+  (``close``; ``break_`` when the wheel itself raised). Tracing is ``_tracing.py``'s:
+  the engine calls its ``Tracer`` where a traced timer ends.
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
 plain method; the owner builds the pool (which may need one) and assigns ``pool``.

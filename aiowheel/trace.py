@@ -24,10 +24,11 @@ How the work is split, so that the event loop never waits for the disk:
   hands them whole to ``take_columns()``, which queues them (or drops and counts
   them when the queue is full) and hands back written lists to fill again. The
   writer packs each number column with one ``struct.pack`` (about 10 ns per value,
-  holding the GIL) and views the buffers as Arrow arrays. Measured with
-  ``aiowheel bench -c aiowheel-asyncio,aiowheel-asyncio-traced`` (docs/analytics.md,
-  "Benchmarks of the pipeline itself"): tracing cost less than half of what
-  ``record()`` per row did.
+  holding the GIL), views the buffers as Arrow arrays, and empties the lists before
+  handing them back (so the loop never frees a cold value). Measured with
+  ``aiowheel bench -c aiowheel-asyncio,aiowheel-asyncio-traced`` and in CPU time
+  (docs/analytics.md, "Benchmarks of the pipeline itself"): the event loop's cost
+  per traced timer is about half of what one ``record()`` call per row cost.
 * ``record()`` (the protocol's call, for rows from elsewhere: the benchmarks'
   ``call_later`` and trio baselines) runs on the event loop, once per timer. It
   packs the row's numbers into the next 48-byte slot of a preallocated buffer (one
