@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "_timer",
     "_timeout",
     "_purgatory",
+    "_loophandle",
     "_tracing",
 )
 

@@ -57,9 +57,10 @@ from ._handle import (
     release,
     without_frame,
 )
+from ._loophandle import LoopTimerHandle
 from ._timeout import Guard
 from ._tracing import Tracer
-from ._wheel import Bucket, Wheel, deadline_of
+from ._wheel import Bucket, Wheel, WheelEntry, deadline_of
 
 if TYPE_CHECKING:
     from ._dispatch import WorkerPool
@@ -142,8 +143,10 @@ class Engine:
         self.draining = False
         self.broken: BaseException | None = None  # what closed it, if not aclose
         # When the driver is armed for; -inf during a pass (no re-arming from
-        # callbacks: the pass re-arms once at its end), inf when idle.
+        # callbacks: the pass re-arms once at its end) or when armed for "now", inf
+        # when idle. So -inf does not say a pass is running: `passing` does.
         self.wake_at = _INF
+        self.passing = False
 
         # Counters (docs/design.md, "Accounting"). pending is exact at every moment.
         self.pending = 0
@@ -165,6 +168,9 @@ class Engine:
         self.periodic: set[PeriodicHandle] = set()
         # The handles an internal error cancelled (see break_): their wait() says why.
         self.stranded: set[TimerHandle[Any]] = set()
+        # True for the timer of a drop-in event loop (aiowheel/_loop.py, loop.timer):
+        # its wheel also holds the loop's call_at handles (see "the drop-in loop").
+        self.loop_timers = False
 
     # -- the named rules ------------------------------------------------------------
 
@@ -463,8 +469,12 @@ class Engine:
 
     def sync_wakeup_unless_passing(self) -> None:
         # The deferred re-check after a cancel emptied the armed bucket; a pass in
-        # progress re-arms at its end anyway.
-        if not self.closed and self.wake_at != -_INF:
+        # progress re-arms at its end anyway. Not `wake_at != -inf`: a timer filed as
+        # due meanwhile arms -inf too, and on trio the re-check's wake-up is the only
+        # one coming (the driver's one cancel scope carries both), so skipping the
+        # re-arm then stranded the due timer and every later one (found by
+        # tests/test_fault_model.py; fixed program there).
+        if not self.closed and not self.passing:
             self.sync_wakeup()
 
     # -- the pass -------------------------------------------------------------------
@@ -477,12 +487,16 @@ class Engine:
         if self.closed:
             return
         self.wake_at = -_INF
+        self.passing = True
         self.wakeups += 1
         try:
             now = self.clock()
             buckets = self.wheel.advance(now)
+            if self.loop_timers and buckets:
+                buckets = self.wheel.in_order(buckets)  # the loop's rule: when order
         except BaseException as exc:
             self.wake_at = _INF
+            self.passing = False
             self.break_(exc)
             if isinstance(exc, _EXIT):
                 raise
@@ -492,6 +506,7 @@ class Engine:
                 self.run_due(buckets, now)
         finally:
             self.wake_at = _INF
+            self.passing = False
             if not self.closed:
                 try:
                     self.wheel.release()  # what the pass did not reach: filed again
@@ -523,7 +538,13 @@ class Engine:
                     entry = bucket.pop_first()
                     if entry is None:
                         break
-                    handle = cast("TimerHandle[Any]", entry)  # the timer files only these
+                    if not isinstance(entry, TimerHandle):
+                        # A drop-in loop's call_at handle: Handle._run's rules.
+                        self.pending -= 1
+                        fired += 1
+                        self.run_loop_handle(entry)
+                        continue
+                    handle = entry  # the timer files only these (and loop handles, above)
                     self.pending -= 1
                     fired += 1
                     lateness = now - handle._deadline  # inline copy of note_lateness
@@ -609,6 +630,44 @@ class Engine:
             # have no frame).
             tracer = outcome = result = None
             del handle, args
+
+    # -- the drop-in loop (aiowheel/_loop.py): its call_at handles on this wheel --------
+    # They count in pending/scheduled/fired/cancelled as the timer's own handles do
+    # (len(loop.timer) counts them); no admission, no tracing, no waiters.
+
+    def file_loop(self, handle: LoopTimerHandle[Any], when: float) -> None:
+        """``call_at`` on the drop-in loop: file its handle (finite ``when``)."""
+        if self.closed:
+            raise self._closed_error()  # only after an internal error (break_)
+        at = self.wheel.insert(handle, when)
+        self.pending += 1
+        self.scheduled += 1
+        if at < self.wake_at:  # arm-if-earlier
+            self.wake_at = at
+            self.driver.arm(at)
+
+    def loop_cancelled(self, bucket: Bucket) -> None:
+        """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
+        self.pending -= 1
+        self.cancelled += 1
+        if bucket._first is None and bucket.time == self.wake_at:
+            self.driver.recheck(self.sync_wakeup_unless_passing)  # as after_cancel
+        if self.notify_cancel:
+            self.pending_fell()
+
+    def run_loop_handle(self, entry: WheelEntry) -> None:
+        cast("LoopTimerHandle[Any]", entry)._run()
+
+    def drop_loop_handles(self) -> None:
+        """``loop.close()`` (through ``close``): the loop's pending handles are dropped
+        (not cancelled), as the base loop drops its heap; counted cancelled here."""
+        dropped = [entry for entry in self.wheel if not isinstance(entry, TimerHandle)]
+        for entry in dropped:
+            bucket = entry._bucket
+            if bucket is not None:
+                bucket.remove(entry)
+        self.pending -= len(dropped)
+        self.cancelled += len(dropped)
 
     def refile(self, buckets: list[Bucket]) -> None:
         # One at a time: each entry stays linked (pending, findable by aclose) until
@@ -748,6 +807,8 @@ class Engine:
     def close(self) -> list[TimerHandle[Any]]:
         """Close for good: after it, nothing is pending and nobody waits. Returns the
         cancelled handles in deadline order."""
+        if self.loop_timers:
+            self.drop_loop_handles()  # the loop's own handles are dropped, not cancelled
         self.closed = True
         self.wake_at = _INF
         self._on_close()  # the owner stops accepting timers first
@@ -856,7 +917,10 @@ class Engine:
         self.wheel._check()
         filed = 0
         for entry in self.wheel:
-            handle = cast("TimerHandle[Any]", entry)
+            if not isinstance(entry, TimerHandle):
+                filed += 1  # a drop-in loop's handle
+                continue
+            handle = entry
             assert handle._result is _PENDING, handle
             filed += 1
         queued = 0

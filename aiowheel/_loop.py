@@ -3,26 +3,31 @@
 ``new_event_loop(base=...)`` returns a subclass of the base loop (asyncio's default
 selector loop, or ``uvloop.Loop``) in which only where timers live changes. Every
 ``call_at``/``call_later`` (and so ``asyncio.sleep``, ``asyncio.timeout``,
-``wait_for`` and every library's timeouts) files an ``asyncio.TimerHandle`` on the
-loop's one ``Wheel`` (aiowheel/_wheel.py). The base loop's own timer machinery (the
-heap on asyncio, libuv's timers on uvloop) holds a single entry: the wheel's next
-wake-up, armed through the *base* class's ``call_at`` (never through the override).
+``wait_for`` and every library's timeouts) files a timer handle on the wheel of the
+loop's own ``aiowheel.Timer``, ``loop.timer``. The base loop's own timer machinery
+(the heap on asyncio, libuv's timers on uvloop) holds a single entry: that timer's
+next wake-up, armed through the *base* class's ``call_at`` (never the override).
 
-Seam (for the engine refactor, issue 17): the loop drives the wheel only through
-``_WheelLoop._wake`` (the pass: ``Wheel.advance`` and running what is due) and
-``_WheelLoop._arm`` (keeping the one base-loop entry at the wheel's next expiry).
+One wheel, one engine. ``loop.timer`` is opened with the loop (``Timer._open_for_loop``:
+its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver
+(``_LoopDriver``) arms the base loop directly. ``call_at`` files its handle through
+``Engine.file_loop``; the engine's pass (``Engine.fire_due``) runs the loop's handles by
+``Handle._run``'s rules and the timer's own by the engine's, all in ``when`` order
+(``Wheel.in_order``). ``loop.close()`` closes the timer (``Engine.close``), which drops
+the loop's pending handles as the base loop drops its heap.
 
-Design: two objects per timer (docs/loop.md, "Memory"). ``asyncio.TimerHandle`` is a
-pure-Python class with ``__slots__``; the compiled ``WheelEntry`` is a native class, so
-one object cannot be both. Each handle holds a small ``_Entry`` (a ``WheelEntry``
-with a back reference), and cancel() unlinks that entry at once: no tombstones.
+One object per timer (docs/loop.md, "Memory"): the handle ``call_at`` returns is the
+wheel's entry, a compiled ``LoopTimerHandle`` (aiowheel/_loophandle.py) that implements
+``asyncio.TimerHandle``'s contract itself (a native class cannot subclass the
+pure-Python ``asyncio.TimerHandle``; uvloop's handles are not ones either), and
+cancel() unlinks it at once: no tombstones.
 
 Invariants:
 
-* a handle is on the wheel exactly while ``handle._entry._bucket is not None``;
-* ``self._armed_at`` is the instant the base-loop entry ``self._wake_handle`` is armed
-  for (``inf`` when none), and it is never later than the wheel's next expiry outside
-  a pass;
+* a handle is on the wheel exactly while ``handle._bucket is not None``, and then it
+  counts in ``len(loop.timer)``;
+* the engine's ``wake_at`` is the instant the base-loop entry is armed for (the
+  engine's own rule, docs/design.md);
 * the pass runs only entries the wheel hands back, whose deadline is at or before the
   loop time read at the start of the pass: never early.
 """
@@ -30,34 +35,36 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import asyncio.events as _events
+import asyncio.format_helpers as _format_helpers
 import math
+import sys
 from collections.abc import Callable, Coroutine
 from contextvars import Context
 from typing import Any, TypeVar
 
 from ._checks import seconds
-from ._timer import MAX_TICK, MIN_TICK
-from ._wheel import Wheel, WheelEntry
+from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock, round_up
+from ._engine import Engine
+from ._loophandle import LoopTimerHandle
+from ._timer import MAX_TICK, MIN_TICK, Timer
+from ._wheel import Wheel
 
-__all__ = ["EventLoopPolicy", "new_event_loop", "run"]
+__all__ = ["EventLoopPolicy", "loop_timer", "new_event_loop", "new_uvloop_event_loop", "run"]
 
 _T = TypeVar("_T")
 _INF = math.inf
 _isfinite = math.isfinite
 _BASES = ("asyncio", "uvloop")
-_WHEEL_SIZE = 64
+# Past this (about 31 years of loop time) a microsecond is near float resolution.
+_ROUNDING_LIMIT = 1e9
 
 
 def _guard_internals() -> None:
     # The private asyncio internals relied on below. Checked once at import so that a
     # Python release that changes them fails loudly here, not subtly at run time.
-    handle_slots = set(_events.Handle.__slots__)
-    needed = {"_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_context"}
-    if not needed <= handle_slots or not hasattr(_events.Handle, "_run"):
-        raise ImportError("aiowheel's loop: asyncio.Handle lost an internal it relies on")
-    if not {"_when", "_scheduled"} <= set(_events.TimerHandle.__slots__):
-        raise ImportError("aiowheel's loop: asyncio.TimerHandle lost _when/_scheduled")
+    for name in ("_format_callback_source", "extract_stack"):
+        if not hasattr(_format_helpers, name):
+            raise ImportError(f"aiowheel's loop: asyncio.format_helpers lost {name}")
     for name in ("_check_thread", "_check_callback", "_check_closed"):
         if not hasattr(asyncio.BaseEventLoop, name):
             raise ImportError(f"aiowheel's loop: asyncio.BaseEventLoop lost {name}")
@@ -66,52 +73,65 @@ def _guard_internals() -> None:
 _guard_internals()
 
 
-class _Entry(WheelEntry):
-    """The wheel's node for one loop timer: points back at its handle."""
+class _LoopDriver(AsyncioDriver):
+    """``loop.timer``'s driver: one base-loop timer entry, armed through the base
+    class's ``call_at`` (the override would file the wake-up on the wheel it wakes)."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("_base_call_at",)
 
-    def __init__(self, handle: _WheelTimerHandle) -> None:
-        super().__init__()
-        self.handle = handle
+    def __init__(self, loop: _WheelLoop, on_wakeup: Callable[[], None], grid: float) -> None:
+        # Not AsyncioDriver.__init__: the loop need not be running yet.
+        self._loop = loop  # type: ignore[assignment]
+        self._on_wakeup = on_wakeup
+        self._handle = None
+        self._grid = grid
+        self._recheck = None
+        self._base_call_at = loop._base_call_at
+
+    def arm(self, when: float) -> None:
+        handle = self._handle
+        if handle is not None:
+            handle.cancel()
+        if when == -_INF:
+            self._handle = self._loop.call_soon(self._wake)
+            return
+        if when < _ROUNDING_LIMIT:
+            when = round_up(when, self._grid)  # as AsyncioDriver.arm: never early
+        self._handle = self._base_call_at(when, self._wake)
 
 
-class _WheelTimerHandle(asyncio.TimerHandle):
-    """An ``asyncio.TimerHandle`` whose timer lives on the loop's wheel."""
+class _LoopBackend(AsyncioBackend):
+    """``AsyncioBackend`` for a loop that is not running yet: its own driver."""
 
-    __slots__ = ("_entry",)
-    _entry: _Entry
+    __slots__ = ("_grid",)
 
-    def cancel(self) -> None:
-        if not self._cancelled:
-            entry = self._entry
-            bucket = entry._bucket
-            if bucket is not None:
-                bucket.remove(entry)  # off the wheel at once: no tombstone
-            self._scheduled = False
-        # Handle.cancel, not TimerHandle.cancel: the base loop's heap never saw us.
-        asyncio.Handle.cancel(self)
+    def __init__(self, loop: _WheelLoop, name: str, grid: float) -> None:
+        # Not AsyncioBackend.__init__: it asks for the running loop.
+        base: Any = loop
+        self.name = name
+        self.loop = base
+        self.clock = loop_clock(base)
+        self.call_soon_threadsafe = base.call_soon_threadsafe
+        self._tasks = set()
+        self._grid = grid
 
-
-# repr as on the base loop: "<TimerHandle when=... callback()>".
-_WheelTimerHandle.__name__ = _WheelTimerHandle.__qualname__ = "TimerHandle"
+    def make_driver(self, on_wakeup: Callable[[], None]) -> Driver:
+        loop: Any = self.loop
+        return _LoopDriver(loop, on_wakeup, self._grid)
 
 
 class _WheelLoop:
     """Mixed in front of the base loop class; see the module docstring."""
 
+    timer: Timer
+    _engine: Engine
     _wheel: Wheel
-    _wake_handle: asyncio.TimerHandle | None
-    _armed_at: float
-    _grid: float
-    _base_call_at: Callable[..., asyncio.TimerHandle]
+    _base_call_at: Callable[..., Any]
 
-    def _init_wheel(self, tick: float, grid: float) -> None:
-        loop: Any = self
-        self._wheel = Wheel(tick, _WHEEL_SIZE, loop.time())
-        self._wake_handle = None
-        self._armed_at = _INF
-        self._grid = grid
+    def _init_timer(self, name: str, tick: float, grid: float) -> None:
+        self.timer = Timer(tick=tick)
+        self._engine = self.timer._open_for_loop(_LoopBackend(self, name, grid))
+        self._wheel = self._engine.wheel
 
     # -- the timer API ------------------------------------------------------------
 
@@ -121,13 +141,13 @@ class _WheelLoop:
         callback: Callable[..., object],
         *args: Any,
         context: Context | None = None,
-    ) -> asyncio.TimerHandle:
+    ) -> Any:
         if delay is None:
             raise TypeError("delay must not be None")
         loop: Any = self
         handle = self.call_at(loop.time() + delay, callback, *args, context=context)
-        trace = getattr(handle, "_source_traceback", None)
-        if trace and isinstance(handle, _WheelTimerHandle):
+        trace = handle._source_traceback
+        if trace and isinstance(handle, LoopTimerHandle):
             del trace[-1]  # this frame, as the base loop does
         return handle
 
@@ -137,7 +157,7 @@ class _WheelLoop:
         callback: Callable[..., object],
         *args: Any,
         context: Context | None = None,
-    ) -> asyncio.TimerHandle:
+    ) -> Any:
         if when is None:
             raise TypeError("when cannot be None")
         loop: Any = self
@@ -148,6 +168,7 @@ class _WheelLoop:
             return self._base_call_at(when, callback, *args, context=context)
         if loop.is_closed():
             raise RuntimeError("Event loop is closed")
+        engine = self._engine
         if loop.get_debug():
             check_thread = getattr(loop, "_check_thread", None)
             if check_thread is not None:
@@ -155,108 +176,44 @@ class _WheelLoop:
             check_callback = getattr(loop, "_check_callback", None)
             if check_callback is not None:
                 check_callback(callback, "call_at")
-        handle = _WheelTimerHandle(when, callback, args, loop, context)
-        trace = getattr(handle, "_source_traceback", None)
-        if trace:
-            del trace[-1]  # this frame, as the base loop does
-        entry = _Entry(handle)
-        handle._entry = entry
-        handle._scheduled = True
-        at = self._wheel.insert(entry, when)
-        if at < self._armed_at:
-            self._arm(at)
+            handle: LoopTimerHandle[Any] = LoopTimerHandle(when, callback, args, engine, context)
+            # From the caller of call_at, as the base loop's (Handle.__init__ drops
+            # its own frames and call_at's).
+            handle._source_traceback = _format_helpers.extract_stack(sys._getframe(1))
+        else:
+            handle = LoopTimerHandle(when, callback, args, engine, context)
+        engine.file_loop(handle, when)
         return handle
 
-    # -- the seam: arming and the pass ------------------------------------------------
+    # -- lifecycle ----------------------------------------------------------------------
 
-    def _arm(self, at: float) -> None:
-        """Keep the base loop's one timer entry at ``at`` (``-inf``: now)."""
-        old = self._wake_handle
-        if old is not None:
-            old.cancel()
-        self._armed_at = at
-        if at == _INF:
-            self._wake_handle = None
-            return
-        if at == -_INF:
-            at = 0.0  # already due: the base loop runs it on its next iteration
-        else:
-            # Round up to the base clock's grid: uvloop keeps whole milliseconds, and a
-            # wake-up a hair early would otherwise be re-armed at the same instant.
-            units = math.ceil(at * self._grid)
-            rounded = units / self._grid
-            at = rounded if rounded >= at else (units + 1) / self._grid
-        self._wake_handle = self._base_call_at(at, self._wake)
+    def _bind_timer(self) -> None:
+        # run_forever: loop.timer belongs to the thread that runs the loop.
+        self.timer._bind_thread()
 
-    def _wake(self) -> None:
-        """The pass: run every timer due now, in ``when`` order, then re-arm."""
-        self._wake_handle = None
-        self._armed_at = -_INF  # no re-arming from callbacks: we re-arm once below
-        loop: Any = self
-        wheel = self._wheel
-        buckets = wheel.advance(loop.time())
-        due: list[_Entry] = []
-        for bucket in buckets:
-            node = bucket._first
-            while node is not None:
-                due.append(node)  # type: ignore[arg-type]
-                node = node._next
-        if len(due) > 1:
-            # Stable: ties keep the order they were filed in (scheduling order).
-            due.sort(key=_deadline)
-        index = -1
-        try:
-            for entry in due:
-                index += 1
-                held = entry._bucket
-                if held is None:
-                    continue  # cancelled by an earlier callback of this pass
-                held.remove(entry)
-                handle = entry.handle
-                handle._scheduled = False
-                if not handle._cancelled:
-                    handle._run()
-        except BaseException:
-            # SystemExit/KeyboardInterrupt from a callback (Handle._run lets only
-            # those through): put back what this pass had not reached.
-            for rest in due[index + 1 :]:
-                if rest._bucket is not None:
-                    rest._bucket.remove(rest)
-                    rest.handle._scheduled = True
-                    wheel.insert_due(rest, rest._deadline)
-            self._armed_at = _INF
-            self._rearm()
-            raise
-        self._armed_at = _INF
-        self._rearm()
-
-    def _rearm(self) -> None:
-        nxt = self._wheel.next_expiry()
-        if nxt is not None:
-            self._arm(nxt)
-
-    def _drop_wheel(self) -> None:
-        # close(): pending timers are dropped as the base loop drops its heap.
-        for entry in self._wheel.clear():
-            entry.handle._scheduled = False
-        old = self._wake_handle
-        self._wake_handle = None
-        self._armed_at = _INF
-        if old is not None:
-            old.cancel()
-
-    def _wheel_len(self) -> int:
-        return len(self._wheel)
+    def _close_timer(self) -> None:
+        # close(): loop.timer closes; the loop's pending timers are dropped as the
+        # base loop drops its heap, the timer's own are cancelled (aclose()'s rule).
+        engine = self._engine
+        if not engine.closed:
+            engine.close()
 
 
-def _deadline(entry: WheelEntry) -> float:
-    return entry._deadline
+def loop_timer(loop: object) -> Timer | None:
+    """``loop.timer`` when ``loop`` is aiowheel's drop-in loop and it is open, else None:
+    what aiowheel's own integrations (the idle-timeout middleware's shared timer) use
+    on this loop instead of starting a second timer."""
+    if isinstance(loop, _WheelLoop):
+        timer = loop.timer
+        if not timer.closed:
+            return timer
+    return None
 
 
 class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[misc]
     def __init__(self, tick: float) -> None:
         asyncio.SelectorEventLoop.__init__(self)
-        self._init_wheel(tick, 1e6)
+        self._init_timer("asyncio", tick, 1e6)
 
     def _base_call_at(
         self,
@@ -267,9 +224,13 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     ) -> asyncio.TimerHandle:
         return asyncio.SelectorEventLoop.call_at(self, when, callback, *args, context=context)
 
+    def run_forever(self) -> None:
+        self._bind_timer()
+        asyncio.SelectorEventLoop.run_forever(self)
+
     def close(self) -> None:
         if not self.is_running() and not self.is_closed():
-            self._drop_wheel()
+            self._close_timer()
         asyncio.SelectorEventLoop.close(self)
 
 
@@ -290,7 +251,7 @@ def _uvloop_loop_class() -> type[Any]:
         class _UvloopWheelLoop(_WheelLoop, uvloop.Loop):  # type: ignore[misc]
             def __init__(self, tick: float) -> None:
                 uvloop.Loop.__init__(self)
-                self._init_wheel(tick, 1e3)
+                self._init_timer("uvloop", tick, 1e3)  # uvloop's clock: whole ms
 
             def _base_call_at(
                 self,
@@ -305,9 +266,13 @@ def _uvloop_loop_class() -> type[Any]:
                     self, max(0.0, when - self.time()), callback, *args, context=context
                 )
 
+            def run_forever(self) -> None:
+                self._bind_timer()
+                uvloop.Loop.run_forever(self)
+
             def close(self) -> None:
                 if not self.is_running() and not self.is_closed():
-                    self._drop_wheel()
+                    self._close_timer()
                 uvloop.Loop.close(self)
 
         _uvloop_class = _UvloopWheelLoop
@@ -331,6 +296,12 @@ def new_event_loop(*, base: str = "asyncio", tick: float = 0.001) -> asyncio.Abs
     else:
         loop = _AsyncioWheelLoop(tick_)
     return loop
+
+
+def new_uvloop_event_loop(*, tick: float = 0.001) -> asyncio.AbstractEventLoop:
+    """``new_event_loop(base="uvloop")``, for where only a loop factory's import string
+    fits: ``uvicorn.run(app, loop="aiowheel:new_uvloop_event_loop")``."""
+    return new_event_loop(base="uvloop", tick=tick)
 
 
 def run(main: Coroutine[Any, Any, _T], *, base: str = "asyncio", debug: bool | None = None) -> _T:

@@ -88,7 +88,7 @@ from ._checks import (
     too_far,
 )
 from ._dispatch import WorkerPool
-from ._driver import backend_name, current_clock, make_backend
+from ._driver import Backend, backend_name, current_clock, make_backend
 from ._engine import ASYNC_ON_ERROR, Engine
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import (
@@ -330,6 +330,35 @@ class Timer:
             if stopped is not None:
                 stopped.set()
 
+    def _open_for_loop(self, backend: Backend) -> Engine:
+        """Start this new timer synchronously as a drop-in event loop's ``loop.timer``
+        (aiowheel/_loop.py): the engine without a supervisor task (the loop's backend
+        drives it and spawns its workers; the loop closes it, through ``close()``)."""
+        live = Engine(
+            backend,
+            self._tick,
+            self._wheel_size,
+            self._limit,
+            self._on_error,
+            None,
+            self._on_close,
+            self._closed_error,
+        )
+        live.pool = WorkerPool(live, self._max_concurrency, backend)
+        live.loop_timers = True
+        self._state = _OPEN
+        self._loop_thread = _get_ident()
+        self._now = live.clock
+        self._live = self._engine = live
+        return live
+
+    def _bind_thread(self) -> None:
+        # The drop-in loop starts running (maybe in another thread than it was made in).
+        self._loop_thread = _get_ident()
+        live = self._live
+        if live is not None:
+            live.thread = self._loop_thread
+
     async def aclose(self, drain: bool = False) -> list[TimerHandle[Any]]:
         """Close the timer. ``drain=False``: cancel every pending timer and running async
         callback, return the cancelled handles in deadline order. ``drain=True``: stop
@@ -344,6 +373,8 @@ class Timer:
         if live is None:
             return []
         self._check_owner(live)
+        if live.loop_timers:
+            raise RuntimeError("this is an event loop's timer (loop.timer): loop.close() closes it")
         if drain and self._state is _OPEN:
             self._state = _DRAINING
             live.draining = True

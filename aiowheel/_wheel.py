@@ -602,6 +602,46 @@ class Wheel:
             self._set_now(target)
         return fired
 
+    def in_order(self, buckets: list[Bucket]) -> list[Bucket]:
+        """The entries of ``buckets`` (what ``advance`` just handed out) in deadline
+        order, ties in the order given: ``buckets`` itself when they already are (the
+        usual case: one comparison per entry, no allocation), else one bucket holding
+        them all. The drop-in loop's rule (``when`` order within a pass); ``advance``
+        alone promises deadline order only between ticks.
+
+        Allocations come first: between unlinking the entries and linking them again
+        into the first bucket (in ``_out``, where ``clear`` finds them) no code runs."""
+        previous = -_INF
+        ordered = True
+        for bucket in buckets:
+            node = bucket._first
+            while node is not None:
+                if node._deadline < previous:
+                    ordered = False
+                    break
+                previous = node._deadline
+                node = node._next
+            if not ordered:
+                break
+        if ordered:
+            return buckets
+        entries: list[WheelEntry] = []
+        for bucket in buckets:
+            entries.extend(bucket)
+        entries.sort(key=deadline_of)  # stable
+        merged = [buckets[0]]
+        for bucket in buckets:
+            node = bucket._first
+            while node is not None:
+                after = node._next
+                node._bucket = node._prev = node._next = None
+                node = after
+            bucket._first = bucket._last = None
+        target = buckets[0]
+        for entry in entries:
+            target.add(entry)
+        return merged
+
     def release(self) -> None:
         """The caller is done with the buckets ``advance`` handed out. Normally they
         are empty; an entry the caller did not get to (it stopped half-way) is filed
@@ -725,10 +765,15 @@ class Wheel:
                     # later; or, lazily extended, its deadline is no earlier than the
                     # bucket's time (extend's own test, in floats: past 2**53 ticks a
                     # bucket's time is its start rounded, possibly down, so the two
-                    # disagree by less than the clock can tell apart).
+                    # disagree by less than the clock can tell apart). Or it waits
+                    # one tick past its due tick: _take_due found it due by the tick
+                    # count but not by the clock (its deadline a rounding after the
+                    # tick's time), and never runs an entry early.
+                    due = self.due_tick_of(entry._deadline)
                     assert (
-                        self.due_tick_of(entry._deadline) >= bucket.tick
+                        due >= bucket.tick
                         or entry._deadline >= bucket.time
+                        or (bucket.tick == due + 1 and entry._deadline > self.tick_time(due))
                     ), entry
         assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
 

@@ -211,7 +211,8 @@ NULLABLE_COLUMNS: Final[frozenset[str]] = frozenset(
 
 _PYARROW_MISSING = (
     "aiowheel.trace needs pyarrow to write Parquet traces: "
-    "pip install 'aiowheel[analytics]' (or pip install pyarrow)"
+    "pip install 'aiowheel[analytics]' (from a checkout: pip install '.[analytics]'; "
+    "or pip install pyarrow)"
 )
 
 

@@ -62,7 +62,7 @@ napoleon_numpy_docstring = False
 nitpick_ignore_regex = [
     # The standard library and pyarrow, named in signatures: documented elsewhere, and
     # the build is offline, so no intersphinx inventory links them.
-    ("py:class", r"(collections\.abc|asyncio(\.streams|\.protocols)?|os)\.\w+"),
+    ("py:class", r"(collections\.abc|asyncio(\.streams|\.protocols|\.events)?|os)\.\w+"),
     ("py:class", r"concurrent\.futures\._base\.Future"),
     ("py:class", r"pa\.Schema"),
     # Private helpers that public signatures and bases name: the base class shared by
@@ -75,7 +75,7 @@ nitpick_ignore_regex = [
     ("py:class", r"aiowheel\._purgatory\._DelayedOperation"),
     # Type variables (T, and Ts for a callback's arguments) of the generic signatures:
     # Sphinx renders them as class references, but they have no page of their own.
-    ("py:class", r"(aiowheel\.\w+\.)?(T|Ts)"),
+    ("py:class", r"(aiowheel\.\w+\.)?_?(T|Ts)"),
     ("py:class", r"(aiowheel\.middleware\._streams\.)?_(StreamWatch|ReaduntilBuffer)"),
 ]
 

@@ -385,3 +385,20 @@ async def test_deferred_recheck_is_never_early_after_a_cancel_burst() -> None:
         assert handle.deadline <= fired[0] <= handle.deadline + TICK + EPS
         await later.wait()
         assert timer.stats().wakeups <= 4
+
+
+async def test_a_timer_due_now_after_a_cancel_emptied_the_armed_bucket_fires() -> None:
+    """Found by tests/test_fault_model.py on trio: the cancel queues a re-check of the
+    wake-up, a zero-delay timer then arms "now" before the driver runs, and the driver
+    wakes once for both. The re-check took wake_at == -inf for a pass in progress and
+    did nothing: that timer, and every later one, never fired."""
+    fired: list[str] = []
+    async with Timer(tick=0.001) as timer:
+        timer.schedule_nowait(1.0, fired.append, "cancelled").cancel()
+        due = timer.schedule_nowait(0.0, fired.append, "due")
+        with anyio.fail_after(5.0):
+            await due.wait()
+        later = timer.schedule_nowait(0.01, fired.append, "later")
+        with anyio.fail_after(5.0):
+            await later.wait()
+    assert fired == ["due", "later"]

@@ -794,8 +794,31 @@ def test_fault_injection(
                 ("schedule", "schedule_nowait", ("float", 1.0), Behavior(False, 0.0, ("none",))),
             ],
         ),
+        # A cancel emptied the armed bucket (a re-check queued) and a timer due now
+        # was filed before the driver ran: on trio the probe never fired.
+        Program(
+            2,
+            1,
+            [None],
+            [
+                ("schedule", "schedule", ("float", 0.0), Behavior(False, 0.0, ("none",))),
+                (
+                    "schedule",
+                    "schedule",
+                    ("float", 0.0),
+                    Behavior(False, 0.0, ("reset", 0, ("float", 2.0), False)),
+                ),
+                (
+                    "schedule",
+                    "schedule",
+                    ("huge", -1e308),
+                    Behavior(True, 0.5, ("reset", 0, ("float", 0.0), False)),
+                ),
+                ("cancel", 0),
+            ],
+        ),
     ],
-    ids=["issue-9-faults", "re-entrant-close"],
+    ids=["issue-9-faults", "re-entrant-close", "due-after-recheck"],
 )
 def test_fixed_fault_programs(
     program: Program, anyio_backend: tuple[str, dict[str, Any]], backend: str, virtual: bool

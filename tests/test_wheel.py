@@ -560,3 +560,21 @@ def test_a_lazy_extend_past_2_53_ticks_keeps_the_invariants() -> None:
     assert flush(wheel, now + 512.0) == [moved]
     wheel._check()
     assert [(at >= 2.0**60, entry) for at, entry in drive(wheel)] == [(True, far)]
+
+
+def test_an_entry_due_by_its_tick_but_not_by_the_clock_waits_one_tick() -> None:
+    """Found by tests/test_fault_model.py on trio: a deadline one float step after a
+    tick's time (0.011000000000000001) has that tick as its due tick, but the clock
+    read at 0.011 says it is not due. The pass keeps it for the next tick (never
+    early), and Wheel._check accepts an entry one tick past its due tick there."""
+    wheel = Wheel(0.001, 2, 0.0)
+    now = 0.011
+    flush(wheel, now)
+    hair = Entry(0)
+    deadline = math.nextafter(now, math.inf)
+    assert wheel.due_tick_of(deadline) == wheel.now_tick  # due by the tick count...
+    wheel.insert(hair, deadline)
+    assert flush(wheel, now) == []  # ...not by the clock
+    wheel._check()
+    assert flush(wheel, 0.012) == [hair]
+    wheel._check()

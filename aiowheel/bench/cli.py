@@ -17,7 +17,7 @@ from .contenders import CONTENDERS, install_hint, select
 from .env import TraceFactory, parquet_recorder
 from .export import RESULTS_FILE, write_results
 from .output import Output
-from .registry import WORKLOADS
+from .registry import DEFAULT_WORKLOADS, GROUPS, WORKLOADS
 from .runner import Runner
 from .settings import Settings
 
@@ -41,9 +41,12 @@ times better aiowheel is than each peer (> 1: better)."""
 EPILOG = (
     "workloads: "
     + "; ".join(f"{w.name}: {w.title}" for w in WORKLOADS.values())
+    + " (the loop-* workloads, aiowheel's drop-in event loop against the plain loops, run"
+    " only when asked for: -w loop runs them all)"
     + ".  contenders: "
     + ", ".join(c.name for c in CONTENDERS)
-    + " (or a kind/backend: aiowheel, call_later, deadline, asyncio, uvloop, trio; or pure:"
+    + " (or a kind/backend: aiowheel, loop, call_later, deadline, asyncio, uvloop, trio,"
+    " rloop; or pure:"
     " the -pure ones, aiowheel's pure-Python core in a child process, never by default;"
     " or traced: the -traced and -sampled ones, aiowheel tracing every timer or one in"
     " 100, compared with untraced aiowheel, never by default)."
@@ -96,9 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workload",
         "-w",
         action="append",
-        choices=list(WORKLOADS),
+        choices=[*WORKLOADS, *GROUPS],
         metavar="NAME",
-        help=f"run this workload (repeatable; default: all): {', '.join(WORKLOADS)}",
+        help=f"run this workload (repeatable; default: all but the loop-* ones; "
+        f"loop: every loop-* one): {', '.join([*WORKLOADS, *GROUPS])}",
     )
     parser.add_argument(
         "--contenders",
@@ -182,6 +186,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="START,MAX",
         help="kafka: search from START doubling up to at most MAX req/s (25000,1600000)",
     )
+    parser.add_argument(
+        "--loop-seconds",
+        type=_seconds,
+        help="loop-few: seconds the N tasks sleep 1 ms over and over (1; 0.5 quick)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -211,7 +220,15 @@ def settings_from(ns: argparse.Namespace) -> Settings:
             "(they run in child processes) nor the -traced and -sampled ones (they trace "
             f"every repetition): leave out {', '.join(pure)}"
         )
-    workloads = list(dict.fromkeys(ns.workload)) if ns.workload else list(WORKLOADS)
+    asked = [name for w in ns.workload for name in GROUPS.get(w, [w])] if ns.workload else None
+    workloads = list(dict.fromkeys(asked)) if asked else list(DEFAULT_WORKLOADS)
+    # Only the contenders left out that one of these workloads would have run are
+    # news (rloop and the drop-in loop run the loop-* workloads only).
+    unavailable = [
+        (c, why)
+        for c, why in selection.unavailable
+        if any(WORKLOADS[w].applies_to(c) for w in workloads)
+    ]
     trace_dir: Path | None = ns.trace
     if ns.report:
         trace_dir = _out(ns) / "traces"
@@ -219,7 +236,7 @@ def settings_from(ns: argparse.Namespace) -> Settings:
     return Settings(
         workloads=workloads,
         contenders=selection.run,
-        unavailable=selection.unavailable,
+        unavailable=unavailable,
         n=ns.n,
         # --report runs 3 repetitions of the quick sizes: one repetition's ratios flip
         # from run to run (issue 21), and 3 still fit the main job in 5 minutes.
@@ -238,6 +255,7 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         kafka_seconds=ns.kafka_seconds or (1.0 if quick else 10.0),
         kafka_start_rate=ns.kafka_rates[0] if ns.kafka_rates else 25_000.0,
         kafka_max_rate=ns.kafka_rates[1] if ns.kafka_rates else 1_600_000.0,
+        loop_seconds=ns.loop_seconds or (0.5 if quick else 1.0),
         progress=not (ns.no_progress or ns.json),
     )
 

@@ -2,29 +2,32 @@
 
 A contender is a *kind* of timer on a *backend*:
 
-=============================  ========  =========================================================
-name                           backend   what a timer is
-=============================  ========  =========================================================
-``aiowheel-asyncio``           asyncio   ``aiowheel.Timer`` on the default asyncio loop
-``aiowheel-uvloop``            uvloop    ``aiowheel.Timer`` on uvloop
-``aiowheel-trio``              trio      ``aiowheel.Timer`` on trio (through anyio)
-``call_later-asyncio``         asyncio   ``loop.call_later``/``call_at`` (a heap of TimerHandles)
-``call_later-uvloop``          uvloop    ``loop.call_later``/``call_at`` (libuv's timer heap)
-``trio-native``                trio      a task per timer sleeping in a ``CancelScope`` whose
-                                         deadline is the timer's deadline (``trio.sleep_until``)
-``deadline-asyncio``           asyncio   ``idle`` only: aiohttp's stored deadline, one
-                                         ``call_at`` per connection re-checked when it fires
-``deadline-uvloop``            uvloop    the same on uvloop
-``aiowheel-asyncio-pure``      asyncio   ``aiowheel-asyncio`` on the pure-Python core, in a child
-``aiowheel-uvloop-pure``       uvloop    process started with ``AIOWHEEL_PURE=1`` (``child.py``);
-``aiowheel-trio-pure``         trio      opt-in: only by name (or ``pure``), never by default
-``aiowheel-asyncio-traced``    asyncio   ``aiowheel-<backend>`` recording a Parquet trace of every
-``aiowheel-uvloop-traced``     uvloop    timer (``ParquetRecorder``) in every measured repetition;
-``aiowheel-trio-traced``       trio      opt-in: only by name (or ``traced``)
-``aiowheel-asyncio-sampled``   asyncio   the same, tracing one timer in ``SAMPLE_EVERY``
-``aiowheel-uvloop-sampled``    uvloop    (``ParquetRecorder(..., every=SAMPLE_EVERY)``); opt-in:
-``aiowheel-trio-sampled``      trio      only by name (or ``traced``)
-=============================  ========  =========================================================
+============================  =======  ============================================================
+name                          backend  what a timer is
+============================  =======  ============================================================
+``aiowheel-asyncio``          asyncio  ``aiowheel.Timer`` on the default asyncio loop
+``aiowheel-uvloop``           uvloop   ``aiowheel.Timer`` on uvloop
+``aiowheel-trio``             trio     ``aiowheel.Timer`` on trio (through anyio)
+``call_later-asyncio``        asyncio  ``loop.call_later``/``call_at`` (a heap of TimerHandles)
+``call_later-uvloop``         uvloop   ``loop.call_later``/``call_at`` (libuv's timer heap)
+``trio-native``               trio     a task per timer sleeping in a ``CancelScope`` whose
+                                       deadline is the timer's deadline (``trio.sleep_until``)
+``deadline-asyncio``          asyncio  ``idle`` only: aiohttp's stored deadline, one
+                                       ``call_at`` per connection re-checked when it fires
+``deadline-uvloop``           uvloop   the same on uvloop
+``loop-asyncio``              asyncio  ``loop.call_later``/``call_at`` on aiowheel's drop-in loop
+``loop-uvloop``               uvloop   (``aiowheel.new_event_loop(base=...)``): the wheel's timers
+``call_later-rloop``          rloop    ``loop.call_later``/``call_at`` on rloop (a Rust event loop)
+``aiowheel-asyncio-pure``     asyncio  ``aiowheel-asyncio`` on the pure-Python core, in a child
+``aiowheel-uvloop-pure``      uvloop   process started with ``AIOWHEEL_PURE=1`` (``child.py``);
+``aiowheel-trio-pure``        trio     opt-in: only by name (or ``pure``), never by default
+``aiowheel-asyncio-traced``   asyncio  ``aiowheel-<backend>`` recording a Parquet trace of every
+``aiowheel-uvloop-traced``    uvloop   timer (``ParquetRecorder``) in every measured repetition;
+``aiowheel-trio-traced``      trio     opt-in: only by name (or ``traced``)
+``aiowheel-asyncio-sampled``  asyncio  the same, tracing one timer in ``SAMPLE_EVERY``
+``aiowheel-uvloop-sampled``   uvloop   (``ParquetRecorder(..., every=SAMPLE_EVERY)``); opt-in:
+``aiowheel-trio-sampled``     trio     only by name (or ``traced``)
+============================  =======  ============================================================
 
 The ``-traced`` and ``-sampled`` contenders measure what tracing costs: their ratio
 columns compare them with the untraced ``aiowheel-<backend>`` of the same run (a
@@ -32,8 +35,15 @@ ratio of 1.5 on a time is +50%), and the untraced contenders' ratios against pee
 leave them out. Their traces go to a temporary directory, removed after each
 repetition.
 
-uvloop and trio are extras: ``select`` keeps the contenders whose event loop is
+uvloop, trio and rloop are extras: ``select`` keeps the contenders whose event loop is
 installed. How a contender runs inside its loop is in ``env.py``.
+
+The ``loop-*`` contenders (kind ``loop``) and ``call_later-rloop`` run only the drop-in
+loop's workloads (``loop_workloads.py``, whose peers are the plain loops:
+``call_later-asyncio``, ``call_later-uvloop``, ``call_later-rloop``); no other workload
+applies to them (``Workload.kinds`` and ``Workload.backends``), so they cost the
+default run nothing. A ``loop-*`` contender is aiowheel (``is_aiowheel``): its timers are
+on aiowheel's wheel, and its figures are the ones the peers' ratios are against.
 
 Every aiowheel contender is labelled by the core it runs (``Contender.core``): the
 parent process's (``aiowheel.COMPILED``) for ``aiowheel-<backend>``, always the pure
@@ -72,8 +82,8 @@ SAMPLE_EVERY = 100
 @dataclass(frozen=True)
 class Contender:
     name: str
-    kind: str  # "aiowheel" | "call_later" | "deadline" | "trio"
-    backend: str  # "asyncio" | "uvloop" | "trio"
+    kind: str  # "aiowheel" | "loop" | "call_later" | "deadline" | "trio"
+    backend: str  # "asyncio" | "uvloop" | "trio" | "rloop"
     #: Runs aiowheel's pure-Python core in a child process (``child.py``).
     pure: bool = False
     #: Traces one timer in this many in every measured repetition (1: every timer;
@@ -81,13 +91,15 @@ class Contender:
     trace_every: int = 0
 
     @property
-    def baseline(self) -> bool:
-        """An aiowheel contender peers are compared with: untraced."""
-        return self.kind == "aiowheel" and not self.trace_every
+    def is_aiowheel(self) -> bool:
+        """Its timers are aiowheel's: a ``Timer`` (kind ``aiowheel``) or the drop-in
+        loop's wheel (kind ``loop``)."""
+        return self.kind in ("aiowheel", "loop")
 
     @property
-    def is_aiowheel(self) -> bool:
-        return self.kind == "aiowheel"
+    def baseline(self) -> bool:
+        """An aiowheel contender peers are compared with: untraced."""
+        return self.is_aiowheel and not self.trace_every
 
     @property
     def core(self) -> str | None:
@@ -118,6 +130,9 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("trio-native", "trio", "trio"),
     Contender("deadline-asyncio", "deadline", "asyncio"),
     Contender("deadline-uvloop", "deadline", "uvloop"),
+    Contender("loop-asyncio", "loop", "asyncio"),
+    Contender("loop-uvloop", "loop", "uvloop"),
+    Contender("call_later-rloop", "call_later", "rloop"),
     Contender("aiowheel-asyncio-pure", "aiowheel", "asyncio", pure=True),
     Contender("aiowheel-uvloop-pure", "aiowheel", "uvloop", pure=True),
     Contender("aiowheel-trio-pure", "aiowheel", "trio", pure=True),
@@ -129,8 +144,11 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("aiowheel-trio-sampled", "aiowheel", "trio", trace_every=SAMPLE_EVERY),
 )
 _BY_NAME = {c.name: c for c in CONTENDERS}
-_BACKENDS = ("asyncio", "uvloop", "trio")
-_KINDS = ("aiowheel", "call_later", "deadline", "trio")
+_BACKENDS = ("asyncio", "uvloop", "trio", "rloop")
+# "trio" last: it is a backend too (the usage message names it once).
+_KINDS = ("aiowheel", "loop", "call_later", "deadline", "trio")
+#: The extra that installs a backend's event loop, where it is not named after it.
+_EXTRA = {"rloop": "bench"}
 #: Selects every ``-pure`` contender (whose backend is installed).
 _PURE = "pure"
 #: Selects every ``-traced`` and ``-sampled`` contender (whose backend is installed).
@@ -140,16 +158,17 @@ _TRACED = "traced"
 def missing_backend(backend: str) -> str | None:
     """Why ``backend``'s event loop cannot run here (None: it can).
 
-    asyncio always can; uvloop and trio are extras, tried by importing them.
+    asyncio always can; uvloop, trio and rloop are extras, tried by importing them.
     """
     if backend == "asyncio":
         return None
-    if backend == "uvloop" and sys.platform == "win32":
-        return "uvloop does not run on Windows"
+    if backend in ("uvloop", "rloop") and sys.platform == "win32":
+        return f"{backend} does not run on Windows"
     try:
         importlib.import_module(backend)
     except ImportError:
-        return f"{backend} is not installed ({install_hint(backend)})"
+        # rloop comes with the bench extra (it is a peer of the drop-in loop only).
+        return f"{backend} is not installed ({install_hint(_EXTRA.get(backend, backend))})"
     return None
 
 
@@ -176,12 +195,13 @@ def select(specs: list[str] | None) -> Selection:
     """``--contenders a,b --contenders c``; None: the default set, every contender
     but the ``-pure``, ``-traced`` and ``-sampled`` ones.
 
-    A token is a contender's name, a backend (``asyncio``, ``uvloop``, ``trio``), a
-    kind (``aiowheel``, ``call_later``, ``deadline``; ``trio`` is both), ``pure``
-    (the ``-pure`` contenders, which backends and kinds leave out: each costs a child
-    process) or ``traced`` (the ``-traced`` and ``-sampled`` ones, left out likewise).
-    What a name or a backend asks for must be installed (``ValueError``
-    otherwise). The default set, a kind, ``pure`` and ``traced`` leave out, in
+    A token is a contender's name, a backend (``asyncio``, ``uvloop``, ``trio``,
+    ``rloop``), a kind (``aiowheel``, ``loop``, ``call_later``, ``deadline``; ``trio``
+    is both), ``pure`` (the ``-pure`` contenders, which backends and kinds leave out:
+    each costs a child process) or ``traced`` (the ``-traced`` and ``-sampled`` ones,
+    left out likewise). What a name or a backend asks for must be installed
+    (``ValueError`` otherwise). The default set, a kind, ``pure`` and ``traced`` leave
+    out, in
     ``Selection.unavailable``, the contenders whose backend is missing, so that a
     partial install runs what it can.
     """

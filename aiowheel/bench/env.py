@@ -1,7 +1,9 @@
 """How a contender runs: its timer operations inside a fresh event loop of its backend.
 
 Every repetition runs in a fresh event loop (``asyncio.new_event_loop()``,
-``uvloop.new_event_loop()``, or a new ``trio.run``) after a full ``gc.collect()``.
+``uvloop.new_event_loop()``, ``rloop.new_event_loop()``,
+``aiowheel.new_event_loop(base=...)`` for the ``loop-*`` contenders, or a new
+``trio.run``) after a full ``gc.collect()``.
 
 The ``Env`` handed to a workload gives it each contender's timer operations as plain
 bound callables, so the timed loops call the contender's own API with no adapter
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
 import math
 import shutil
 import tempfile
@@ -40,8 +43,11 @@ __all__ = [
 ]
 
 
-def run_fresh(backend: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    """Run ``fn()`` to completion in a brand-new event loop of ``backend``."""
+def run_fresh(
+    backend: str, fn: Callable[[], Coroutine[Any, Any, Any]], *, drop_in: bool = False
+) -> Any:
+    """Run ``fn()`` to completion in a brand-new event loop of ``backend``
+    (``drop_in``: aiowheel's drop-in loop on that base, ``aiowheel.new_event_loop``)."""
     gc.collect()
     if backend == "trio":
         import trio
@@ -55,10 +61,16 @@ def run_fresh(backend: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
             if group.subgroup(KeyboardInterrupt) is not None:
                 raise KeyboardInterrupt from None
             raise
-    if backend == "uvloop":
+    loop: asyncio.AbstractEventLoop
+    if drop_in:
+        loop = aiowheel.new_event_loop(base=backend)
+    elif backend == "uvloop":
         import uvloop
 
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        loop = uvloop.new_event_loop()
+    elif backend == "rloop":
+        # Imported by name: rloop ships no type information.
+        loop = importlib.import_module("rloop").new_event_loop()
     elif backend == "asyncio":
         loop = asyncio.new_event_loop()
     else:
@@ -423,7 +435,8 @@ async def open_env(
             yield env
         return
 
-    if contender.kind in ("call_later", "deadline"):
+    if contender.kind in ("call_later", "deadline", "loop"):
+        # "loop": the drop-in loop, whose own call_later/call_at are the contender.
         loop = asyncio.get_running_loop()
         iterations = [0]
         if count_iterations:

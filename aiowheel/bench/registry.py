@@ -1,4 +1,5 @@
-"""Every workload, by name, in the order ``aiowheel bench`` runs them by default.
+"""Every workload, by name, in the order ``aiowheel bench`` runs them (the opt-in ones,
+``-w loop``, last).
 
 The only module that imports the workloads: they import their interfaces
 (``workload.py``) and never each other.
@@ -7,10 +8,11 @@ The only module that imports the workloads: they import their interfaces
 from __future__ import annotations
 
 from .kafka import Cycle, Kafka
+from .loop_workloads import LOOP_GROUP, LoopFew, LoopMemory, LoopReschedule, LoopSteps, LoopTimeout
 from .workload import AnyWorkload
 from .workloads import Churn, Fire, Idle, Memory, Rearm, Spread, TimeoutScope
 
-__all__ = ["WORKLOADS"]
+__all__ = ["DEFAULT_WORKLOADS", "GROUPS", "WORKLOADS"]
 
 WORKLOADS: dict[str, AnyWorkload] = {
     w.name: w
@@ -24,5 +26,19 @@ WORKLOADS: dict[str, AnyWorkload] = {
         Memory(),
         Idle(),
         TimeoutScope(),
+        LoopReschedule(),
+        LoopSteps(),
+        LoopTimeout(),
+        LoopFew(),
+        LoopMemory(),
     )
+}
+
+#: What runs when no ``--workload`` is given: every workload but the opt-in ones (the
+#: drop-in loop's, issue 18: the main job must stay within its few minutes).
+DEFAULT_WORKLOADS: list[str] = [name for name, w in WORKLOADS.items() if w.default]
+
+#: ``--workload GROUP``: several workloads by one name.
+GROUPS: dict[str, list[str]] = {
+    LOOP_GROUP: [name for name in WORKLOADS if name.startswith(f"{LOOP_GROUP}-")],
 }

@@ -48,6 +48,8 @@ class Settings:
     #: kafka: the search starts at this rate and stops at the maximum (req/s).
     kafka_start_rate: float = 25_000.0
     kafka_max_rate: float = 1_600_000.0
+    #: loop-few: seconds the N tasks sleep 1 ms over and over.
+    loop_seconds: float = 1.0
     #: Tasks are ~3 KB each: the trio-native contender skips sizes above this.
     trio_max_tasks: int = 200_000
     progress: bool = True
@@ -71,4 +73,5 @@ class Settings:
             "kafka_cases": list(self.kafka_cases),
             "kafka_probe": self.kafka_probe,
             "kafka_seconds": self.kafka_seconds,
+            "loop_seconds": self.loop_seconds,
         }

@@ -69,11 +69,16 @@ class Workload(ABC):
     title: ClassVar[str]
     metrics: ClassVar[tuple[Metric, ...]]
     kinds: ClassVar[frozenset[str]] = frozenset({"aiowheel", "call_later", "trio"})
+    #: The event loops it runs on (rloop is a peer of the drop-in loop only).
+    backends: ClassVar[frozenset[str]] = frozenset({"asyncio", "uvloop", "trio"})
     #: Trace its timers with --trace (an extra, unmeasured run per contender).
     traced: ClassVar[bool] = True
+    #: Runs when no ``--workload`` is given (the drop-in loop's workloads are opt-in:
+    #: ``-w loop``).
+    default: ClassVar[bool] = True
 
     def applies_to(self, contender: Contender) -> bool:
-        return contender.kind in self.kinds
+        return contender.kind in self.kinds and contender.backend in self.backends
 
     def params(self, settings: Settings) -> dict[str, Any]:
         """What else a reader needs to reproduce a figure (goes into the JSON)."""
@@ -153,7 +158,9 @@ class RepeatedWorkload(Workload):
             async with open_env(contender, recorder, count_iterations=self.count_iterations) as env:
                 return await self.run(env, n, data, settings, state)
 
-        values: dict[str, float] = run_fresh(contender.backend, body)
+        values: dict[str, float] = run_fresh(
+            contender.backend, body, drop_in=contender.kind == "loop"
+        )
         return values
 
     def withhold_ratios(self, results: list[Result], settings: Settings) -> list[str]:

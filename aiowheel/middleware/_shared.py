@@ -8,10 +8,14 @@ from one of two owners:
 * explicit: ``async with shared_timer():`` (a server's lifespan; ``IdleTimeoutMiddleware``
   does this by itself when the server runs the ASGI lifespan protocol) registers a timer
   for the block;
+* the loop's own: on aiowheel's drop-in event loop (``aiowheel.new_event_loop``) the
+  loop's timer, ``loop.timer``, which lives and closes with the loop (no second timer);
 * lazy: the first connection that finds no timer starts one in a background task with
   a fresh context (asyncio: ``loop.create_task``; trio: a system task). That task owns
   the timer's task group and lives until the event loop shuts down, when asyncio and
   trio cancel leftover tasks; cancelling it closes the timer.
+
+An explicit block wins over the loop's own timer, which wins over a lazy one.
 
 The registry maps the loop (asyncio) or the trio token to its slot through weak keys;
 the owner removes its slot when it ends, so a closed loop leaves nothing behind.
@@ -32,6 +36,7 @@ from typing import Any, Final
 import anyio
 
 from .. import Timer, TimerClosed, TimerHandle
+from .._loop import loop_timer
 
 __all__ = [
     "DEFAULT_TICK",
@@ -282,6 +287,10 @@ def shared_timer_nowait(on_ready: Callable[[Timer | None], None]) -> Timer | Non
         if not slot.alive():  # closed: its owner is on its way out
             slot = None
     if slot is None:
+        timer = loop_timer(key)
+        if timer is not None:
+            return timer  # aiowheel's drop-in loop: its own timer
+    if slot is None:
         slot = _start_lazy(key, is_trio)
     slot.callbacks.append(on_ready)
     return None
@@ -300,6 +309,9 @@ async def get_shared_timer() -> Timer:
         timer = slot.running()
         if timer is not None:
             return timer
+    own = loop_timer(key)
+    if own is not None and (slot is None or not slot.alive()):
+        return own  # aiowheel's drop-in loop: its own timer
     # Not running: wait for it (shared_timer_nowait registers the callback before it
     # returns, and we have not awaited since the check above, so it returns None).
     done: list[Timer | None] = []
@@ -337,7 +349,8 @@ async def shared_timer(timer: Timer | None = None) -> AsyncIterator[Timer]:
     explicit rather than tied to the event loop.
 
     ``timer`` may be a new ``Timer`` (started here and closed at the end of the block)
-    or a running one (only registered). Default: ``Timer(tick=DEFAULT_TICK)``. Raises
+    or a running one (only registered). Default: ``Timer(tick=DEFAULT_TICK)``, or on
+    aiowheel's drop-in event loop that loop's own timer, ``loop.timer``. Raises
     ``RuntimeError`` if this event loop already has a running shared timer.
     """
     check_timer(timer)
@@ -346,7 +359,8 @@ async def shared_timer(timer: Timer | None = None) -> AsyncIterator[Timer]:
     if existing is not None and existing.alive():
         raise RuntimeError("this event loop already has a shared aiowheel timer")
     if timer is None:
-        timer = Timer(tick=DEFAULT_TICK)
+        own = loop_timer(key)  # (not `or`: a Timer with nothing pending is falsy)
+        timer = own if own is not None else Timer(tick=DEFAULT_TICK)
     if timer.closed:
         raise ValueError("shared_timer() needs a new or running Timer, got a closed one")
     slot = _Slot()
@@ -369,4 +383,4 @@ def has_shared_timer() -> bool:
     """True when the running event loop has a shared timer (running or starting)."""
     key, _ = _loop_key()
     slot = _slots.get(key)
-    return slot is not None and slot.alive()
+    return (slot is not None and slot.alive()) or loop_timer(key) is not None

@@ -46,6 +46,8 @@ TINY = [
     "0.1",
     "--kafka-rates",
     "2000,4000",
+    "--loop-seconds",
+    "0.02",
 ]
 
 #: The keys of a result line (docs/benchmarks.md, "Output").
@@ -74,13 +76,16 @@ RESULT_KEYS = {
 }
 
 AIOWHEEL = {"aiowheel-asyncio", "aiowheel-uvloop", "aiowheel-trio"}
+#: The drop-in loop's contenders (aiowheel too: the peers' ratios are against them).
+LOOP = {"loop-asyncio", "loop-uvloop"}
 
 #: Why a contender whose event loop is not installed sits out.
 UVLOOP_MISSING = f"uvloop is not installed ({install_hint('uvloop')})"
 TRIO_MISSING = f"trio is not installed ({install_hint('trio')})"
+RLOOP_MISSING = f"rloop is not installed ({install_hint('bench')})"
 
 #: What a core-only install lacks (`pip install aiowheel`: anyio only).
-NOT_IN_CORE = ["uvloop", "trio", "rich", "pyarrow", "pyspark", "pandas", "matplotlib"]
+NOT_IN_CORE = ["uvloop", "trio", "rloop", "rich", "pyarrow", "pyspark", "pandas", "matplotlib"]
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
@@ -101,6 +106,11 @@ def applicable(workload: str) -> set[str]:
         for c in CONTENDERS
         if WORKLOADS[workload].applies_to(c) and not c.pure and not c.trace_every
     }
+
+
+def ours(workload: str) -> set[str]:
+    """The aiowheel contenders of ``workload`` that every peer's ratios are against."""
+    return {c.name for c in CONTENDERS if c.is_aiowheel and c.name in applicable(workload)}
 
 
 def parse(args: list[str]) -> Any:

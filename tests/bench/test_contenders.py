@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from bench_support import TRIO_MISSING, UVLOOP_MISSING
+from bench_support import RLOOP_MISSING, TRIO_MISSING, UVLOOP_MISSING
 
 from aiowheel.bench.contenders import CONTENDERS, SAMPLE_EVERY, missing_backend, select
 
@@ -21,8 +21,12 @@ def test_names_kinds_and_backends_select_contenders() -> None:
         "aiowheel-uvloop",
         "call_later-uvloop",
         "deadline-uvloop",
+        "loop-uvloop",
         "trio-native",
     ]
+    # The drop-in loop's contenders, and rloop, a peer of theirs.
+    assert names(["loop"]) == ["loop-asyncio", "loop-uvloop"]
+    assert names(["rloop"]) == ["call_later-rloop"]
     # `trio` is a backend and a kind: both trio contenders.
     assert names(["trio"]) == ["aiowheel-trio", "trio-native"]
     # Repeated or overlapping tokens select a contender once, in the order asked.
@@ -30,6 +34,7 @@ def test_names_kinds_and_backends_select_contenders() -> None:
         "call_later-asyncio",
         "aiowheel-asyncio",
         "deadline-asyncio",
+        "loop-asyncio",
     ]
     everything = select(None)
     # The -pure contenders (a child process each) and the -traced and -sampled ones
@@ -62,11 +67,13 @@ def test_bad_tokens(specs: list[str], message: str | None) -> None:
 def test_default_set_leaves_out_missing_event_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)
     monkeypatch.setitem(sys.modules, "trio", None)
+    monkeypatch.setitem(sys.modules, "rloop", None)
     selection = select(None)
     assert [c.name for c in selection.run] == [
         "aiowheel-asyncio",
         "call_later-asyncio",
         "deadline-asyncio",
+        "loop-asyncio",
     ]
     assert [(c.name, reason) for c, reason in selection.unavailable] == [
         ("aiowheel-uvloop", UVLOOP_MISSING),
@@ -74,6 +81,8 @@ def test_default_set_leaves_out_missing_event_loops(monkeypatch: pytest.MonkeyPa
         ("call_later-uvloop", UVLOOP_MISSING),
         ("trio-native", TRIO_MISSING),
         ("deadline-uvloop", UVLOOP_MISSING),
+        ("loop-uvloop", UVLOOP_MISSING),
+        ("call_later-rloop", RLOOP_MISSING),
     ]
 
 

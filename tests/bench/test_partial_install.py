@@ -14,12 +14,13 @@ from bench_support import NOT_IN_CORE, TRIO_MISSING, UVLOOP_MISSING, run_without
 from aiowheel.bench.contenders import install_hint
 
 TINY = ["--n", "100", "--ops", "200", "--reps", "1"]
+#: With churn or rearm: only the contenders they would have run are news (not
+#: deadline-uvloop, idle's only; not loop-uvloop or call_later-rloop, the loop-* ones').
 SKIP_LINES = {
     f"aiowheel bench: skipping aiowheel-uvloop: {UVLOOP_MISSING}",
     f"aiowheel bench: skipping aiowheel-trio: {TRIO_MISSING}",
     f"aiowheel bench: skipping call_later-uvloop: {UVLOOP_MISSING}",
     f"aiowheel bench: skipping trio-native: {TRIO_MISSING}",
-    f"aiowheel bench: skipping deadline-uvloop: {UVLOOP_MISSING}",
 }
 
 

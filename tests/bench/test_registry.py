@@ -22,6 +22,11 @@ def test_every_workload_in_the_default_order() -> None:
         "memory",
         "idle",
         "timeout",
+        "loop-reschedule",
+        "loop-steps",
+        "loop-timeout",
+        "loop-few",
+        "loop-memory",
     ]
     for name, workload in WORKLOADS.items():
         assert workload.name == name

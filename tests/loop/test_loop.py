@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import aiowheel
-from aiowheel._loop import _WheelTimerHandle
+from aiowheel._loophandle import LoopTimerHandle
 
 BASES = ["asyncio", "uvloop"]
 
@@ -36,9 +36,8 @@ def test_handle_contract(base: str) -> None:
             done.set_result(None)
 
         handle = loop.call_later(0.005, cb, context=ctx)
-        assert isinstance(handle, asyncio.TimerHandle)
-        # get_context() is 3.12+; on 3.11 the handle keeps the same slot
-        assert getattr(handle, "get_context", lambda: handle._context)() is ctx
+        assert isinstance(handle, LoopTimerHandle)  # the wheel's entry itself
+        assert handle.get_context() is ctx
         assert repr(handle).startswith("<TimerHandle when=")
         assert not handle.cancelled()
         await done
@@ -65,7 +64,7 @@ def test_exceptions_go_to_the_loop_handler(base: str) -> None:
         loop.call_later(0.001, boom)
         context = await got
         assert isinstance(context["exception"], ZeroDivisionError)
-        assert isinstance(context["handle"], asyncio.TimerHandle)
+        assert isinstance(context["handle"], LoopTimerHandle)
 
     run_on(base, main)
 
@@ -132,7 +131,7 @@ def test_asyncio_timeouts(base: str) -> None:
 def test_close_drops_pending(base: str) -> None:
     loop = aiowheel.new_event_loop(base=base)
     handle = loop.call_later(100, print)
-    assert isinstance(handle, _WheelTimerHandle)
+    assert isinstance(handle, LoopTimerHandle)
     loop.close()
     assert len(loop._wheel) == 0  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="closed"):

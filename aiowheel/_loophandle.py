@@ -1,0 +1,218 @@
+"""The drop-in loop's timer handle: one object per ``call_at``/``call_later`` timer.
+
+``LoopTimerHandle`` is at once the wheel's entry (a ``WheelEntry``: deadline, bucket,
+links) and the handle ``call_at`` returns, so a pending loop timer costs one object,
+not a handle plus a wheel node (docs/loop.md, "Memory"). A compiled class cannot
+subclass ``asyncio.TimerHandle`` (a pure-Python class) and be a native ``WheelEntry``
+at once, so it implements ``asyncio.TimerHandle``'s contract itself, as uvloop's own
+``TimerHandle`` does: ``when()``, ``cancel()``, ``cancelled()``, ``get_context()``,
+``_run()`` with ``Handle._run``'s rules, ordering, equality and hash as
+``TimerHandle``'s, and the base loop's ``repr``.
+
+Slots are kept to what the contract needs (the memory target is the plain asyncio
+loop's, docs/loop.md): no ``_when`` (the entry's ``_deadline`` is it, unboxed when
+compiled), no ``_scheduled`` (``_bucket is not None``) and no ``_cancelled``: a handle
+is cancelled exactly when ``_args`` is ``None`` (``cancel()`` drops the callback and
+its arguments, as ``Handle.cancel`` does; a live handle's arguments are a tuple).
+
+Who writes what: the loop's ``call_at`` (``_loop.py``) makes the handle, sets
+``_source_traceback`` in debug mode and files it through ``Engine.file_loop`` on the
+wheel of ``loop.timer``'s engine, whose pass (``Engine.run_due``) runs it with
+``_run``; ``cancel()`` unlinks it and tells the engine (``Engine.loop_cancelled``),
+which keeps the counts (``len(loop.timer)``) and the wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.format_helpers as _format_helpers
+from collections.abc import Callable
+from contextvars import Context, copy_context
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+
+from ._wheel import WheelEntry
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+__all__ = ["LoopTimerHandle"]
+
+T = TypeVar("T")
+_EXIT: Final = (SystemExit, KeyboardInterrupt)
+_copy_context: Final = copy_context
+_format_callback_source: Final = _format_helpers._format_callback_source
+_AsyncioTimerHandle: Final = asyncio.TimerHandle
+
+
+class LoopTimerHandle(WheelEntry, Generic[T]):
+    """An ``asyncio.TimerHandle`` look-alike filed on the loop's wheel (it *is* the
+    wheel entry). ``Generic`` only gives the compiled class its ``__weakref__`` slot
+    (as ``_handle.TimerHandle``; setup.py makes it safe)."""
+
+    __slots__ = (
+        "__weakref__",
+        "_args",
+        "_callback",
+        "_context",
+        "_engine",
+        "_repr",
+        "_source_traceback",
+    )
+
+    def __init__(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        engine: Engine,
+        context: Context | None,
+    ) -> None:
+        self._deadline = when
+        self._bucket = None
+        self._prev = self._next = None
+        self._callback: Callable[..., object] | None = callback
+        self._args: tuple[Any, ...] | None = args
+        # The loop's timer engine (loop.timer's), whose wheel holds this handle; the
+        # loop is its ``loop`` (one slot for both: the memory target).
+        self._engine = engine
+        self._context: Context = _copy_context() if context is None else context
+        # Set by the loop in debug mode (it knows which frames are its own).
+        self._source_traceback: Any = None
+        self._repr: str | None = None
+
+    # -- asyncio.TimerHandle's contract ---------------------------------------------------
+
+    def when(self) -> float:
+        """The absolute time, on the loop's clock, the callback is scheduled for."""
+        return self._deadline
+
+    def get_context(self) -> Context:
+        return self._context
+
+    def cancelled(self) -> bool:
+        return self._args is None
+
+    def cancel(self) -> None:
+        """Off the wheel at once (no tombstone), callback and arguments dropped."""
+        if self._args is None:
+            return
+        bucket = self._bucket
+        if bucket is not None:
+            bucket.remove(self)
+            self._engine.loop_cancelled(bucket)
+        if self._loop.get_debug():
+            # As Handle.cancel: keep the callback in the repr of a cancelled handle.
+            self._repr = self._format(True)
+        self._callback = None
+        self._args = None
+
+    @property
+    def _loop(self) -> Any:
+        return self._engine.loop
+
+    @property
+    def _when(self) -> float:
+        return self._deadline
+
+    @property
+    def _cancelled(self) -> bool:
+        return self._args is None
+
+    @property
+    def _scheduled(self) -> bool:
+        return self._bucket is not None
+
+    def _run(self) -> None:
+        """``Handle._run``: the callback in its context; its exception goes to the
+        loop's exception handler, but ``SystemExit``/``KeyboardInterrupt``
+        propagate."""
+        args = self._args
+        if args is None:
+            return  # cancelled
+        callback = self._callback
+        try:
+            if args:
+                self._context.run(callback, *args)  # type: ignore[arg-type]
+            else:
+                self._context.run(callback)  # type: ignore[arg-type]
+        except _EXIT:
+            raise
+        except BaseException as exc:
+            cb = _format_callback_source(callback, args)
+            context: dict[str, Any] = {
+                "message": f"Exception in callback {cb}",
+                "exception": exc,
+                "handle": self,
+            }
+            if self._source_traceback:
+                context["source_traceback"] = self._source_traceback
+            self._loop.call_exception_handler(context)
+
+    # -- as asyncio.TimerHandle: hash, equality, order, repr -------------------------------
+
+    def __hash__(self) -> int:
+        return hash(self._deadline)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LoopTimerHandle):
+            return (
+                self._deadline == other._deadline
+                and self._callback == other._callback
+                and self._args == other._args
+            )
+        if isinstance(other, _AsyncioTimerHandle):
+            theirs: Any = other
+            return bool(
+                self._deadline == theirs._when
+                and self._callback == theirs._callback
+                and self._args == theirs._args
+                and (self._args is None) == theirs._cancelled
+            )
+        return NotImplemented
+
+    def __lt__(self, other: object) -> bool:
+        return self._deadline < _when_of(other)
+
+    def __le__(self, other: object) -> bool:
+        if isinstance(other, (LoopTimerHandle, _AsyncioTimerHandle)):
+            return self._deadline < _when_of(other) or self == other
+        return NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        return self._deadline > _when_of(other)
+
+    def __ge__(self, other: object) -> bool:
+        if isinstance(other, (LoopTimerHandle, _AsyncioTimerHandle)):
+            return self._deadline > _when_of(other) or self == other
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        cached = self._repr
+        if cached is not None:
+            return cached
+        return self._format(self._args is None)
+
+    def _format(self, cancelled: bool) -> str:
+        # TimerHandle._repr_info: name, "cancelled", when=..., the callback, where made.
+        info = ["TimerHandle"]
+        if cancelled:
+            info.append("cancelled")
+        info.append(f"when={self._deadline}")
+        callback = self._callback
+        if callback is not None:
+            info.append(_format_callback_source(callback, self._args or ()))
+        trace = self._source_traceback
+        if trace:
+            frame = trace[-1]
+            info.append(f"created at {frame[0]}:{frame[1]}")
+        return "<{}>".format(" ".join(info))
+
+
+def _when_of(other: object) -> float:
+    # The comparisons return NotImplemented for a non-handle in asyncio; a TypeError
+    # from the interpreter is what that ends as, so raise it here directly.
+    if isinstance(other, LoopTimerHandle):
+        return other._deadline
+    if isinstance(other, _AsyncioTimerHandle):
+        return other.when()
+    raise TypeError(f"cannot compare a TimerHandle with {type(other).__name__!r}")

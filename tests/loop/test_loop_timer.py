@@ -1,0 +1,446 @@
+"""The drop-in loop's handles (one object per timer) and ``loop.timer`` (docs/loop.md).
+
+On both bases. No sleeps: each test awaits the event it checks (a future a callback
+completes), and orders within one pass are made deterministic by a coarse tick that
+puts every deadline in one bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import re
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+import aiowheel
+from aiowheel import Purgatory
+from aiowheel._loophandle import LoopTimerHandle
+from aiowheel.middleware import get_shared_timer, shared_timer
+from aiowheel.middleware._shared import has_shared_timer
+
+BASES = ["asyncio", "uvloop"]
+
+
+def run_on(base: str, main: Callable[[], Coroutine[Any, Any, Any]], tick: float = 0.001) -> Any:
+    loop = aiowheel.new_event_loop(base=base, tick=tick)
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def check(loop: asyncio.AbstractEventLoop) -> None:
+    """The engine's counters and the wheel's invariants, between passes."""
+    loop._engine.check()  # type: ignore[attr-defined]
+
+
+def cb(*args: object) -> None:
+    pass
+
+
+# -- the handle's contract -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_handle_is_the_wheel_entry(base: str) -> None:
+    loop: Any = aiowheel.new_event_loop(base=base)
+    try:
+        handle = loop.call_later(10, cb, 1)
+        assert type(handle) is LoopTimerHandle
+        assert handle._bucket is not None
+        assert handle._scheduled
+        assert handle.when() == handle._when == handle._deadline
+        assert not handle.cancelled()
+        assert not handle._cancelled
+        assert handle._loop is loop
+        ref = weakref.ref(handle)
+        assert len(loop.timer) == 1
+        handle.cancel()
+        assert handle.cancelled()
+        assert not handle._scheduled
+        assert handle._bucket is None
+        assert len(loop.timer) == 0  # off the wheel at once
+        handle.cancel()  # idempotent
+        assert len(loop.timer) == 0
+        del handle
+        gc.collect()
+        assert ref() is None
+        check(loop)
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_repr_as_the_base_loop(base: str) -> None:
+    loop: Any = aiowheel.new_event_loop(base=base)
+    plain = asyncio.SelectorEventLoop()
+    try:
+        handle = loop.call_at(1000.5, cb, 1, "x")
+        reference = asyncio.TimerHandle(1000.5, cb, (1, "x"), plain)
+        assert repr(handle) == repr(reference)
+        assert re.fullmatch(r"<TimerHandle when=1000\.5 cb\(1, 'x'\) at .*:\d+>", repr(handle))
+        handle.cancel()
+        reference.cancel()
+        assert repr(handle) == repr(reference) == "<TimerHandle cancelled when=1000.5>"
+        # Debug mode: the cancelled repr keeps the callback, and where it was made.
+        loop.set_debug(True)
+        plain.set_debug(True)
+        handle = loop.call_at(1000.5, cb)
+        assert handle._source_traceback[-1].name == "test_repr_as_the_base_loop"
+        handle.cancel()
+        assert repr(handle).startswith("<TimerHandle cancelled when=1000.5 cb() at ")
+        assert "created at " in repr(handle)
+        assert __file__ in repr(handle)
+        later = loop.call_later(5, cb)
+        assert later._source_traceback[-1].name == "test_repr_as_the_base_loop"
+        later.cancel()
+    finally:
+        loop.close()
+        plain.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_order_equality_hash(base: str) -> None:
+    loop: Any = aiowheel.new_event_loop(base=base)
+    plain = asyncio.SelectorEventLoop()
+    try:
+        a = loop.call_at(100.0, cb)
+        b = loop.call_at(200.0, cb)
+        same = loop.call_at(100.0, cb)
+        assert a < b
+        assert b > a
+        assert a <= same
+        assert a >= same
+        assert not a < same
+        assert a == same
+        assert a != b
+        assert hash(a) == hash(same) == hash(100.0)
+        theirs = asyncio.TimerHandle(100.0, cb, (), plain)
+        assert a == theirs
+        assert a <= theirs
+        assert b > theirs
+        assert sorted([b, a]) == [a, b]
+        assert (a == object()) is False
+        with pytest.raises(TypeError):
+            a < 1  # noqa: B015
+        same.cancel()
+        assert a != same
+    finally:
+        loop.close()
+        plain.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_context_and_exceptions_as_handle_run(base: str) -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="outer")
+    seen: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: seen.append(context))
+        ctx = contextvars.copy_context()
+        ctx.run(var.set, "inner")
+        got = loop.create_future()
+        handle = loop.call_later(0, lambda: got.set_result(var.get()), context=ctx)
+        assert handle.get_context() is ctx
+        assert await got == "inner"
+
+        def boom(x: int) -> None:
+            raise ZeroDivisionError(x)
+
+        failing = loop.call_later(0, boom, 7)
+        done = loop.create_future()
+        loop.call_later(0.001, done.set_result, None)
+        await done
+        assert len(seen) == 1
+        context = seen[0]
+        assert set(context) == {"message", "exception", "handle"}
+        assert context["handle"] is failing
+        assert isinstance(context["exception"], ZeroDivisionError)
+        assert re.fullmatch(r"Exception in callback .*boom\(7\) at .*:\d+", context["message"])
+
+    run_on(base, main)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_keyboard_interrupt_propagates_and_the_rest_still_runs(base: str) -> None:
+    loop: Any = aiowheel.new_event_loop(base=base, tick=0.05)
+    try:
+        fired: list[str] = []
+
+        def stop() -> None:
+            raise KeyboardInterrupt
+
+        when = loop.time() + 0.01
+        loop.call_at(when, fired.append, "a")
+        loop.call_at(when + 0.001, stop)
+        loop.call_at(when + 0.002, fired.append, "b")
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_forever()
+        if base == "asyncio":
+            assert fired == ["a"]
+            assert len(loop.timer) == 1  # "b" is still pending, filed again
+        # (uvloop raises it at the end of its loop iteration, as it does for its own
+        # timers: "b", filed again, may already have run.)
+        check(loop)
+        loop.call_at(when + 0.003, loop.stop)
+        loop.run_forever()
+        assert fired == ["a", "b"]
+        check(loop)
+    finally:
+        loop.close()
+
+
+# -- when: never early, one pass in when order ----------------------------------------
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_same_pass_in_when_order_ties_in_scheduling_order(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        fired: list[int] = []
+        early: list[int] = []
+        now = loop.time()
+        # A 50 ms tick: all of them land in one bucket, filed out of order.
+        offsets = [0.004, 0.001, 0.003, 0.001, 0.002, 0.004, 0.0015]
+        whens = [now + d for d in offsets]
+        done = loop.create_future()
+
+        def fire(i: int) -> None:
+            if loop.time() < whens[i]:
+                early.append(i)
+            fired.append(i)
+            if len(fired) == len(whens):
+                done.set_result(None)
+
+        for i, when in enumerate(whens):
+            loop.call_at(when, fire, i)
+        # A Timer's handle in the same pass goes in when order too.
+        loop.timer.schedule_at_nowait(now + 0.0025, fired.append, 99)
+        await done
+        assert early == []
+        expected = sorted(
+            [*range(len(whens)), 99], key=lambda i: (whens[i] if i < 99 else now + 0.0025, i)
+        )
+        assert fired == expected
+        check(loop)
+
+    run_on(base, main, tick=0.05)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_never_early_across_many_deadlines(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        early: list[float] = []
+        count = 200
+        done = loop.create_future()
+        left = [count]
+
+        def fire(when: float) -> None:
+            if loop.time() < when:
+                early.append(when - loop.time())
+            left[0] -= 1
+            if not left[0]:
+                done.set_result(None)
+
+        now = loop.time()
+        for i in range(count):
+            when = now + (i * 37 % 97) * 0.0003
+            loop.call_at(when, fire, when)
+        await done
+        assert early == []
+        assert len(loop.timer) == 0
+        check(loop)
+
+    run_on(base, main)
+
+
+# -- loop.timer -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_loop_timer_lifecycle(base: str) -> None:
+    loop: Any = aiowheel.new_event_loop(base=base)
+    timer = loop.timer
+    assert isinstance(timer, aiowheel.Timer)
+    # Started with the loop: before its first callback.
+    assert not timer.closed
+    assert timer.backend == base
+    seen: list[object] = []
+
+    async def first() -> None:
+        seen.append(len(timer))
+        h = timer.schedule_nowait(0, seen.append, "timer")
+        assert h.pending()
+        await h.wait()
+        loop.call_later(100, cb)
+        timer.schedule_nowait(100, cb)
+        assert len(timer) == 2  # call_later's timers count
+        with pytest.raises(RuntimeError, match=r"loop\.close\(\)"):
+            await timer.aclose()
+
+    loop.run_until_complete(first())
+    assert seen == [0, "timer"]
+    pending = loop.call_later(50, cb)
+    assert len(timer) == 3
+    check(loop)
+    loop.close()
+    assert timer.closed
+    assert len(timer) == 0
+    assert pending._bucket is None
+    assert not pending.cancelled()
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.call_later(1, cb)
+    loop.close()  # idempotent
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_loop_timer_reset_and_every(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        timer = loop.timer
+        ticks: list[float] = []
+        done = loop.create_future()
+
+        def tick() -> None:
+            ticks.append(loop.time())
+            if len(ticks) == 3:
+                periodic.cancel()
+                done.set_result(None)
+
+        with timer.timeout(10):
+            await asyncio.sleep(0)
+        periodic = timer.every(0.002, tick)
+        h = timer.schedule_nowait(100, cb)
+        h.reset(0)
+        await h.wait()
+        await done
+        assert ticks == sorted(ticks)
+        check(loop)
+
+    run_on(base, main)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_middleware_and_purgatory_use_loop_timer(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        assert has_shared_timer()
+        assert await get_shared_timer() is loop.timer
+        async with shared_timer() as timer:
+            assert timer is loop.timer
+        assert not loop.timer.closed  # the block only registered it
+        assert await get_shared_timer() is loop.timer
+        purgatory = Purgatory(loop.timer)
+        assert purgatory.timer is loop.timer
+
+    run_on(base, main)
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def test_bad_base_and_tick() -> None:
+    with pytest.raises(ValueError, match="base"):
+        aiowheel.new_event_loop(base="tokio")
+    for tick in (0, -1, math.nan, math.inf, 1e9):
+        with pytest.raises(ValueError, match="tick"):
+            aiowheel.new_event_loop(tick=tick)
+    with pytest.raises(TypeError):
+        aiowheel.new_event_loop(tick="1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_nan_and_infinite_when_never_reach_the_wheel(base: str) -> None:
+    loop: Any = aiowheel.new_event_loop(base=base)
+    try:
+        for when in (math.nan, math.inf, -math.inf):
+            try:
+                handle = loop.call_at(when, cb)
+            except (ValueError, OverflowError):
+                continue  # the base loop refuses it
+            assert not isinstance(handle, LoopTimerHandle)
+            handle.cancel()
+        assert len(loop.timer) == 0
+        loop.call_later(1e300, cb).cancel()  # finite and huge: on the wheel, then off
+        assert len(loop.timer) == 0
+        check(loop)
+    finally:
+        loop.close()
+
+
+def test_wheel_in_order_merges_the_buckets_of_one_pass() -> None:
+    from aiowheel._wheel import Wheel, WheelEntry
+
+    wheel = Wheel(0.01, 4, 0.0)
+    deadlines = [0.035, 0.001, 0.2, 0.009, 0.0351, 0.15, 0.002, 0.2]
+    entries = [WheelEntry() for _ in deadlines]
+    for entry, deadline in zip(entries, deadlines, strict=True):
+        wheel.insert(entry, deadline)
+    late = WheelEntry()
+    wheel.insert_due(late, 0.0005)  # filed as due: merged by deadline
+    buckets = wheel.in_order(wheel.advance(1.0))
+    got = [entry for bucket in buckets for entry in bucket]
+    assert [e._deadline for e in got] == sorted([*deadlines, 0.0005])
+    # ties keep the order they were filed in
+    assert got.index(entries[2]) < got.index(entries[7])
+    for bucket in buckets:
+        while bucket.pop_first() is not None:
+            pass
+    wheel.release()
+    wheel._check()
+    assert len(wheel) == 0
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_loop_timer_belongs_to_the_thread_that_runs_the_loop(base: str) -> None:
+    import threading
+
+    loop: Any = aiowheel.new_event_loop(base=base)  # made here, run in another thread
+    seen: list[object] = []
+
+    async def main() -> None:
+        handle = loop.timer.schedule_nowait(0, seen.append, "ran")
+        await handle.wait()
+
+    def run() -> None:
+        loop.run_until_complete(main())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    loop.close()
+    assert seen == ["ran"]
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_mode_exception_context_has_the_source_traceback(base: str) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)
+        loop.set_exception_handler(lambda _loop, context: seen.append(context))
+
+        def cancelled() -> None:
+            raise asyncio.CancelledError  # a BaseException: the handler gets it too
+
+        handle = loop.call_later(0, cancelled)
+        done = loop.create_future()
+        loop.call_later(0.001, done.set_result, None)
+        await done
+        assert [c["handle"] for c in seen] == [handle]
+        context = seen[0]
+        assert set(context) == {"message", "exception", "handle", "source_traceback"}
+        assert isinstance(context["exception"], asyncio.CancelledError)
+        assert context["source_traceback"][-1].name == "main"
+
+    run_on(base, main)
