@@ -57,6 +57,7 @@ MODULES: tuple[str, ...] = (
     "_timeout",
     "_purgatory",
     "_loophandle",
+    "_tracing",
 )
 
 #: The environment variable that forces the pure-Python core (at build and at import).

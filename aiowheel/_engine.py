@@ -14,8 +14,9 @@ everything that happens once a timer is filed (docs/design.md, "Module map"):
   place where the pass calls one (but ``run_due``'s inline copy, tagged, for a plain
   callback on an untraced timer), next to ``callback_failed``, where its exception
   rules live (``WorkerPool._run`` applies the same rules to jobs);
-* the drain wake-up (the waiting tasks are ``Waiters``', ``_waiters.py``), tracing,
-  and closing (``close``; ``break_`` when the wheel itself raised).
+* the drain wake-up (the waiting tasks are ``Waiters``', ``_waiters.py``), and
+  closing (``close``; ``break_`` when the wheel itself raised). Tracing is
+  ``_tracing.py``'s: the engine calls its ``Tracer`` where a traced timer ends.
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
 plain method; the owner builds the pool (which may need one) and assigns ``pool``.
@@ -23,8 +24,8 @@ plain method; the owner builds the pool (which may need one) and assigns ``pool`
 The rules copied into hot paths (``Timer.schedule_nowait``, ``Timer._cancel``, the
 handle's inline ``reset``) are named here once; each inline copy is tagged with the
 name of its rule: *arm-if-earlier* (``arm_if_earlier``), *admission* (``admit``), the
-*drain wake-up* (``pending_fell``), *lateness* (``note_lateness``), the *trace row*
-(``write_row``), the *cancel* (``cancel``), the *lazy extend* (``Wheel.extend``), the
+*drain wake-up* (``pending_fell``), *lateness* (``note_lateness``), the *cancel*
+(``cancel``), the *lazy extend* (``Wheel.extend``), the
 *owner check* (``Affinity.here``, ``_affinity.py``), *closed while filing*
 (``closed_while_filing``) and *run one* (``run_one``).
 
@@ -62,6 +63,7 @@ from ._handle import (
 from ._loophandle import LoopTimerHandle
 from ._periodic import Periodics
 from ._timeout import Guard
+from ._tracing import Tracer
 from ._waiters import Waiters
 from ._wheel import Bucket, Wheel, WheelEntry, deadline_of
 
@@ -113,8 +115,8 @@ class Engine:
         self.stopped = anyio.Event()
         self.limit = limit
         self.on_error = on_error
-        # The recorder rows are written to, until a record() raises (recorder_failed).
-        self.tracing = tracing
+        # The trace (``_tracing.py``): which timers it keeps, and their rows.
+        self.tracing: Tracer | None = Tracer(tracing, self.clock) if tracing is not None else None
         # What the owner does when the engine closes (stop accepting), and the error a
         # call on the closed engine raises.
         self._on_close = on_close
@@ -138,14 +140,14 @@ class Engine:
         self.failed = 0
         self.lateness_max = 0.0
         self.wakeups = 0
-        self.last_id = 0  # trace rows number the timers from 1
 
         # The tasks waiting on handles, for room and for the drain.
         self.waiters = Waiters(self)
         # True whenever a cancel must do more than count: someone may be waiting (on
-        # the handle, for room, for the drain), or there is a recorder. Set on every
-        # registration, recomputed lazily, so that cancel() checks one attribute.
-        self.notify_cancel = tracing is not None
+        # the handle, for room, for the drain). Set on every registration, recomputed
+        # lazily, so that cancel() checks one attribute. (A traced handle writes its
+        # row itself: TracedHandle.cancel.)
+        self.notify_cancel = False
         self.periodics = Periodics(self)
         # The handles an internal error cancelled (see break_): their wait() says why.
         self.stranded: set[TimerHandle[Any]] = set()
@@ -184,64 +186,19 @@ class Engine:
         if lateness > self.lateness_max:
             self.lateness_max = lateness
 
-    def write_row(
-        self,
-        row_id: int,
-        label: str | None,
-        scheduled_at: float,
-        deadline: float,
-        level: int,
-        fired_at: float | None,
-        cancelled_at: float | None,
-    ) -> None:
-        """The trace row: one per timer when it ends. A recorder only observes, so its
-        failure stops tracing (recorder_failed) and costs no timer anything."""
-        recorder = self.tracing
-        if recorder is not None:
-            try:
-                recorder.record(
-                    row_id, label, scheduled_at, deadline, level, fired_at, cancelled_at
-                )
-            except _EXIT:
-                raise
-            except BaseException as exc:
-                self.recorder_failed(exc)
-
-    def trace(
-        self, handle: TracedHandle[Any], fired_at: float | None, cancelled_at: float | None
-    ) -> None:
-        self.write_row(
-            handle._id,
-            handle._label,
-            handle._scheduled_at,
-            handle._deadline,
-            handle._level,
-            fired_at,
-            cancelled_at,
-        )
-
-    def recorder_failed(self, exc: BaseException) -> None:
-        # A recorder's failure must cost no timer anything (a raise out of the pass
-        # used to re-file the rest, so one timer fired per pass; out of cancel() or
-        # aclose() it reached the caller, and aclose() left waiters unsettled). So
-        # tracing stops here with one error logged, not one per row, and aclose()
-        # still closes the recorder.
-        if self.tracing is None:
-            return
-        self.tracing = None
-        logger.error(
-            "aiowheel: the trace recorder failed; this timer records no more rows",
-            exc_info=exc,
-        )
-
     # -- filing ---------------------------------------------------------------------
 
     def stamp(self, handle: TracedHandle[Any], label: str | None, now: float) -> None:
-        # What a trace row reads of a new handle, but its level (file sets it, and
-        # move sets scheduled_at again for each later period of the same handle).
+        # A new periodic handle: its label, and whether the trace keeps it (then what
+        # its rows read, but its level: file sets it, and each later period sets
+        # scheduled_at again).
+        tracing = self.tracing
+        if tracing is not None and tracing.pick():
+            tracing.adopt(handle, label, now)
+            return
         handle._label = label
         handle._scheduled_at = now
-        self.last_id = handle._id = self.last_id + 1
+        handle._id = 0
 
     def file(self, handle: TimerHandle[Any], deadline: float, due: bool, *, new: bool) -> None:
         """File a handle that is in no bucket, count it if it is a new pending timer,
@@ -336,12 +293,14 @@ class Engine:
         self.cancelled += 1
         if bucket._first is None or previous is not _PENDING or self.notify_cancel:
             self.after_cancel(handle, bucket, previous)
+        if isinstance(handle, TracedHandle) and handle._tracer is not None:
+            handle._tracer.cancelled_now(handle)  # as TracedHandle.cancel does
         return True
 
     def after_cancel(self, handle: TimerHandle[Any], bucket: Bucket, previous: Any) -> None:
         """The rare part of a cancel: the bucket the driver waits for emptied, an async
-        callback queued for a worker (its coroutine must be closed), someone waiting,
-        or a trace row to write."""
+        callback queued for a worker (its coroutine must be closed), or someone
+        waiting."""
         queue: object = self.pool.queue  # also a handle's container (a RunQueue)
         if bucket is queue:
             pass  # its awaitable is closed last, below (user code)
@@ -352,12 +311,10 @@ class Engine:
             # per loop iteration (still before any timer of that iteration): a loop of
             # schedule + cancel on an otherwise idle timer re-arms once, not each time.
             self.driver.recheck(self.sync_wakeup_unless_passing)
-        if self.tracing is not None and isinstance(handle, TracedHandle):
-            self.trace(handle, None, self.clock())
         if self.waiters.handles:
             self.waiters.settle(handle, _CANCELLED)
         self.pending_fell()
-        self.notify_cancel = self.tracing is not None or self.waiters.any()
+        self.notify_cancel = self.waiters.any()
         if bucket is queue:
             # A coroutine's close() runs its finally blocks: user code, which may
             # re-arm the handle; the cancel is complete by now.
@@ -433,9 +390,11 @@ class Engine:
         fired = 0
         lateness_max = self.lateness_max
         index = 0
-        # Untraced (for the whole pass: tracing only ever stops), each handle runs in
-        # the inline copy of run_one below: a call per callback is a tenth of its cost.
-        inline = self.tracing is None
+        # A handle without a trace row to write runs in the inline copy of run_one
+        # below (a call per callback is a tenth of its cost): every handle of an
+        # untraced timer (for the whole pass: tracing only ever stops), and on a
+        # sampled one the handles the sample left plain.
+        traced = self.tracing is not None
         # Declared here so that `finally` can drop them: a stored exception's traceback
         # keeps this frame alive, and the frame must not keep the last handle alive.
         handle: TimerHandle[Any] | None = None
@@ -462,7 +421,7 @@ class Engine:
                     lateness = now - handle._deadline  # inline copy of note_lateness
                     if lateness > lateness_max:
                         lateness_max = lateness
-                    if not inline:
+                    if traced and isinstance(handle, TracedHandle):
                         self.run_one(handle, now)
                         continue
                     # Inline copy of run_one (the *run one* rule), but the trace row.
@@ -498,18 +457,17 @@ class Engine:
         only place where the pass calls a callback (``run_due`` keeps an inline copy,
         tagged, for an untraced timer). A callback that returns an awaitable is queued
         for a worker, still pending; its exceptions go to ``callback_failed``."""
-        recorder = self.tracing
-        traced: TracedHandle[Any] | None = None
-        if recorder is not None:
-            # The trace row describes this firing: read it before the callback runs,
-            # since a callback may re-arm its own handle. (A traced timer files only
-            # traced handles.)
-            traced = cast("TracedHandle[Any]", handle)
-            row_id = traced._id
-            row_label = traced._label
-            row_scheduled_at = traced._scheduled_at
-            row_deadline = traced._deadline
-            row_level = traced._level
+        tracer: Tracer | None = None
+        if self.tracing is not None and isinstance(handle, TracedHandle):
+            tracer = handle._tracer
+            if tracer is not None:
+                # The trace row describes this firing: read it before the callback
+                # runs, since a callback may re-arm its own handle.
+                row_id = handle._id
+                row_label = handle._label
+                row_scheduled_at = handle._scheduled_at
+                row_deadline = handle._deadline
+                row_level = handle._level
         args = handle._args
         outcome: Any = None
         result: Any = None
@@ -532,16 +490,14 @@ class Engine:
                     handle._result = result
             if self.waiters.handles:
                 self.waiters.settle(handle, outcome)
-            if recorder is not None:
-                self.write_row(
-                    row_id, row_label, row_scheduled_at, row_deadline, row_level, now, None
-                )
+            if tracer is not None:
+                tracer.fired(row_id, row_label, row_scheduled_at, row_deadline, row_level, now)
         finally:
             # A stored exception's traceback keeps this frame alive (the callback's
             # frame links back to it), and the frame must not keep the handle, its
             # arguments or its outcome alive with it (pure Python; compiled functions
             # have no frame).
-            traced = outcome = result = None
+            tracer = outcome = result = None
             del handle, args
 
     def callback_failed(self, handle: TimerHandle[Any], exc: BaseException) -> _Failure:
@@ -648,8 +604,8 @@ class Engine:
             self.periodics.begin(handle)
         now = self.clock()
         self.note_lateness(handle, now)
-        if isinstance(handle, TracedHandle):
-            self.trace(handle, now, None)
+        if isinstance(handle, TracedHandle) and handle._tracer is not None:
+            handle._tracer.fired_handle(handle, now)
         if self.waiters.room:
             self.waiters.wake_room()
 
@@ -737,11 +693,14 @@ class Engine:
             handle._result = outcome
             self.waiters.settle(handle, outcome)
         # The trace rows last: everything above is settled whatever a recorder raises
-        # (even SystemExit, which write_row lets through).
+        # (even SystemExit, which the tracer lets through); then the last batch goes
+        # to the recorder, which aclose() closes next.
         try:
             for handle in handles:
-                if isinstance(handle, TracedHandle):
-                    self.trace(handle, None, now)
+                if isinstance(handle, TracedHandle) and handle._tracer is not None:
+                    handle._tracer.cancelled(handle, now)
+            if self.tracing is not None:
+                self.tracing.close()
         finally:
             for old in olds:
                 close_awaitable(old)

@@ -59,6 +59,7 @@ from ._wheel import WheelEntry
 
 if TYPE_CHECKING:
     from ._timer import Timer
+    from ._tracing import Tracer
 
 __all__ = ["PeriodicHandle", "TimerHandle", "to_seconds"]
 
@@ -306,22 +307,41 @@ class TimerHandle(WheelEntry, Generic[T]):
 class TracedHandle(TimerHandle[T]):
     """A handle that carries what a trace row needs.
 
-    A timer with a trace recorder creates only these (and ``PeriodicHandle``, one of
-    them); a timer without one creates them for ``every()`` alone, so its one-shot
-    handles pay nothing for tracing.
+    A timer with a trace recorder creates these for the timers its trace keeps (every
+    one, or one in ``every`` when the recorder samples: ``_tracing.Tracer.pick``), and
+    plain ``TimerHandle`` for the others, which pay nothing for tracing. Every
+    ``PeriodicHandle`` is one of these, traced or not (``_tracer`` None when not).
     """
 
-    __slots__ = ("_id", "_label", "_level", "_scheduled_at")
+    __slots__ = ("_id", "_label", "_level", "_scheduled_at", "_tracer")
 
     _id: int
     _label: str | None
     _level: int
     _scheduled_at: float
+    # The trace that records this handle's rows; None: not traced.
+    _tracer: Tracer | None
+
+    def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        super().__init__(timer, callback, args)
+        self._tracer = None
+        self._level = -1
 
     @property
     def label(self) -> str | None:
         """The label given at schedule time, written to the trace."""
         return self._label
+
+    def cancel(self) -> bool:
+        """Stop the timer (``TimerHandle.cancel``); a traced timer's row says when."""
+        if self._bucket is None:
+            return False
+        if not self._timer._cancel(self):
+            return False  # pragma: no cover - a pending handle's cancel succeeds
+        tracer = self._tracer
+        if tracer is not None:
+            tracer.cancelled_now(self)
+        return True
 
 
 class PeriodicHandle(TracedHandle[Any]):

@@ -105,6 +105,7 @@ from ._handle import (
     to_seconds,
 )
 from ._timeout import Timeout
+from ._tracing import sample_every
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
@@ -202,7 +203,10 @@ class Timer:
         itself raises is logged there too, and the timer goes on. It is a plain
         function (an ``async def`` one is refused: the pass never awaits).
     :param recorder: a trace recorder (``aiowheel.trace.ParquetRecorder``) that gets one
-        row per timer when it ends; a timer without one pays nothing for tracing.
+        row per timer when it ends; a timer without one pays nothing for tracing. A
+        recorder with ``every=k`` samples: one timer in k is traced (the 1st, the
+        k+1-th...), the others pay nothing either (``TypeError``/``ValueError`` here
+        when ``every`` is not an int of at least 1).
     """
 
     def __init__(
@@ -225,6 +229,8 @@ class Timer:
             raise TypeError(f"on_error must be callable, got {on_error!r}")
         if inspect.iscoroutinefunction(on_error):
             raise TypeError(f"on_error is an async function; {ASYNC_ON_ERROR}")
+        if recorder is not None:
+            sample_every(recorder)  # a bad sampling rate fails here, not at the start
         self._tick = tick_
         self._wheel_size = size
         self._limit = limit
@@ -574,7 +580,7 @@ class Timer:
         if live.pending >= self._limit:  # inline copy of admission (Engine.admit)
             raise full(live.pending, self._limit)
         now = live.clock()
-        if live.tracing is not None:
+        if live.tracing is not None and live.tracing.pick():
             return self._add_traced(live, now + seconds_, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         if seconds_ > 0:
@@ -622,7 +628,7 @@ class Timer:
         check_callable(callback)
         live.admit()
         now = live.clock()
-        if live.tracing is not None:
+        if live.tracing is not None and live.tracing.pick():
             return self._add_traced(live, deadline, now, callback, args, label)
         handle: TimerHandle[Any] = TimerHandle(self, callback, args)
         live.file(handle, deadline, deadline <= now, new=True)
@@ -706,9 +712,11 @@ class Timer:
         args: tuple[Any, ...],
         label: str | None,
     ) -> TimerHandle[Any]:
-        # Timers with a recorder get handles that carry what a trace row needs.
+        # A timer the trace keeps (Tracer.pick) gets a handle that carries what its
+        # rows need; the others are plain handles.
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
-        live.stamp(handle, label, now)
+        assert live.tracing is not None
+        live.tracing.adopt(handle, label, now)
         live.file(handle, deadline, deadline <= now, new=True)
         return handle
 

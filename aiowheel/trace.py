@@ -12,12 +12,29 @@ and analyse the files with ``aiowheel report traces/ --out report/`` (see
 docs/analytics.md). ``recording(path, **kw)`` is the same as
 ``ParquetRecorder(path, **kw)``.
 
+Sampling for production: ``ParquetRecorder(path, every=k)`` traces one timer in k,
+chosen when it is scheduled (the 1st, the k+1-th...); the others are plain handles
+that pay nothing for tracing. The rate is in the file's footer (``SAMPLE_EVERY_KEY``)
+and ``aiowheel report`` states it.
+
 How the work is split, so that the event loop never waits for the disk:
 
-* ``record()`` runs on the event loop, once per timer. It packs the row's numbers
-  into the next 48-byte slot of a preallocated buffer (one ``struct.pack_into``: no
-  Python object outlives the call), puts the label in a preallocated list and, when
-  the chunk is full, hands the chunk to a bounded queue. That is all it does.
+* A timer does not call ``record()``: its compiled core (``aiowheel._tracing``)
+  stores each row in six preallocated column lists and, every ``batch_rows`` rows,
+  hands them whole to ``take_columns()``, which queues them (or drops and counts
+  them when the queue is full) and hands back written lists to fill again. The
+  writer packs each number column with one ``struct.pack`` (about 10 ns per value,
+  holding the GIL), views the buffers as Arrow arrays, and empties the lists before
+  handing them back (so the loop never frees a cold value). Measured with
+  ``aiowheel bench -c aiowheel-asyncio,aiowheel-asyncio-traced`` and in CPU time
+  (docs/analytics.md, "Benchmarks of the pipeline itself"): the event loop's cost
+  per traced timer is about half of what one ``record()`` call per row cost.
+* ``record()`` (the protocol's call, for rows from elsewhere: the benchmarks'
+  ``call_later`` and trio baselines) runs on the event loop, once per timer. It
+  packs the row's numbers into the next 48-byte slot of a preallocated buffer (one
+  ``struct.pack_into``: no Python object outlives the call), puts the label in a
+  preallocated list and, when the chunk is full, hands the chunk to a bounded
+  queue. That is all it does.
 * A writer thread takes chunks off the queue and turns each into an Arrow record
   batch (one row group) without going through Python objects: the buffer is viewed
   as Arrow arrays and the columns are taken out of it by Arrow's own kernels; only
@@ -77,11 +94,13 @@ __all__ = [
     "DROPPED_ROWS_KEY",
     "NULLABLE_COLUMNS",
     "RUN_ID_KEY",
+    "SAMPLE_EVERY_KEY",
     "TRACE_COLUMNS",
     "ParquetRecorder",
     "TraceRecorder",
     "dropped_rows",
     "recording",
+    "sample_every",
     "trace_schema",
 ]
 
@@ -93,6 +112,24 @@ logger = logging.getLogger("aiowheel.trace")
 DROPPED_ROWS_KEY: Final = "aiowheel.dropped_rows"
 #: Key, in the same footer metadata, of the run the dropped rows belong to.
 RUN_ID_KEY: Final = "aiowheel.run_id"
+#: Key, in the same footer metadata, of the sampling rate. The trace keeps one timer
+#: in this many (``ParquetRecorder(path, every=k)``), "1" when it kept every timer.
+#: A trace without the key was written before sampling existed, and kept every timer.
+SAMPLE_EVERY_KEY: Final = "aiowheel.sample_every"
+
+
+def sample_every(metadata: dict[bytes, bytes] | None) -> int:
+    """How many timers the trace keeps one of, read from a trace file's footer
+    metadata (``pyarrow``'s ``FileMetaData.metadata``): 1 when the file does not say
+    (written before sampling existed, or not by ``ParquetRecorder``)."""
+    raw = (metadata or {}).get(SAMPLE_EVERY_KEY.encode())
+    if raw is None:
+        return 1
+    try:
+        every = int(raw)
+    except ValueError:
+        return 1
+    return every if every >= 1 else 1
 
 
 def dropped_rows(metadata: dict[bytes, bytes] | None) -> int | None:
@@ -115,6 +152,11 @@ class TraceRecorder(Protocol):
 
     The timer calls ``record`` on the event loop, so it must not block; an exception
     from it is logged and the timer goes on.
+
+    A recorder may also have an ``every`` attribute, an int of at least 1: the timer
+    then traces one timer in ``every`` (the 1st, the ``every + 1``-th... in the order
+    they are scheduled) and calls ``record`` for those only; the others are plain
+    handles that cost nothing. ``ParquetRecorder(path, every=k)`` has one.
     """
 
     def open(self, *, backend: str, clock: float) -> None:
@@ -209,8 +251,13 @@ _DOUBLE_COLUMNS: Final = ("scheduled_at", "deadline", "fired_at", "cancelled_at"
 _STATISTICS_COLUMNS: Final = ("timer_id", "scheduled_at", "deadline")
 _STOP: Final = None  # the writer thread's end-of-input marker
 
-#: A chunk handed to the writer: its buffer (``_ROW`` slots), its labels, its row count.
+#: A chunk handed to the writer by ``record()``: its buffer (``_ROW`` slots), its
+#: labels, its row count.
 _Chunk = tuple[bytearray, list[Any], int]
+#: A batch handed to the writer by a timer (``take_columns``): six lists (timer ids,
+#: labels, scheduled_at, deadline, end time, ``2 * (level + 1) + fired``) and the
+#: count of rows filled.
+_Columns = tuple[list[list[Any]], int]
 
 
 class ParquetRecorder:
@@ -223,7 +270,17 @@ class ParquetRecorder:
     timers (``"aiowheel"``; benchmarks record their ``call_later`` baselines under
     other names). ``batch_rows``: rows per batch handed to the writer thread (and per
     Parquet row group). ``max_queued_batches``: batches waiting for the writer before
-    new ones are dropped. ``compression``: Parquet codec.
+    new ones are dropped. ``compression``: Parquet codec. ``every``: trace one timer in
+    this many, for production (see below); 1, the default, traces every timer.
+
+    Sampling: with ``every=k`` the timer traces the 1st timer scheduled, the
+    ``k + 1``-th, the ``2k + 1``-th... (``every()`` timers count as one each, traced or
+    not for their whole life); the others are plain handles and pay nothing for
+    tracing. A sampled timer's ``timer_id`` is its number in that order, so the ids
+    also say how many timers the run scheduled. The rate goes into the file's footer
+    (``SAMPLE_EVERY_KEY``), and ``aiowheel report`` states it: counts and rates in a
+    sampled trace are about ``1/k`` of the run's, lateness and lifetimes are those of
+    the sample.
 
     One recorder serves one timer run: ``open`` once, ``record`` any number of times,
     ``close`` once. ``record`` must be called from one thread (the event loop's).
@@ -238,6 +295,7 @@ class ParquetRecorder:
         batch_rows: int = 32_768,
         max_queued_batches: int = 8,
         compression: str = "zstd",
+        every: int = 1,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise TypeError(f"path must be a str or os.PathLike, got {path!r}")
@@ -251,6 +309,7 @@ class ParquetRecorder:
         for name, number in (
             ("batch_rows", batch_rows),
             ("max_queued_batches", max_queued_batches),
+            ("every", every),
         ):
             if isinstance(number, bool) or not isinstance(number, int):
                 raise TypeError(f"{name} must be an int, got {number!r}")
@@ -270,6 +329,8 @@ class ParquetRecorder:
         self.implementation: Final[str] = implementation
         self.batch_rows: Final[int] = batch_rows
         self.max_queued_batches: Final[int] = max_queued_batches
+        #: The trace keeps one timer in this many, 1 when it keeps every timer.
+        self.every: Final[int] = every
         self._compression = compression
         self._partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.partial")
 
@@ -282,10 +343,16 @@ class ParquetRecorder:
         self.error: BaseException | None = None
 
         self._state = "new"
-        self._queue: queue.Queue[_Chunk | None] = queue.Queue(max_queued_batches)
+        self._queue: queue.Queue[_Chunk | _Columns | None] = queue.Queue(max_queued_batches)
         # Full chunks' buffers and label lists, given back once written (or dropped)
         # for the loop to fill again: a fresh 1.5 MB bytearray costs page faults.
         self._spare: collections.deque[tuple[bytearray, list[Any]]] = collections.deque()
+        # The same for the timer's column lists (take_columns).
+        self._spare_columns: collections.deque[list[list[Any]]] = collections.deque()
+        self._packers: dict[tuple[str, int], struct.Struct] = {}  # the writer's
+        self._last_columns: list[_Columns] = []  # partial batches, for close()
+        self._nones: list[None] = []  # the writer's, to empty written columns
+        self._repeats: dict[int, tuple[list[pa.Array], list[pa.Array]]] = {}  # the writer's
         self._take_chunk: Callable[[], _Chunk | None] = _nothing  # see _make_record
         self._thread: threading.Thread | None = None
         self._dropped_full = 0  # written by the loop thread only
@@ -346,6 +413,9 @@ class ParquetRecorder:
         chunk = self._take_chunk()
         if chunk is not None:
             self._queue.put(chunk)  # blocking: nothing is dropped at the end
+        for columns in self._last_columns:
+            self._queue.put(columns)  # the same for the timer's last batch
+        self._last_columns.clear()
         self._queue.put(_STOP)
         self._thread.join()
         if self.error is not None:
@@ -361,6 +431,32 @@ class ParquetRecorder:
                 self.path,
                 self._dropped_full,
             )
+
+    def take_columns(self, columns: list[list[Any]], count: int) -> list[list[Any]] | None:
+        """A timer hands over a batch of rows as columns (``aiowheel._tracing``):
+        six lists, timer ids, labels, scheduled_at, deadline, end time and
+        ``2 * (level + 1) + fired``, the first ``count`` slots filled. Returns lists to
+        fill next (written ones, given back), or None. Never blocks: when the writer
+        is ``max_queued_batches`` behind, the batch is dropped and counted, and its
+        lists come back to be filled again. A partial batch (``count`` below
+        ``batch_rows``: the last one, as the timer closes) is kept for ``close()``,
+        which queues it however far behind the writer is. Called on the event loop."""
+        if self._state != "open":
+            raise RuntimeError(f"ParquetRecorder.take_columns() called while {self._state}")
+        if count < self.batch_rows:
+            # A partial batch: the timer's last, handed over as it closes. close()
+            # queues it, waiting for room: nothing is dropped at the end.
+            self._last_columns.append((columns, count))
+            return None
+        try:
+            self._queue.put_nowait((columns, count))
+        except queue.Full:
+            self._dropped_full += count
+            return columns
+        try:
+            return self._spare_columns.pop()
+        except IndexError:
+            return None
 
     # -- counters ---------------------------------------------------------------------
 
@@ -497,6 +593,22 @@ class ParquetRecorder:
             )
             while (chunk := get()) is not _STOP:
                 assert isinstance(chunk, tuple)
+                if len(chunk) == 2:
+                    columns, count = chunk
+                    self._write_columns(writer, columns, count)
+                    self._written += count
+                    if count == self.batch_rows:
+                        # Emptied here, where the values were just read: freeing them
+                        # on the loop, as it overwrites each slot a batch later,
+                        # touched one cold object per value (+35% on the churn's
+                        # traced cancels, measured with a writer that drops batches).
+                        nones = self._nones
+                        if len(nones) != count:
+                            nones = self._nones = [None] * count
+                        for column in columns:
+                            column[:] = nones
+                        self._spare_columns.append(columns)
+                    continue
                 self._write_batch(writer, chunk)
                 self._written += chunk[2]
                 if chunk[2] == self.batch_rows:
@@ -510,6 +622,7 @@ class ParquetRecorder:
                 {
                     DROPPED_ROWS_KEY: str(self._dropped_full),
                     RUN_ID_KEY: self.run_id,
+                    SAMPLE_EVERY_KEY: str(self.every),
                 }
             )
             writer.close()
@@ -518,12 +631,12 @@ class ParquetRecorder:
         except BaseException as exc:
             self.error = exc
             if isinstance(chunk, tuple):
-                self._dropped_failed += chunk[2]
+                self._dropped_failed += chunk[-1]
             # Keep consuming until close() says stop, so the loop side never blocks on
             # a dead writer (this includes a writer that failed before its first get).
             if chunk is not _STOP:
                 while (chunk := get()) is not _STOP:
-                    self._dropped_failed += chunk[2]
+                    self._dropped_failed += chunk[-1]
             if writer is not None:
                 with contextlib.suppress(Exception):
                     writer.close()
@@ -567,9 +680,9 @@ class ParquetRecorder:
 
         deadline = fields.column("deadline")
         fired_at = nullable("fired_at")
-        constant = self._constants
+        run, anchors = self._repeated(n)
         columns = [
-            *(pa.repeat(constant[name], n) for name in _RUN_COLUMNS),
+            *run,
             fields.column("timer_id"),
             _labels(pa, labels if len(labels) == n else labels[:n]),
             pc.take(int8s.slice(_ROW_LEVEL_OFFSET, span * 8 - 7), in_bytes),  # level
@@ -578,10 +691,67 @@ class ParquetRecorder:
             fired_at,
             nullable("cancelled_at"),
             pc.subtract(fired_at, deadline),  # lateness
-            pa.repeat(constant["clock_anchor"], n),
-            pa.repeat(constant["wall_anchor"], n),
+            *anchors,
         ]
         writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=writer.schema))
+
+    def _write_columns(self, writer: pq.ParquetWriter, columns: list[list[Any]], n: int) -> None:
+        # Runs on the writer thread. Each number column is packed into a buffer by one
+        # struct.pack call (C, about 10 ns per value, holding the GIL: the cheapest
+        # way found from a list of Python numbers; pa.array took twice that), viewed
+        # as an Arrow array without a copy; the rest is Arrow kernels, which release
+        # the GIL. Labels that are all None (no label given) cost one list count.
+        pa = self._pa
+        pc = pa.compute
+        if n != len(columns[0]):
+            columns = [column[:n] for column in columns]
+        ids, labels, scheduled, deadlines, ended, codes = columns
+        f64 = pa.float64()
+
+        def packed(fmt: str, values: list[Any], type_: Any) -> Any:
+            packer = self._packers.get((fmt, n))
+            if packer is None:
+                packer = self._packers[(fmt, n)] = struct.Struct(f"={n}{fmt}")
+            return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(packer.pack(*values))])
+
+        code = packed("i", codes, pa.int32())
+        fired = pc.equal(pc.bit_wise_and(code, 1), 1)
+        # Levels past int8 (a wheel of 2 buckets filing a far deadline) are clipped.
+        level = pc.cast(
+            pc.min_element_wise(pc.subtract(pc.shift_right(code, 1), 1), 127), pa.int8()
+        )
+        end = packed("d", ended, f64)
+        none = pa.scalar(None, f64)
+        deadline = packed("d", deadlines, f64)
+        fired_at = pc.if_else(fired, end, none)
+        run, anchors = self._repeated(n)
+        batch = [
+            *run,
+            packed("q", ids, pa.int64()),
+            pa.nulls(n, pa.string()) if labels.count(None) == n else _labels(pa, labels),
+            level,
+            packed("d", scheduled, f64),
+            deadline,
+            fired_at,
+            pc.if_else(fired, none, end),
+            pc.subtract(fired_at, deadline),  # lateness
+            *anchors,
+        ]
+        writer.write_batch(pa.RecordBatch.from_arrays(batch, schema=writer.schema))
+
+    def _repeated(self, n: int) -> tuple[list[pa.Array], list[pa.Array]]:
+        # The columns that are constant within the run (the run's five, then the two
+        # anchors), n rows long: built once per batch size and reused (Arrow arrays
+        # are immutable); repeating the strings cost ~40 ns per row and batch.
+        cached = self._repeats.get(n)
+        if cached is None:
+            pa = self._pa
+            constant = self._constants
+            cached = self._repeats[n] = (
+                [pa.repeat(constant[name], n) for name in _RUN_COLUMNS],
+                [pa.repeat(constant[name], n) for name in ("clock_anchor", "wall_anchor")],
+            )
+        return cached
 
     def _strides(self, n: int) -> tuple[pa.Array, pa.Array]:
         # The indices of the first field of each of n rows, in 8-byte values and in

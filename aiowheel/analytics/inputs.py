@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..trace import RUN_ID_KEY, TRACE_COLUMNS, dropped_rows
+from ..trace import RUN_ID_KEY, TRACE_COLUMNS, dropped_rows, sample_every
 from .schema import SUMMARY_PARQUET, WINDOWS_PARQUET
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "find_traces",
     "is_remote",
     "not_regular",
+    "sampling_lines",
     "schema_problem",
 ]
 
@@ -45,14 +46,16 @@ class TraceInputError(Exception):
 
 @dataclass(frozen=True)
 class Completeness:
-    """What one trace file says about itself: its run, the rows it holds, and how
-    many rows its recorder dropped (None: the file does not say, written before the
-    count existed or by another writer)."""
+    """What one trace file says about itself: its run, the rows it holds, how many
+    rows its recorder dropped (None: the file does not say, written before the count
+    existed or by another writer), and the sampling: the trace keeps one timer in
+    ``sample_every`` (1: every timer; also when the file does not say)."""
 
     file: str
     run_id: str | None
     rows: int
     dropped: int | None
+    sample_every: int = 1
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,14 @@ def find_traces(paths: Sequence[str]) -> TraceFiles:
 
 def completeness_of(file: str, rows: int) -> Completeness:
     """What the footer of ``file`` (a checked trace of ``rows`` rows) says about rows
-    its recorder dropped (``aiowheel.trace.DROPPED_ROWS_KEY``)."""
+    its recorder dropped (``aiowheel.trace.DROPPED_ROWS_KEY``) and its sampling
+    (``aiowheel.trace.SAMPLE_EVERY_KEY``)."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     metadata = pq.read_metadata(file).metadata
     run = (metadata or {}).get(RUN_ID_KEY.encode())
     run_id = run.decode("utf-8", "replace") if run is not None else None
-    return Completeness(file, run_id, rows, dropped_rows(metadata))
+    return Completeness(file, run_id, rows, dropped_rows(metadata), sample_every(metadata))
 
 
 def completeness_lines(files: TraceFiles, *, unknown: bool = True) -> list[str]:
@@ -134,8 +138,24 @@ def completeness_lines(files: TraceFiles, *, unknown: bool = True) -> list[str]:
             lines.append(f"{run}: the trace does not say whether rows were dropped")
         elif c.dropped:
             share = c.dropped / (c.rows + c.dropped)
+            traced = "traced timers" if c.sample_every > 1 else "timers"
             lines.append(
-                f"{run}: {c.dropped:,} rows dropped ({share:.1%} of its timers; {c.rows:,} kept)"
+                f"{run}: {c.dropped:,} rows dropped ({share:.1%} of its {traced}; {c.rows:,} kept)"
+            )
+    return lines
+
+
+def sampling_lines(files: TraceFiles) -> list[str]:
+    """One line per run whose trace is sampled (keeps one timer in k, k > 1); empty
+    when every trace keeps every timer. ``aiowheel report`` prints them as notes and
+    report.md lists them at the top, so that no count is read as the run's whole."""
+    lines = []
+    for c in files.completeness:
+        if c.sample_every > 1:
+            run = f"run `{c.run_id}`" if c.run_id else f"`{c.file}`"
+            lines.append(
+                f"{run}: sampled, one timer in {c.sample_every:,} "
+                f"({c.rows:,} rows stand for about {c.rows * c.sample_every:,} timers)"
             )
     return lines
 

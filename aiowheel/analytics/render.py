@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .bench_results import SINGLE_REPETITION, BenchResults
-from .inputs import TraceFiles, completeness_lines
+from .inputs import TraceFiles, completeness_lines, sampling_lines
 from .plots import metric_name, times
 from .schema import (
     BENCH_RESULTS,
@@ -418,6 +418,29 @@ What that does to each figure of the affected runs:
 """
 
 
+def sampled_section(files: TraceFiles) -> str:
+    """Under the dropped rows, at the top of report.md: which runs are sampled traces
+    (``ParquetRecorder(path, every=k)``), at what rate, and what that does to each
+    figure; empty when every trace keeps every timer."""
+    lines = sampling_lines(files)
+    if not lines:
+        return ""
+    listed = "\n".join(f"- {line}" for line in lines)
+    return f"""**Sampled traces:** {len(lines)} run(s) traced one timer in k, not every timer.
+
+{listed}
+
+What that does to each figure of those runs:
+
+- **timers, fired, cancelled, and the per-second counts and rates** are those of the
+  sample: about 1/k of the run's (multiply by k for the run's own);
+- **lateness percentiles, the lateness CDF and the lifetimes** are those of the
+  sampled timers, an estimate of the run's (every k-th timer scheduled, so a tail
+  made of a few timers may be missed);
+- **the headline** (from the bench's own measurements) is not affected.
+"""
+
+
 def render_markdown(
     summary: pd.DataFrame,
     files: TraceFiles,
@@ -444,6 +467,7 @@ def render_markdown(
     return f"""# aiowheel timer report
 
 {dropped_section(files)}
+{sampled_section(files)}
 {_headline_section(headline)}
 ## The traces
 

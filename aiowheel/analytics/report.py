@@ -47,6 +47,7 @@ from .inputs import (
     find_traces,
     first_line,
     is_remote,
+    sampling_lines,
 )
 from .render import Headline
 from .schema import (
@@ -633,6 +634,12 @@ def run_report(
     warnings: list[str] = [
         f"incomplete trace: {line} ({REPORT_MD} says what that does to each figure)"
         for line in completeness_lines(files, unknown=False)
+    ]
+    # A sampled trace's counts are a fraction of the run's: said at once, not only in
+    # report.md.
+    warnings += [
+        f"sampled trace: {line} ({REPORT_MD} says what that does to each figure)"
+        for line in sampling_lines(files)
     ]
     source = _headline_source(list(traces), files, bench_results, warnings)
     problem = java_problem() if not _under_spark_submit() else None

@@ -47,7 +47,9 @@ EPILOG = (
     + ", ".join(c.name for c in CONTENDERS)
     + " (or a kind/backend: aiowheel, loop, call_later, deadline, asyncio, uvloop, trio,"
     " rloop; or pure:"
-    " the -pure ones, aiowheel's pure-Python core in a child process, never by default)."
+    " the -pure ones, aiowheel's pure-Python core in a child process, never by default;"
+    " or traced: the -traced and -sampled ones, aiowheel tracing every timer or one in"
+    " 100, compared with untraced aiowheel, never by default)."
 )
 
 
@@ -209,13 +211,14 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         selection = select(ns.contenders)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    pure = [c.name for c in selection.run if c.pure]
+    pure = [c.name for c in selection.run if c.pure or c.trace_every]
     if pure and (ns.trace is not None or ns.report):
         # A trace names its contender by implementation and backend: the report would
         # take a -pure contender's traces for its compiled peer's.
         raise UsageError(
             f"{'--report' if ns.report else '--trace'} does not trace the -pure contenders "
-            f"(they run in child processes): leave out {', '.join(pure)}"
+            "(they run in child processes) nor the -traced and -sampled ones (they trace "
+            f"every repetition): leave out {', '.join(pure)}"
         )
     asked = [name for w in ns.workload for name in GROUPS.get(w, [w])] if ns.workload else None
     workloads = list(dict.fromkeys(asked)) if asked else list(DEFAULT_WORKLOADS)

@@ -2,26 +2,38 @@
 
 A contender is a *kind* of timer on a *backend*:
 
-=========================  ========  =======================================================
-name                       backend   what a timer is
-=========================  ========  =======================================================
-``aiowheel-asyncio``       asyncio   ``aiowheel.Timer`` on the default asyncio loop
-``aiowheel-uvloop``        uvloop    ``aiowheel.Timer`` on uvloop
-``aiowheel-trio``          trio      ``aiowheel.Timer`` on trio (through anyio)
-``call_later-asyncio``     asyncio   ``loop.call_later``/``call_at`` (a heap of TimerHandles)
-``call_later-uvloop``      uvloop    ``loop.call_later``/``call_at`` (libuv's timer heap)
-``trio-native``            trio      a task per timer sleeping in a ``CancelScope`` whose
-                                     deadline is the timer's deadline (``trio.sleep_until``)
-``deadline-asyncio``       asyncio   ``idle`` only: aiohttp's stored deadline, one
-                                     ``call_at`` per connection re-checked when it fires
-``deadline-uvloop``        uvloop    the same on uvloop
-``loop-asyncio``           asyncio   ``loop.call_later``/``call_at`` on aiowheel's drop-in loop
-``loop-uvloop``            uvloop    (``aiowheel.new_event_loop(base=...)``): the wheel's timers
-``call_later-rloop``       rloop     ``loop.call_later``/``call_at`` on rloop (a Rust event loop)
-``aiowheel-asyncio-pure``  asyncio   ``aiowheel-asyncio`` on the pure-Python core, in a child
-``aiowheel-uvloop-pure``   uvloop    process started with ``AIOWHEEL_PURE=1`` (``child.py``);
-``aiowheel-trio-pure``     trio      opt-in: only by name (or ``pure``), never by default
-=========================  ========  =======================================================
+============================  =======  ============================================================
+name                          backend  what a timer is
+============================  =======  ============================================================
+``aiowheel-asyncio``          asyncio  ``aiowheel.Timer`` on the default asyncio loop
+``aiowheel-uvloop``           uvloop   ``aiowheel.Timer`` on uvloop
+``aiowheel-trio``             trio     ``aiowheel.Timer`` on trio (through anyio)
+``call_later-asyncio``        asyncio  ``loop.call_later``/``call_at`` (a heap of TimerHandles)
+``call_later-uvloop``         uvloop   ``loop.call_later``/``call_at`` (libuv's timer heap)
+``trio-native``               trio     a task per timer sleeping in a ``CancelScope`` whose
+                                       deadline is the timer's deadline (``trio.sleep_until``)
+``deadline-asyncio``          asyncio  ``idle`` only: aiohttp's stored deadline, one
+                                       ``call_at`` per connection re-checked when it fires
+``deadline-uvloop``           uvloop   the same on uvloop
+``loop-asyncio``              asyncio  ``loop.call_later``/``call_at`` on aiowheel's drop-in loop
+``loop-uvloop``               uvloop   (``aiowheel.new_event_loop(base=...)``): the wheel's timers
+``call_later-rloop``          rloop    ``loop.call_later``/``call_at`` on rloop (a Rust event loop)
+``aiowheel-asyncio-pure``     asyncio  ``aiowheel-asyncio`` on the pure-Python core, in a child
+``aiowheel-uvloop-pure``      uvloop   process started with ``AIOWHEEL_PURE=1`` (``child.py``);
+``aiowheel-trio-pure``        trio     opt-in: only by name (or ``pure``), never by default
+``aiowheel-asyncio-traced``   asyncio  ``aiowheel-<backend>`` recording a Parquet trace of every
+``aiowheel-uvloop-traced``    uvloop   timer (``ParquetRecorder``) in every measured repetition;
+``aiowheel-trio-traced``      trio     opt-in: only by name (or ``traced``)
+``aiowheel-asyncio-sampled``  asyncio  the same, tracing one timer in ``SAMPLE_EVERY``
+``aiowheel-uvloop-sampled``   uvloop   (``ParquetRecorder(..., every=SAMPLE_EVERY)``); opt-in:
+``aiowheel-trio-sampled``     trio     only by name (or ``traced``)
+============================  =======  ============================================================
+
+The ``-traced`` and ``-sampled`` contenders measure what tracing costs: their ratio
+columns compare them with the untraced ``aiowheel-<backend>`` of the same run (a
+ratio of 1.5 on a time is +50%), and the untraced contenders' ratios against peers
+leave them out. Their traces go to a temporary directory, removed after each
+repetition.
 
 uvloop, trio and rloop are extras: ``select`` keeps the contenders whose event loop is
 installed. How a contender runs inside its loop is in ``env.py``.
@@ -49,11 +61,22 @@ from pathlib import Path
 import aiowheel
 from aiowheel import _compiled
 
-__all__ = ["CONTENDERS", "PURE_REASON", "Contender", "Selection", "missing_backend", "select"]
+__all__ = [
+    "CONTENDERS",
+    "PURE_REASON",
+    "SAMPLE_EVERY",
+    "Contender",
+    "Selection",
+    "missing_backend",
+    "select",
+]
 
 #: Why a ``-pure`` contender runs the pure core (``aiowheel._compiled.REASON`` in its
 #: child process, which checks it: see ``child.py``).
 PURE_REASON = f"{_compiled.PURE_ENV} is set"
+
+#: The ``-sampled`` contenders trace one timer in this many.
+SAMPLE_EVERY = 100
 
 
 @dataclass(frozen=True)
@@ -63,12 +86,20 @@ class Contender:
     backend: str  # "asyncio" | "uvloop" | "trio" | "rloop"
     #: Runs aiowheel's pure-Python core in a child process (``child.py``).
     pure: bool = False
+    #: Traces one timer in this many in every measured repetition (1: every timer;
+    #: 0: no tracing, the default).
+    trace_every: int = 0
 
     @property
     def is_aiowheel(self) -> bool:
         """Its timers are aiowheel's: a ``Timer`` (kind ``aiowheel``) or the drop-in
         loop's wheel (kind ``loop``)."""
         return self.kind in ("aiowheel", "loop")
+
+    @property
+    def baseline(self) -> bool:
+        """An aiowheel contender peers are compared with: untraced."""
+        return self.is_aiowheel and not self.trace_every
 
     @property
     def core(self) -> str | None:
@@ -105,6 +136,12 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("aiowheel-asyncio-pure", "aiowheel", "asyncio", pure=True),
     Contender("aiowheel-uvloop-pure", "aiowheel", "uvloop", pure=True),
     Contender("aiowheel-trio-pure", "aiowheel", "trio", pure=True),
+    Contender("aiowheel-asyncio-traced", "aiowheel", "asyncio", trace_every=1),
+    Contender("aiowheel-uvloop-traced", "aiowheel", "uvloop", trace_every=1),
+    Contender("aiowheel-trio-traced", "aiowheel", "trio", trace_every=1),
+    Contender("aiowheel-asyncio-sampled", "aiowheel", "asyncio", trace_every=SAMPLE_EVERY),
+    Contender("aiowheel-uvloop-sampled", "aiowheel", "uvloop", trace_every=SAMPLE_EVERY),
+    Contender("aiowheel-trio-sampled", "aiowheel", "trio", trace_every=SAMPLE_EVERY),
 )
 _BY_NAME = {c.name: c for c in CONTENDERS}
 _BACKENDS = ("asyncio", "uvloop", "trio", "rloop")
@@ -114,6 +151,8 @@ _KINDS = ("aiowheel", "loop", "call_later", "deadline", "trio")
 _EXTRA = {"rloop": "bench"}
 #: Selects every ``-pure`` contender (whose backend is installed).
 _PURE = "pure"
+#: Selects every ``-traced`` and ``-sampled`` contender (whose backend is installed).
+_TRACED = "traced"
 
 
 def missing_backend(backend: str) -> str | None:
@@ -154,19 +193,20 @@ class Selection:
 
 def select(specs: list[str] | None) -> Selection:
     """``--contenders a,b --contenders c``; None: the default set, every contender
-    but the ``-pure`` ones.
+    but the ``-pure``, ``-traced`` and ``-sampled`` ones.
 
     A token is a contender's name, a backend (``asyncio``, ``uvloop``, ``trio``,
     ``rloop``), a kind (``aiowheel``, ``loop``, ``call_later``, ``deadline``; ``trio``
-    is both) or ``pure``
-    (the ``-pure`` contenders, which backends and kinds leave out: each costs a child
-    process). What a name or a backend asks for must be installed (``ValueError``
-    otherwise). The default set, a kind and ``pure`` leave out, in
+    is both), ``pure`` (the ``-pure`` contenders, which backends and kinds leave out:
+    each costs a child process) or ``traced`` (the ``-traced`` and ``-sampled`` ones,
+    left out likewise). What a name or a backend asks for must be installed
+    (``ValueError`` otherwise). The default set, a kind, ``pure`` and ``traced`` leave
+    out, in
     ``Selection.unavailable``, the contenders whose backend is missing, so that a
     partial install runs what it can.
     """
     wanted: list[tuple[Contender, bool]] = []  # (contender, asked for by name or backend)
-    usual = [c for c in CONTENDERS if not c.pure]
+    usual = [c for c in CONTENDERS if not c.pure and not c.trace_every]
     if specs is None:
         wanted = [(c, False) for c in usual]
     else:
@@ -182,8 +222,10 @@ def select(specs: list[str] | None) -> Selection:
                 wanted.extend((c, False) for c in usual if c.kind == token)
             elif token == _PURE:
                 wanted.extend((c, False) for c in CONTENDERS if c.pure)
+            elif token == _TRACED:
+                wanted.extend((c, False) for c in CONTENDERS if c.trace_every)
             else:
-                choices = ", ".join([*_BY_NAME, *_BACKENDS, *_KINDS[:-1], _PURE])
+                choices = ", ".join([*_BY_NAME, *_BACKENDS, *_KINDS[:-1], _PURE, _TRACED])
                 raise ValueError(f"unknown contender {token!r}; choose from {choices}")
     chosen: list[Contender] = []
     left_out: dict[Contender, str] = {}

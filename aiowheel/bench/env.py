@@ -20,6 +20,8 @@ import contextlib
 import gc
 import importlib
 import math
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -117,6 +119,14 @@ def parquet_recorder(path: str, *, run_id: str, implementation: str) -> aiowheel
     from aiowheel.trace import ParquetRecorder
 
     return ParquetRecorder(path, run_id=run_id, implementation=implementation)
+
+
+def measured_recorder(directory: str, every: int) -> aiowheel.TraceRecorder:
+    """The recorder of a measured repetition of a ``-traced`` (``every`` 1) or
+    ``-sampled`` contender: a ``ParquetRecorder`` into ``directory``."""
+    from aiowheel.trace import ParquetRecorder
+
+    return ParquetRecorder(directory, run_id="measured", every=every)
 
 
 class _TracedCall:
@@ -372,6 +382,20 @@ async def open_env(
     pending as cancelled, then closing the recorder).
     """
     backend = contender.backend
+    if contender.kind == "aiowheel" and recorder is None and contender.trace_every:
+        # A -traced or -sampled contender: every measured repetition records its
+        # trace, into a directory of its own that goes with the repetition.
+        scratch = tempfile.mkdtemp(prefix="aiowheel-bench-trace-")
+        try:
+            async with open_env(
+                contender,
+                measured_recorder(scratch, contender.trace_every),
+                count_iterations=count_iterations,
+            ) as env:
+                yield env
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     if contender.kind == "aiowheel":
         timer = aiowheel.Timer(recorder=recorder)
         async with timer:

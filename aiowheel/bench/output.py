@@ -301,7 +301,7 @@ def tables(results: list[Result]) -> list[Table]:
         )
         ours = []
         for r in rows:
-            if r.contender.is_aiowheel and r.contender.name not in ours and r.samples:
+            if r.contender.baseline and r.contender.name not in ours and r.samples:
                 ours.append(r.contender.name)
         table = Table(
             title=f"{name}: {workload.title if workload else ''}",

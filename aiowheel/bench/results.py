@@ -89,15 +89,17 @@ def ratio(aiowheel: Result, peer: Result) -> float | None:
 
 
 def fill_ratios(results: list[Result]) -> None:
-    """Give every peer result its ratios against each aiowheel contender's result of
-    the same workload, variant and metric (None where either figure is withheld)."""
+    """Give every peer result its ratios against each untraced aiowheel contender's
+    result of the same workload, variant and metric (None where either figure is
+    withheld). A traced aiowheel contender (``-traced``, ``-sampled``) is a peer here:
+    its ratio against its untraced self is what tracing costs."""
     groups: dict[tuple[str, str, str], list[Result]] = {}
     for r in results:
         groups.setdefault((r.workload, r.variant, r.metric), []).append(r)
     for group in groups.values():
-        ours = [r for r in group if r.contender.is_aiowheel and r.samples]
+        ours = [r for r in group if r.contender.baseline and r.samples]
         for r in group:
-            if r.contender.is_aiowheel or not r.has_ratio:
+            if r.contender.baseline or not r.has_ratio:
                 continue
             r.ratios = {
                 a.contender.name: None if r.withheld or a.withheld else ratio(a, r) for a in ours

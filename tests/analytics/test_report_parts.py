@@ -18,7 +18,13 @@ import pytest
 
 from aiowheel.analytics import plots, render, schema
 from aiowheel.analytics.bench_results import headline, load_bench_results
-from aiowheel.analytics.inputs import Completeness, TraceFiles, completeness_lines, find_traces
+from aiowheel.analytics.inputs import (
+    Completeness,
+    TraceFiles,
+    completeness_lines,
+    find_traces,
+    sampling_lines,
+)
 from aiowheel.analytics.render import Headline
 from aiowheel.analytics.schema import CDF_QUANTILES
 
@@ -554,6 +560,31 @@ def test_report_md_states_dropped_rows_per_run_and_what_they_do_to_each_figure()
         summary.drop(columns=["lateness_cdf"]), files, 3000, "local[2]", "4.3.0", bench
     )
     assert markdown.startswith("# aiowheel timer report\n\n**Incomplete traces: 250 rows")
+
+
+def test_report_md_states_sampled_runs_and_their_rate_at_the_top() -> None:
+    runs = (
+        Completeness("/t/0.parquet", "full", 1000, 0),
+        Completeness("/t/1.parquet", "sampled", 1000, 0, sample_every=100),
+    )
+    files = TraceFiles(tuple(c.file for c in runs), (), 2000, runs)
+    assert sampling_lines(files) == [
+        "run `sampled`: sampled, one timer in 100 (1,000 rows stand for about 100,000 timers)"
+    ]
+    text = render.sampled_section(files)
+    assert text.startswith("**Sampled traces:** 1 run(s) traced one timer in k")
+    assert "full" not in text
+    for figure in ("about 1/k of the run's", "lateness percentiles", "headline"):
+        assert figure in text
+    assert render.sampled_section(_completeness(0, 0)) == ""
+    summary = _summary([("r", "aiowheel", "uvloop", None, 3, 1)])
+    bench = Headline(None, None, "no bench-results.json")
+    markdown = render.render_markdown(
+        summary.drop(columns=["lateness_cdf"]), files, 2000, "local[2]", "4.3.0", bench
+    )
+    top = markdown.split("## The traces")[0]
+    assert "**Complete traces:**" in top
+    assert "**Sampled traces:**" in top
 
 
 def test_find_traces_reads_what_each_footer_says(tmp_path: Path) -> None:

@@ -17,10 +17,12 @@ import pytest
 from aiowheel import Timer
 from aiowheel.trace import (
     NULLABLE_COLUMNS,
+    SAMPLE_EVERY_KEY,
     TRACE_COLUMNS,
     ParquetRecorder,
     dropped_rows,
     recording,
+    sample_every,
     trace_schema,
 )
 
@@ -198,6 +200,9 @@ def test_close_without_open_writes_nothing(tmp_path: Path) -> None:
         ({"run_id": 3}, TypeError, "run_id"),
         ({"implementation": ""}, ValueError, "implementation"),
         ({"compression": "zip"}, ValueError, "compression"),
+        ({"every": 0}, ValueError, "every"),
+        ({"every": 0.5}, TypeError, "every"),
+        ({"every": True}, TypeError, "every"),
     ],
 )
 def test_bad_arguments(
@@ -402,3 +407,101 @@ async def test_async_callbacks_are_recorded_when_they_start(tmp_path: Path) -> N
     (row,) = _read(recorder.path)
     assert row["label"] == "async"
     assert row["fired_at"] >= row["deadline"]
+
+
+@pytest.mark.anyio
+async def test_a_sampled_run_round_trips_with_its_rate(tmp_path: Path, backend: str) -> None:
+    from aiowheel.analytics.inputs import find_traces, sampling_lines
+
+    recorder = ParquetRecorder(tmp_path, run_id="sampled", every=4, batch_rows=4)
+    assert recorder.every == 4
+    async with Timer(recorder=recorder) as timer:
+        handles = [timer.schedule_nowait(0.001 * (i % 3), _noop, label="s") for i in range(40)]
+        doomed = [timer.schedule_nowait(60.0, _noop) for _ in range(9)]
+        for handle in doomed[:5]:
+            assert handle.cancel()
+        for handle in handles:
+            await handle.wait()
+    rows = _read(recorder.path)
+    # Timers 1, 5, 9...: 10 of the 40 that fire, 3 of the 9 that are cancelled (41,
+    # 45 by cancel(), 49 by aclose()).
+    assert sorted(row["timer_id"] for row in rows) == list(range(1, 50, 4))
+    fired = [row for row in rows if row["fired_at"] is not None]
+    assert len(fired) == 10
+    assert all(row["label"] == "s" and row["fired_at"] >= row["deadline"] for row in fired)
+    assert all(row["cancelled_at"] is not None for row in rows if row["fired_at"] is None)
+    assert (recorder.written, recorder.dropped) == (13, 0)
+    footer = pq.read_metadata(recorder.path).metadata
+    assert footer[SAMPLE_EVERY_KEY.encode()] == b"4"
+    assert sample_every(footer) == 4
+    # The report's inputs know it is sampled, and say so.
+    (completeness,) = find_traces([str(tmp_path)]).completeness
+    assert (completeness.sample_every, completeness.rows, completeness.dropped) == (4, 13, 0)
+    (line,) = sampling_lines(find_traces([str(tmp_path)]))
+    assert "one timer in 4" in line
+    assert "run `sampled`" in line
+
+
+def test_a_full_trace_says_every_one_and_an_old_one_reads_as_full(tmp_path: Path) -> None:
+    recorder = _opened(tmp_path)
+    recorder.record(1, None, 1.0, 2.0, 0, 2.5, None)
+    recorder.close()
+    footer = pq.read_metadata(recorder.path).metadata
+    assert footer[SAMPLE_EVERY_KEY.encode()] == b"1"
+    assert sample_every(footer) == 1
+    assert sample_every(None) == 1  # written before sampling existed: every timer
+    assert sample_every({SAMPLE_EVERY_KEY.encode(): b"junk"}) == 1
+
+
+def test_column_batches_round_trip_and_a_full_queue_drops_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The timer's columns (aiowheel._tracing): what take_columns gets is what is
+    # written, and a batch the queue has no room for is dropped and counted.
+    writing = threading.Event()
+    release = threading.Event()
+    real_write = ParquetRecorder._write_columns
+
+    def slow_write(self: ParquetRecorder, writer: Any, columns: Any, n: int) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_write(self, writer, columns, n)
+
+    monkeypatch.setattr(ParquetRecorder, "_write_columns", slow_write)
+    recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
+
+    def batch(first: int) -> list[list[Any]]:
+        # ids, labels, scheduled_at, deadline, end, 2 * (level + 1) + fired
+        return [
+            [first, first + 1],
+            ["a", None],
+            [1.0, 1.5],
+            [2.0, 9.0],
+            [2.25, 3.0],
+            [2 * (0 + 1) + 1, 2 * (-1 + 1) + 0],
+        ]
+
+    recorder.take_columns(batch(1), 2)  # the writer takes it and blocks
+    assert writing.wait(10)
+    recorder.take_columns(batch(3), 2)  # waits in the queue
+    dropped = batch(5)
+    assert recorder.take_columns(dropped, 2) is dropped  # no room: back to be refilled
+    assert recorder.dropped == 2
+    recorder.take_columns(batch(7), 1)  # a last, partial batch
+    release.set()
+    recorder.close()
+    rows = _read(recorder.path)
+    assert [row["timer_id"] for row in rows] == [1, 2, 3, 4, 7]
+    first, second = rows[:2]
+    assert (first["label"], first["level"], first["fired_at"], first["cancelled_at"]) == (
+        "a",
+        0,
+        2.25,
+        None,
+    )
+    assert first["lateness"] == pytest.approx(0.25)
+    assert (second["label"], second["level"], second["fired_at"]) == (None, -1, None)
+    assert second["cancelled_at"] == 3.0
+    assert second["lateness"] is None
+    assert (recorder.written, recorder.dropped) == (5, 2)
+    assert dropped_rows(pq.read_metadata(recorder.path).metadata) == 2

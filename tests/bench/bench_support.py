@@ -99,8 +99,13 @@ def results_of(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def applicable(workload: str) -> set[str]:
-    """The default set's contenders that run ``workload`` (the -pure ones are opt-in)."""
-    return {c.name for c in CONTENDERS if WORKLOADS[workload].applies_to(c) and not c.pure}
+    """The default set's contenders that run ``workload`` (the -pure, -traced and
+    -sampled ones are opt-in)."""
+    return {
+        c.name
+        for c in CONTENDERS
+        if WORKLOADS[workload].applies_to(c) and not c.pure and not c.trace_every
+    }
 
 
 def ours(workload: str) -> set[str]:

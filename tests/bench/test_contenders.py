@@ -8,7 +8,7 @@ import sys
 import pytest
 from bench_support import RLOOP_MISSING, TRIO_MISSING, UVLOOP_MISSING
 
-from aiowheel.bench.contenders import CONTENDERS, missing_backend, select
+from aiowheel.bench.contenders import CONTENDERS, SAMPLE_EVERY, missing_backend, select
 
 
 def names(specs: list[str] | None) -> list[str]:
@@ -37,9 +37,15 @@ def test_names_kinds_and_backends_select_contenders() -> None:
         "loop-asyncio",
     ]
     everything = select(None)
-    # The -pure contenders (a child process each) are opt-in: never in the default set.
-    assert everything.run == [c for c in CONTENDERS if not c.pure]
+    # The -pure contenders (a child process each) and the -traced and -sampled ones
+    # are opt-in: never in the default set.
+    assert everything.run == [c for c in CONTENDERS if not c.pure and not c.trace_every]
     assert everything.unavailable == []
+    assert names(["traced"]) == [
+        f"aiowheel-{backend}-{kind}"
+        for kind in ("traced", "sampled")
+        for backend in ("asyncio", "uvloop", "trio")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -102,3 +108,13 @@ def test_missing_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     assert missing_backend("trio") == TRIO_MISSING
     monkeypatch.setattr(sys, "platform", "win32")
     assert missing_backend("uvloop") == "uvloop does not run on Windows"
+
+
+def test_traced_contenders_are_compared_with_untraced_aiowheel() -> None:
+    by_name = {c.name: c for c in CONTENDERS}
+    traced, sampled = by_name["aiowheel-asyncio-traced"], by_name["aiowheel-asyncio-sampled"]
+    assert (traced.trace_every, sampled.trace_every) == (1, SAMPLE_EVERY)
+    assert traced.is_aiowheel
+    assert not traced.baseline
+    assert by_name["aiowheel-asyncio"].baseline
+    assert not by_name["call_later-asyncio"].baseline

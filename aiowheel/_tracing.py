@@ -1,0 +1,256 @@
+"""Tracing: which timers a trace records, and their rows, kept on the event loop.
+
+A timer with a recorder (``Timer(recorder=...)``) has one ``Tracer``. It decides, when
+a timer is scheduled, whether that timer is traced (``pick``: one timer in
+``every``, counted in scheduling order: the 1st, the ``every + 1``-th...), and a
+traced timer gets a ``TracedHandle`` that points back to it. Only such a handle ever
+writes a row, so an untraced timer of a sampled trace is a plain ``TimerHandle`` and
+pays for tracing one count at schedule time, nothing else.
+
+A row is written when a traced timer ends (fired or cancelled). With a recorder that
+takes columns (``ParquetRecorder``: its ``take_columns``), the row goes into the next
+slot of six preallocated lists, one per column, with no call out of compiled code:
+timer ids, labels, scheduled_at, deadline, the end time, and a small code holding the
+level and whether it fired (``2 * (level + 1) + fired``). Every ``batch_rows`` rows,
+the lists are handed to the recorder whole (its writer thread converts them to Arrow
+columns) and it hands back lists to fill again. Any other recorder gets one
+``record()`` call per row, as the ``TraceRecorder`` protocol says.
+
+A recorder only observes: if handing it rows raises, tracing stops for the rest of the
+run (one error logged) and no timer is affected (docs/design.md, "Failure
+containment").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, SupportsFloat, cast, final
+
+if TYPE_CHECKING:
+    from ._handle import TracedHandle
+    from .trace import TraceRecorder
+
+__all__ = ["Tracer", "sample_every"]
+
+logger: Final = logging.getLogger("aiowheel")
+
+_EXIT: Final = (SystemExit, KeyboardInterrupt)
+#: Rows per batch for a columns recorder that does not say (``batch_rows``).
+_DEFAULT_ROWS: Final = 32_768
+
+#: A columns recorder's intake: ``take(columns, count)`` gets the six lists (the first
+#: ``count`` slots filled) and returns six lists of the same length to fill next, or
+#: None (then new ones are made).
+Take = Callable[[list[list[Any]], int], "list[list[Any]] | None"]
+
+
+def sample_every(recorder: object) -> int:
+    """How many timers a recorder's trace keeps one of: its ``every`` attribute (an
+    int of at least 1; ``ParquetRecorder(path, every=k)``), 1 when it has none."""
+    every = getattr(recorder, "every", 1)
+    if isinstance(every, bool) or not isinstance(every, int):
+        raise TypeError(f"a recorder's `every` must be an int, got {every!r}")
+    if every < 1:
+        raise ValueError(f"a recorder's `every` must be at least 1, got {every!r}")
+    return every
+
+
+@final  # compiled: calls from the engine, the timer and the handles are direct
+class Tracer:
+    """The trace state of one started timer (see the module docstring)."""
+
+    def __init__(self, recorder: TraceRecorder, clock: Callable[[], float]) -> None:
+        self.recorder = recorder
+        # Typed as returning an object: a cancel's time goes into a column as the
+        # float object the clock returned, not unboxed and boxed again.
+        self.clock: Callable[[], object] = clock
+        self.every = sample_every(recorder)
+        # Countdown to the next traced timer: the first one scheduled is traced.
+        self.left = 1
+        # Timers scheduled so far, traced or not: a traced timer's id is its number in
+        # that order, so ids say how many timers a sampled trace stands for.
+        self.seen = 0
+        # False once the recorder failed (or the timer closed): no more rows.
+        self.active = True
+        take: Take | None = getattr(recorder, "take_columns", None)
+        self.take = take
+        rows = getattr(recorder, "batch_rows", _DEFAULT_ROWS) if take is not None else 1
+        self.rows: int = rows if isinstance(rows, int) and rows >= 1 else _DEFAULT_ROWS
+        self.count = 0
+        self.columns: list[list[Any]] = []
+        self.ids: list[int] = []
+        self.labels: list[str | None] = []
+        self.scheduled: list[float] = []
+        self.deadlines: list[float] = []
+        self.ended: list[object] = []
+        self.codes: list[int] = []
+        if take is not None:
+            self.use(None)
+        # The pass writes many rows with the same fired time: boxed once.
+        self.now = float("nan")
+        self.now_box: object = self.now
+
+    # -- choosing -----------------------------------------------------------------
+
+    def pick(self) -> bool:
+        """A timer is being scheduled: True when it is to be traced."""
+        self.seen += 1
+        left = self.left - 1
+        if left:
+            self.left = left
+            return False
+        self.left = self.every
+        return self.active
+
+    def adopt(self, handle: TracedHandle[Any], label: str | None, now: float) -> None:
+        """``handle`` is traced: what its rows read, but its level (filing sets it)."""
+        handle._tracer = self
+        handle._label = label
+        handle._scheduled_at = now
+        handle._id = self.seen
+
+    # -- rows ---------------------------------------------------------------------
+
+    def fired(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        now: float,
+    ) -> None:
+        """A traced timer fired at ``now`` (the pass reads its fields before the
+        callback runs, which may re-arm it)."""
+        if not self.active:
+            return
+        if self.take is None:
+            self.one(timer_id, label, scheduled_at, deadline, level, now, None)
+            return
+        if now != self.now:
+            self.now = now
+            self.now_box = now
+        i = self.count
+        self.ids[i] = timer_id
+        self.labels[i] = label
+        self.scheduled[i] = scheduled_at
+        self.deadlines[i] = deadline
+        self.ended[i] = self.now_box
+        self.codes[i] = 2 * level + 3  # 2 * (level + 1) + 1: fired
+        i += 1
+        self.count = i
+        if i == self.rows:
+            self.flush()
+
+    def fired_handle(self, handle: TracedHandle[Any], now: float) -> None:
+        """A traced timer fired at ``now``, read from its handle (an async callback
+        that a worker starts)."""
+        self.fired(
+            handle._id, handle._label, handle._scheduled_at, handle._deadline, handle._level, now
+        )
+
+    def cancelled(self, handle: TracedHandle[Any], now: float) -> None:
+        """A traced timer was cancelled at ``now``."""
+        self.cancelled_at(handle, now)
+
+    def cancelled_now(self, handle: TracedHandle[Any]) -> None:
+        """A traced timer was cancelled just now (``handle.cancel()``)."""
+        if self.active:
+            self.cancelled_at(handle, self.clock())
+
+    def cancelled_at(self, handle: TracedHandle[Any], now: object) -> None:
+        # ``now``: a float, as an object.
+        if not self.active:
+            return
+        if self.take is None:
+            self.one(
+                handle._id,
+                handle._label,
+                handle._scheduled_at,
+                handle._deadline,
+                handle._level,
+                None,
+                float(cast("SupportsFloat", now)),
+            )
+            return
+        i = self.count
+        self.ids[i] = handle._id
+        self.labels[i] = handle._label
+        self.scheduled[i] = handle._scheduled_at
+        self.deadlines[i] = handle._deadline
+        self.ended[i] = now
+        self.codes[i] = 2 * handle._level + 2  # 2 * (level + 1): cancelled
+        i += 1
+        self.count = i
+        if i == self.rows:
+            self.flush()
+
+    def one(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        fired_at: float | None,
+        cancelled_at: float | None,
+    ) -> None:
+        # A recorder that takes rows one at a time (the TraceRecorder protocol).
+        try:
+            self.recorder.record(
+                timer_id, label, scheduled_at, deadline, level, fired_at, cancelled_at
+            )
+        except _EXIT:
+            raise
+        except BaseException as exc:
+            self.failed(exc)
+
+    def flush(self) -> None:
+        """Hand the rows buffered so far to the recorder (a full batch, or the last
+        one when the timer closes)."""
+        count = self.count
+        if not count:
+            return
+        self.count = 0
+        take = self.take
+        if take is None or not self.active:
+            return
+        try:
+            fresh = take(self.columns, count)
+        except _EXIT:
+            raise
+        except BaseException as exc:
+            self.failed(exc)
+            return
+        self.use(fresh)
+
+    def use(self, columns: list[list[Any]] | None) -> None:
+        # The lists the next rows go into: those the recorder handed back, or new ones.
+        rows = self.rows
+        if columns is None or len(columns) != 6 or any(len(c) != rows for c in columns):
+            columns = [[None] * rows for _ in range(6)]
+        self.columns = columns
+        self.ids = columns[0]
+        self.labels = columns[1]
+        self.scheduled = columns[2]
+        self.deadlines = columns[3]
+        self.ended = columns[4]
+        self.codes = columns[5]
+
+    def close(self) -> None:
+        """The timer closed: the last rows go to the recorder; no row after this."""
+        self.flush()
+        self.active = False
+
+    def failed(self, exc: BaseException) -> None:
+        # A recorder's failure must cost no timer anything: tracing stops here, with
+        # one error logged, not one per row; aclose() still closes the recorder.
+        if not self.active:
+            return
+        self.active = False
+        self.count = 0
+        logger.error(
+            "aiowheel: the trace recorder failed; this timer records no more rows",
+            exc_info=exc,
+        )
