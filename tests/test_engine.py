@@ -31,6 +31,7 @@ from aiowheel._handle import (
     TracedHandle,
     _Failure,
 )
+from aiowheel._tracing import Tracer
 
 pytestmark = pytest.mark.anyio
 
@@ -203,7 +204,7 @@ async def test_run_one_keeps_a_callbacks_failure_with_its_handle(traced: bool) -
         assert bad.fired()
         assert good.done()
         if traced:  # one row per firing, failed or not, fired at the pass's now
-            rows = cast(Rows, e.tracing).rows
+            rows = cast(Rows, cast(Tracer, e.tracing).recorder).rows
             ids = [cast("TracedHandle[Any]", h)._id for h in (bad, good)]
             assert [(row[0], row[5]) for row in rows] == [(ids[0], r.now), (ids[1], r.now)]
 
