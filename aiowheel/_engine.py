@@ -698,7 +698,7 @@ class Engine:
         try:
             for handle in handles:
                 if isinstance(handle, TracedHandle) and handle._tracer is not None:
-                    handle._tracer.cancelled(handle, now)
+                    handle._tracer.cancelled_at(handle, now)
             if self.tracing is not None:
                 self.tracing.close()
         finally:

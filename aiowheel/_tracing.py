@@ -150,17 +150,14 @@ class Tracer:
             handle._id, handle._label, handle._scheduled_at, handle._deadline, handle._level, now
         )
 
-    def cancelled(self, handle: TracedHandle[Any], now: float) -> None:
-        """A traced timer was cancelled at ``now``."""
-        self.cancelled_at(handle, now)
-
     def cancelled_now(self, handle: TracedHandle[Any]) -> None:
         """A traced timer was cancelled just now (``handle.cancel()``)."""
         if self.active:
             self.cancelled_at(handle, self.clock())
 
     def cancelled_at(self, handle: TracedHandle[Any], now: object) -> None:
-        # ``now``: a float, as an object.
+        """A traced timer was cancelled at ``now`` (a float, typed as an object so that
+        the clock's own float goes into the column, not unboxed and boxed again)."""
         if not self.active:
             return
         if self.take is None:
