@@ -11,7 +11,10 @@ next wake-up, armed through the *base* class's ``call_at`` (never the override).
 One wheel, one engine. ``loop.timer`` is opened with the loop (``Timer._open_for_loop``:
 its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver (an
 ``AsyncioDriver`` given the base class's ``call_at``) arms the base loop directly.
-``call_at`` files its handle through ``Engine.file_loop``; the engine's pass
+``call_at`` files its handle through ``Engine.file_loop`` (the loop sets compiled
+``call_at``/``call_later`` on itself, ``_loophandle.LoopCalls``: no Python frame per
+timer; the Python methods below keep the same rules for debug mode and subclasses
+that override them); the engine's pass
 (``Engine.fire_due``) runs the loop's handles by ``Handle._run``'s rules and the
 timer's own by the engine's, all in ``when`` order (``Wheel.in_order``).
 ``loop.close()`` closes the timer (``Engine.close``), which drops the loop's pending
@@ -41,12 +44,15 @@ import math
 import sys
 from collections.abc import Callable, Coroutine
 from contextvars import Context
+from types import MethodType
 from typing import Any, TypeVar
 
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
 from ._engine import Engine
-from ._loophandle import LoopTimerHandle
+from ._loophandle import LoopCalls, LoopTimerHandle
+from ._loophandle import call_at as compiled_call_at
+from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
 from ._wheel import Wheel
 
@@ -108,6 +114,20 @@ class _WheelLoop:
         self.timer = Timer(tick=tick)
         self._engine = self.timer._open_for_loop(_LoopBackend(self, name, grid))
         self._wheel = self._engine.wheel
+        cls = type(self)
+        if cls.call_at is _WheelLoop.call_at and cls.call_later is _WheelLoop.call_later:
+            # The compiled call_at/call_later (aiowheel/_loophandle.py, LoopCalls), set
+            # on the loop itself: no Python frame per timer. Not when a subclass
+            # overrides either (its override must be what callers get).
+            calls = LoopCalls(
+                self,
+                self._engine,
+                MethodType(_WheelLoop.call_at, self),
+                MethodType(_WheelLoop.call_later, self),
+                self._base_call_at,
+            )
+            self.call_at = MethodType(compiled_call_at, calls)  # type: ignore[method-assign]
+            self.call_later = MethodType(compiled_call_later, calls)  # type: ignore[method-assign]
 
     # -- the timer API ------------------------------------------------------------
 

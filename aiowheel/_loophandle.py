@@ -28,14 +28,14 @@ import asyncio
 import asyncio.format_helpers as _format_helpers
 from collections.abc import Callable
 from contextvars import Context, copy_context
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
 from ._wheel import WheelEntry
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["LoopTimerHandle"]
+__all__ = ["LoopCalls", "LoopTimerHandle", "call_at", "call_later"]
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
@@ -216,3 +216,90 @@ def _when_of(other: object) -> float:
     if isinstance(other, _AsyncioTimerHandle):
         return other.when()
     raise TypeError(f"cannot compare a TimerHandle with {type(other).__name__!r}")
+
+
+# -- the loop's call_at and call_later, compiled ----------------------------------------
+
+
+@final
+class LoopCalls:
+    """What the drop-in loop's compiled ``call_at``/``call_later`` read: the loop, its
+    timer's engine, and the loop's own Python methods for the rare cases.
+
+    The loop binds ``call_at``/``call_later`` below to this object and sets them on
+    itself (aiowheel/_loop.py, ``_WheelLoop._init_timer``): a call then goes from the
+    caller straight into compiled code, with no Python frame between (a Python
+    override costs a frame, a type call that parses its arguments and a method call
+    that parses them again: about half of a reschedule, docs/loop.md, "Figures")."""
+
+    def __init__(
+        self,
+        loop: Any,
+        engine: Engine,
+        debug_call_at: Callable[..., Any],
+        debug_call_later: Callable[..., Any],
+        base_call_at: Callable[..., Any],
+    ) -> None:
+        self.loop = loop
+        self.engine = engine
+        # The loop's Python call_at/call_later: debug mode (its checks and the source
+        # traceback, which needs the Python frames these compiled calls do not have).
+        self.debug_call_at = debug_call_at
+        self.debug_call_later = debug_call_later
+        # The base loop's call_at, for NaN and infinite times (as the base loop does).
+        self.base_call_at = base_call_at
+
+
+def call_at(
+    calls: LoopCalls,
+    when: Any,
+    callback: Callable[..., object],
+    *args: Any,
+    context: Context | None = None,
+) -> Any:
+    """The drop-in loop's ``call_at``, bound to the loop's ``LoopCalls``."""
+    if when is None:
+        raise TypeError("when cannot be None")
+    loop = calls.loop
+    if loop.get_debug():
+        return calls.debug_call_at(when, callback, *args, context=context)
+    return _file(calls, float(when), callback, args, context)
+
+
+def call_later(
+    calls: LoopCalls,
+    delay: Any,
+    callback: Callable[..., object],
+    *args: Any,
+    context: Context | None = None,
+) -> Any:
+    """The drop-in loop's ``call_later``, bound to the loop's ``LoopCalls``."""
+    if delay is None:
+        raise TypeError("delay must not be None")
+    loop = calls.loop
+    if loop.get_debug():
+        return calls.debug_call_later(delay, callback, *args, context=context)
+    return _file(calls, float(loop.time() + delay), callback, args, context)
+
+
+def _file(
+    calls: LoopCalls,
+    when: float,
+    callback: Callable[..., object],
+    args: tuple[Any, ...],
+    context: Context | None,
+) -> Any:
+    # The loop's call_at past its argument checks (the Python one in _loop.py is the
+    # same rule, for debug mode).
+    if when - when != 0.0:
+        # NaN or an infinity: exactly what the base loop does with it (the wheel
+        # accepts finite deadlines only, so it never sees one).
+        return calls.base_call_at(when, callback, *args, context=context)
+    engine = calls.engine
+    if engine.closed and calls.loop.is_closed():
+        # loop.close() closes the engine first (an engine closed on its own, after an
+        # internal error, raises its own error in file_loop).
+        raise RuntimeError("Event loop is closed")
+    handle: LoopTimerHandle[Any] = LoopTimerHandle(when, callback, args, engine, context)
+    engine.file_loop(handle, when)
+    return handle

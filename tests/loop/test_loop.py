@@ -180,3 +180,82 @@ def test_runner_and_policy(base: str) -> None:
         assert loop.run_until_complete(main()) == "_WheelLoop"
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_call_at_and_call_later_are_compiled_on_the_loop(base: str) -> None:
+    # The loop sets the compiled call_at/call_later (aiowheel/_loophandle.py) on
+    # itself: a timer costs no Python frame. Same contract as the Python methods.
+    from aiowheel import _loophandle
+
+    loop = aiowheel.new_event_loop(base=base)
+    try:
+        assert loop.call_at.__func__ is _loophandle.call_at  # type: ignore[attr-defined]
+        assert loop.call_later.__func__ is _loophandle.call_later  # type: ignore[attr-defined]
+        handle = loop.call_at(when=loop.time() + 10, callback=print)
+        assert isinstance(handle, LoopTimerHandle)
+        assert handle.when() == loop.time() + 10 or handle.when() > loop.time()
+        handle.cancel()
+        later = loop.call_later(5, print, "x", context=contextvars.copy_context())
+        assert isinstance(later, LoopTimerHandle)
+        assert later._args == ("x",)
+        later.cancel()
+        past = loop.call_at(3, print)
+        assert past.when() == 3.0  # an int: a float, as before
+        past.cancel()
+        with pytest.raises(TypeError, match="when cannot be None"):
+            loop.call_at(None, print)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="delay must not be None"):
+            loop.call_later(None, print)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            loop.call_later("soon", print)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            loop.call_at()  # type: ignore[call-arg]
+        # NaN: the base loop's own entry, never the wheel.
+        nan = loop.call_at(math.nan, print)
+        assert not isinstance(nan, LoopTimerHandle)
+        nan.cancel()
+        assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        loop.call_at(1.0, print)
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        loop.call_later(1.0, print)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_subclass_override_of_call_at_is_what_callers_get(base: str) -> None:
+    seen: list[float] = []
+    cls = type(aiowheel.new_event_loop(base=base))
+
+    class Counting(cls):  # type: ignore[misc, valid-type]
+        def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:
+            seen.append(when)
+            return super().call_at(when, callback, *args, context=context)
+
+    async def main() -> None:
+        await asyncio.sleep(0.001)
+
+    with asyncio.Runner(loop_factory=lambda: Counting(0.001)) as runner:
+        runner.run(main())
+    assert len(seen) == 1  # asyncio.sleep -> call_later -> the subclass's call_at
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_mode_takes_the_python_path_with_its_checks(base: str) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)
+        handle = loop.call_later(10, print)
+        assert handle._source_traceback[-1].name == "main"  # type: ignore[attr-defined]
+        handle.cancel()
+        if base == "asyncio":  # the base loop's _check_callback (uvloop has none)
+            with pytest.raises(TypeError, match="coroutines cannot be used"):
+                loop.call_at(loop.time() + 1, main)
+        loop.set_debug(False)
+        plain = loop.call_later(10, print)
+        assert plain._source_traceback is None  # type: ignore[attr-defined]
+        plain.cancel()
+
+    run_on(base, main)
