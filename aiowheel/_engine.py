@@ -154,6 +154,10 @@ class Engine:
         # True for the timer of a drop-in event loop (aiowheel/_loop.py, loop.timer):
         # its wheel also holds the loop's call_at handles (see "the drop-in loop").
         self.loop_timers = False
+        # That loop's debug mode (its get_debug()), kept here by its set_debug: the
+        # loop's compiled call_at and LoopTimerHandle.cancel read one attribute, not a
+        # Python method per timer (aiowheel/_loop.py, _WheelLoop.set_debug).
+        self.loop_debug = False
 
     # -- the named rules ------------------------------------------------------------
 

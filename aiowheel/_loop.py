@@ -114,6 +114,8 @@ class _WheelLoop:
         self.timer = Timer(tick=tick)
         self._engine = self.timer._open_for_loop(_LoopBackend(self, name, grid))
         self._wheel = self._engine.wheel
+        loop: Any = self
+        self._engine.loop_debug = bool(loop.get_debug())
         cls = type(self)
         if cls.call_at is _WheelLoop.call_at and cls.call_later is _WheelLoop.call_later:
             # The compiled call_at/call_later (aiowheel/_loophandle.py, LoopCalls), set
@@ -180,6 +182,17 @@ class _WheelLoop:
             handle = LoopTimerHandle(when, callback, args, engine, context)
         engine.file_loop(handle, when)
         return handle
+
+    def set_debug(self, enabled: bool) -> None:
+        base: Any = super()
+        base.set_debug(enabled)
+        # Kept on the engine for the compiled call_at and LoopTimerHandle.cancel (one
+        # attribute, not a get_debug() call per timer). The base loop's __init__ calls
+        # this before the engine exists: _init_timer reads get_debug() then.
+        engine: Engine | None = getattr(self, "_engine", None)
+        if engine is not None:
+            loop: Any = self
+            engine.loop_debug = bool(loop.get_debug())
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -100,7 +100,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         if bucket is not None:
             bucket.remove(self)
             self._engine.loop_cancelled(bucket)
-        if self._loop.get_debug():
+        if self._engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
             # As Handle.cancel: keep the callback in the repr of a cancelled handle.
             self._repr = self._format(True)
         self._callback = None
@@ -260,8 +260,7 @@ def call_at(
     """The drop-in loop's ``call_at``, bound to the loop's ``LoopCalls``."""
     if when is None:
         raise TypeError("when cannot be None")
-    loop = calls.loop
-    if loop.get_debug():
+    if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
         return calls.debug_call_at(when, callback, *args, context=context)
     return _file(calls, float(when), callback, args, context)
 
@@ -276,10 +275,9 @@ def call_later(
     """The drop-in loop's ``call_later``, bound to the loop's ``LoopCalls``."""
     if delay is None:
         raise TypeError("delay must not be None")
-    loop = calls.loop
-    if loop.get_debug():
+    if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
         return calls.debug_call_later(delay, callback, *args, context=context)
-    return _file(calls, float(loop.time() + delay), callback, args, context)
+    return _file(calls, float(calls.loop.time() + delay), callback, args, context)
 
 
 def _file(

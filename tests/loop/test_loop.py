@@ -253,9 +253,23 @@ def test_debug_mode_takes_the_python_path_with_its_checks(base: str) -> None:
         if base == "asyncio":  # the base loop's _check_callback (uvloop has none)
             with pytest.raises(TypeError, match="coroutines cannot be used"):
                 loop.call_at(loop.time() + 1, main)
+        assert loop._engine.loop_debug  # type: ignore[attr-defined]  # set_debug keeps it
         loop.set_debug(False)
+        assert not loop._engine.loop_debug  # type: ignore[attr-defined]
         plain = loop.call_later(10, print)
         assert plain._source_traceback is None  # type: ignore[attr-defined]
         plain.cancel()
 
     run_on(base, main)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_mode_from_the_runner(base: str) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        handle = loop.call_later(10, print)
+        assert handle._source_traceback[-1].name == "main"  # type: ignore[attr-defined]
+        handle.cancel()
+        assert "print" in repr(handle)  # as Handle.cancel in debug mode: the callback kept
+
+    aiowheel.run(main(), base=base, debug=True)
