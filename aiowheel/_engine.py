@@ -14,12 +14,14 @@ everything that happens once a timer is filed (docs/design.md, "Module map"):
   place where the pass calls one (but ``run_due``'s inline copy, tagged, for a plain
   callback on an untraced timer), next to ``callback_failed``, where its exception
   rules live (``WorkerPool._run`` applies the same rules to jobs);
-* the drain wake-up (the waiting tasks are ``Waiters``', ``_waiters.py``), and
-  closing (``close``; ``break_`` when the wheel itself raised). Tracing is
-  ``_tracing.py``'s: the engine calls its ``Tracer`` where a traced timer ends.
+* the drain wake-up (the waiting tasks are ``Waiters``', ``_waiters.py``). Closing
+  (``close``; ``break_`` when the wheel itself raised) is ``_shutdown.py``'s, the
+  self-check (``check``, for tests) ``_selfcheck.py``'s. Tracing is ``_tracing.py``'s:
+  the engine calls its ``Tracer`` where a traced timer ends.
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
-plain method; the owner builds the pool (which may need one) and assigns ``pool``.
+plain method; the owner builds the pool (which may need one) and assigns ``pool``
+(``Timer._new_engine``; the task groups of ``async with`` are ``_host.py``'s).
 
 The rules copied into hot paths (``Timer.schedule_nowait``, ``Timer._cancel``, the
 handle's inline ``reset``) are named here once; each inline copy is tagged with the

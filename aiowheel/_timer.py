@@ -3,13 +3,16 @@
 Rooms (docs/design.md, "Module map"):
 
 * ``Timer`` (here) checks every call, admits timers under ``max_pending``, starts and
-  closes; it keeps the hottest paths inline (``schedule_nowait``, ``cancel``), and
-  hands the bodies of its thread-safe calls, ``sleep_until`` and its introspection to
-  ``_extras.py``;
+  closes (its states and the order of the steps); it keeps the hottest paths inline
+  (``schedule_nowait``, ``cancel``), and hands the bodies of its thread-safe calls,
+  ``sleep_until`` and its introspection to ``_extras.py``, the task groups that
+  ``async with`` runs the engine in (and the recorder's opening and closing) to
+  ``Host`` (``_host.py``), and its self-check to ``_selfcheck.py``;
 * the engine (``_engine.py``) runs a started timer: the parts, the counters, the
-  pass, re-filing, the worker pool's accounting, tracing and closing; its waiters are
-  ``Waiters`` (``_waiters.py``), its periodic timers ``Periodics`` (``_periodic.py``)
-  and the owner check ``Affinity`` (``_affinity.py``);
+  pass, re-filing, the worker pool's accounting and tracing; its closing is
+  ``_shutdown.py``'s, its waiters are ``Waiters`` (``_waiters.py``), its periodic
+  timers ``Periodics`` (``_periodic.py``) and the owner check ``Affinity``
+  (``_affinity.py``);
 * ``Wheel`` (``_wheel.py``) files handles and hands back expired buckets; a driver
   (``_driver.py``) calls ``Engine.fire_due`` when the earliest one comes due; plain
   callbacks run right there, like ``call_later`` callbacks, and a callback that
