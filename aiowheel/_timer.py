@@ -88,6 +88,7 @@ from ._checks import (
     check_callable,
     check_int,
     check_label,
+    closed,
     full,
     not_copyable,
     seconds,
@@ -428,20 +429,10 @@ class Timer:
 
     # -- admission checks -----------------------------------------------------------
 
-    def _closed_reason(self) -> str:
-        if self._state is _NEW:
-            return "the timer is not started: use `async with Timer() as timer:`"
-        if self._state is _DRAINING:
-            return "the timer is draining (aclose(drain=True)): no new periodic timers"
-        broken = self._engine.broken if self._engine is not None else None
-        if broken is not None:
-            return f"the timer stopped after an internal error: {broken!r}"
-        return "the timer is closed"
-
     def _closed_error(self) -> TimerClosed:
-        error = TimerClosed(self._closed_reason())
-        error.__cause__ = self._engine.broken if self._engine is not None else None
-        return error
+        # Why this timer refuses (_checks.closed): its state, and what broke it.
+        broken = self._engine.broken if self._engine is not None else None
+        return closed(self._state.value, broken)
 
     # The owner check (module docstring, "Loop affinity"; aiowheel/_affinity.py): _here
     # checks the thread and the loop (Affinity.here: the per-timer calls;
@@ -825,4 +816,4 @@ class Timer:
 
 
 def _not_started_clock() -> float:
-    raise TimerClosed("the timer is not started: use `async with Timer() as timer:`")
+    raise closed(_NEW.value, None)
