@@ -24,12 +24,13 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import NoReturn, SupportsIndex, cast
 
-from ._exceptions import TimerFull
+from ._exceptions import TimerClosed, TimerFull
 
 __all__ = [
     "check_callable",
     "check_int",
     "check_label",
+    "closed",
     "full",
     "not_copyable",
     "seconds",
@@ -93,3 +94,20 @@ def not_copyable(obj: object, why: str) -> NoReturn:
 def full(pending: int, limit: int) -> TimerFull:
     """The ``TimerFull`` every admission check raises."""
     return TimerFull(f"{pending} timers pending (max_pending={limit})")
+
+
+def closed(state: str, broken: BaseException | None) -> TimerClosed:
+    """The ``TimerClosed`` every call refused by a timer that does not accept timers
+    raises, saying why: its state (``Timer._state``'s value: ``"new"``, ``"draining"``,
+    ``"closed"``) and, after an internal error, what broke it (also the cause)."""
+    if state == "new":
+        reason = "the timer is not started: use `async with Timer() as timer:`"
+    elif state == "draining":
+        reason = "the timer is draining (aclose(drain=True)): no new periodic timers"
+    elif broken is not None:
+        reason = f"the timer stopped after an internal error: {broken!r}"
+    else:
+        reason = "the timer is closed"
+    error = TimerClosed(reason)
+    error.__cause__ = broken
+    return error

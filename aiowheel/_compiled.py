@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "_waiters",
     "_periodic",
     "_engine",
+    "_shutdown",
     "_timer",
     "_timeout",
     "_purgatory",

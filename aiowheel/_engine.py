@@ -14,12 +14,14 @@ everything that happens once a timer is filed (docs/design.md, "Module map"):
   place where the pass calls one (but ``run_due``'s inline copy, tagged, for a plain
   callback on an untraced timer), next to ``callback_failed``, where its exception
   rules live (``WorkerPool._run`` applies the same rules to jobs);
-* the drain wake-up (the waiting tasks are ``Waiters``', ``_waiters.py``), and
-  closing (``close``; ``break_`` when the wheel itself raised). Tracing is
-  ``_tracing.py``'s: the engine calls its ``Tracer`` where a traced timer ends.
+* the drain wake-up (the waiting tasks are ``Waiters``', ``_waiters.py``). Closing
+  (``close``; ``break_`` when the wheel itself raised) is ``_shutdown.py``'s, the
+  self-check (``check``, for tests) ``_selfcheck.py``'s. Tracing is ``_tracing.py``'s:
+  the engine calls its ``Tracer`` where a traced timer ends.
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
-plain method; the owner builds the pool (which may need one) and assigns ``pool``.
+plain method; the owner builds the pool (which may need one) and assigns ``pool``
+(``Timer._new_engine``; the task groups of ``async with`` are ``_host.py``'s).
 
 The rules copied into hot paths (``Timer.schedule_nowait``, ``Timer._cancel``, the
 handle's inline ``reset``) are named here once; each inline copy is tagged with the
@@ -62,10 +64,10 @@ from ._handle import (
 )
 from ._loophandle import LoopTimerHandle
 from ._periodic import Periodics
-from ._timeout import Guard
+from ._shutdown import break_engine, close_engine
 from ._tracing import Tracer
 from ._waiters import Waiters
-from ._wheel import Bucket, Wheel, WheelEntry, deadline_of
+from ._wheel import Bucket, Wheel, WheelEntry
 
 if TYPE_CHECKING:
     from ._dispatch import WorkerPool
@@ -645,128 +647,27 @@ class Engine:
             handle._result = stopped
             self.waiters.settle(handle, stopped)
 
-    # -- closing --------------------------------------------------------------------
+    # -- closing (aiowheel/_shutdown.py) --------------------------------------------
 
     def close(self) -> list[TimerHandle[Any]]:
-        """Close for good: after it, nothing is pending and nobody waits. Returns the
-        cancelled handles in deadline order."""
-        if self.loop_timers:
-            self.drop_loop_handles()  # the loop's own handles are dropped, not cancelled
-        self.closed = True
-        self.wake_at = _INF
-        self._on_close()  # the owner stops accepting timers first
-        self.driver.stop()
-        try:
-            cancelled = self.cancel_everything()
-        finally:
-            self.pool.close()
-            self.waiters.wake_all()
-        return cancelled
-
-    def cancel_everything(self) -> list[TimerHandle[Any]]:
-        handles: list[TimerHandle[Any]] = self.wheel.clear()
-        pool = self.pool
-        handles.extend(pool.take_queue())
-        handles.sort(key=deadline_of)
-        now = self.clock()
-        # The queued awaitables are closed (user code) and released at the very end.
-        olds: list[Any] = []
-        for handle in handles:
-            olds.append(handle._result)
-            handle._result = _CANCELLED
-            self.waiters.settle(handle, _CANCELLED)
-        # Every periodic timer stops: the filed and queued ones are among the handles;
-        # one whose run is in progress gives back its reserved period, cancelled too.
-        reserved = self.periodics.stop_all()
-        self.cancelled += len(handles) + reserved
-        self.pending = 0
-        # A task in sleep() or a timeout() block whose timer this was learns it now
-        # (its guard will never fire): it raises TimerClosed.
-        for handle in handles:
-            callback = handle._callback
-            if isinstance(callback, Guard):
-                callback.timer_closed()
-        current = pool.current()
-        for handle in pool.running:
-            if handle is current:
-                continue  # the callback that called aclose() runs to its end
-            # It started, so it stays fired(); its wait() raises TimerCancelled.
-            outcome = _Failure(
-                TimerCancelled(f"{handle!r} was cancelled by aclose() while running")
-            )
-            handle._result = outcome
-            self.waiters.settle(handle, outcome)
-        # The trace rows last: everything above is settled whatever a recorder raises
-        # (even SystemExit, which the tracer lets through); then the last batch goes
-        # to the recorder, which aclose() closes next.
-        try:
-            for handle in handles:
-                if isinstance(handle, TracedHandle) and handle._tracer is not None:
-                    handle._tracer.cancelled_at(handle, now)
-            if self.tracing is not None:
-                self.tracing.close()
-        finally:
-            for old in olds:
-                close_awaitable(old)
-            olds.clear()
-        return handles
+        """Close for good (``close_engine``): after it, nothing is pending and nobody
+        waits. Returns the cancelled handles in deadline order."""
+        return close_engine(self)
 
     def break_(self, exc: BaseException) -> None:
-        """The wheel raised: a bug, and its state cannot be trusted. Close rather than
-        stay stuck, and make every later call say why."""
-        logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
-        if self.closed:
-            return
-        self.broken = exc
-        # Whoever waits on a handle learns why, and does not wait for ever.
-        self.waiters.fail_all(self._closed_error)
-        try:
-            # Every handle it held (the wheel, the buckets a pass had taken, the run
-            # queue) is cancelled, and its wait() raises TimerClosed from `exc`.
-            self.stranded.update(self.close())
-        except Exception:
-            logger.exception("while closing the broken timer")
+        """The wheel raised (``break_engine``): close, and make every later call say
+        why."""
+        break_engine(self, exc)
 
-    # -- self-check (tests) ---------------------------------------------------------
+    # -- self-check (tests; aiowheel/_selfcheck.py) ------------------------------------
 
     def check(self) -> None:
         """Assert the counters against the wheel, the run queue and the periodic
-        timers (docs/design.md, "Accounting"; ``Periodics.check``), then the wheel's own
-        invariants. For
-        tests, between passes (not from inside a callback): O(pending)."""
-        pending = self.pending
-        assert self.scheduled == self.fired + self.cancelled + pending, (
-            f"scheduled {self.scheduled} != fired {self.fired} + cancelled "
-            f"{self.cancelled} + pending {pending}"
-        )
-        assert 0 <= self.failed <= self.fired
-        pool = self.pool
-        assert pool.busy == sum(pool.running.values()) >= 0
-        assert pool.busy <= pool.limit
-        if self.closed:
-            assert pending == 0, f"closed with {pending} pending"
-            assert not self.periodics.active, "closed with active periodic timers"
-            return
-        self.wheel._check()
-        filed = 0
-        for entry in self.wheel:
-            if not isinstance(entry, TimerHandle):
-                filed += 1  # a drop-in loop's handle
-                continue
-            handle = entry
-            assert handle._result is _PENDING, handle
-            filed += 1
-        queued = 0
-        for entry in pool.queue:
-            handle = cast("TimerHandle[Any]", entry)
-            assert handle._bucket is pool.queue
-            assert hasattr(type(handle._result), "__await__"), handle
-            queued += 1
-        reserved = self.periodics.check()
-        assert pending == filed + queued + reserved, (
-            f"pending {pending} != filed {filed} + queued {queued} + runs {reserved}"
-        )
-        assert pending <= self.limit, f"pending {pending} > max_pending {self.limit}"
+        timers, then the wheel's own invariants (``check_engine``). For tests, between
+        passes (not from inside a callback): O(pending)."""
+        from ._selfcheck import check_engine  # test-only: not imported otherwise
+
+        check_engine(self)
 
 
 def _level_of(handle: TimerHandle[Any]) -> int:

@@ -33,10 +33,14 @@ running    ``None``                           ``_PENDING`` (a plain         ``_d
                                               callback, in the pass) or     (``_RUNNING``)
                                               ``_RUNNING`` (an async one,
                                               on a worker)
-done       ``None``                           the return value, or a        ``_engine``
-                                              ``_Failure``
+done       ``None``                           the return value, or a        ``_engine``;
+                                              ``_Failure``                  ``_shutdown``
+                                                                            (a run the
+                                                                            close stopped)
 cancelled  ``None``                           ``_CANCELLED``                ``_timer``,
-                                                                            ``_engine``
+                                                                            ``_engine``,
+                                                                            ``_shutdown``
+                                                                            (the close)
 =========  =================================  ============================  ==========
 
 *Pending* covers queued (``pending()`` is true for both: they count in ``len(timer)``).

@@ -6,7 +6,8 @@ period, which is armed (counted scheduled and pending) when the run starts and f
 when it ends. So the next period never needs admission, and the counters keep
 ``scheduled == fired + cancelled + pending`` (``Engine.check``).
 
-A periodic handle's run (``PeriodicHandle._run``) calls ``begin``, then ``end`` (or
+``start`` makes a new one (``Timer.every``, past its argument checks). A periodic
+handle's run (``PeriodicHandle._run``) calls ``begin``, then ``end`` (or
 ``queued`` when its callback returned an awaitable: the worker calls ``begin`` and
 ``end`` again around the real run). The engine files, counts and cancels; this class
 keeps the active periodic timers and applies the rules above, through a reference typed
@@ -15,14 +16,20 @@ as the engine itself (compiled, native calls), as the worker pool does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, final
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, final
 
+from ._checks import too_far
 from ._handle import _PENDING, PeriodicHandle, release
 
 if TYPE_CHECKING:
     from ._engine import Engine
+    from ._timer import Timer
 
 __all__ = ["Periodics"]
+
+_INF: Final = math.inf
 
 
 @final
@@ -32,6 +39,28 @@ class Periodics:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.active: set[PeriodicHandle] = set()
+
+    def start(
+        self,
+        timer: Timer,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        period: float,
+        fixed_rate: bool,
+        label: str | None,
+    ) -> PeriodicHandle:
+        """``Timer.every`` past its argument checks: admission, then a new periodic
+        timer whose first period, at now + ``period``, takes the slot it holds."""
+        engine = self.engine
+        engine.admit()
+        now = engine.clock()
+        if now + period == _INF:
+            too_far("interval", period)
+        handle = PeriodicHandle(timer, callback, args, period, fixed_rate, now)
+        engine.stamp(handle, label, now)  # traced or not: the pass reads it when traced
+        engine.file(handle, now + period, False, new=True)
+        self.active.add(handle)
+        return handle
 
     def begin(self, handle: PeriodicHandle) -> None:
         # A run starts (plain: in the pass; async: on its worker).

@@ -3,13 +3,16 @@
 Rooms (docs/design.md, "Module map"):
 
 * ``Timer`` (here) checks every call, admits timers under ``max_pending``, starts and
-  closes; it keeps the hottest paths inline (``schedule_nowait``, ``cancel``), and
-  hands the bodies of its thread-safe calls, ``sleep_until`` and its introspection to
-  ``_extras.py``;
+  closes (its states and the order of the steps); it keeps the hottest paths inline
+  (``schedule_nowait``, ``cancel``), and hands the bodies of its thread-safe calls,
+  ``sleep_until`` and its introspection to ``_extras.py``, the task groups that
+  ``async with`` runs the engine in (and the recorder's opening and closing) to
+  ``Host`` (``_host.py``), and its self-check to ``_selfcheck.py``;
 * the engine (``_engine.py``) runs a started timer: the parts, the counters, the
-  pass, re-filing, the worker pool's accounting, tracing and closing; its waiters are
-  ``Waiters`` (``_waiters.py``), its periodic timers ``Periodics`` (``_periodic.py``)
-  and the owner check ``Affinity`` (``_affinity.py``);
+  pass, re-filing, the worker pool's accounting and tracing; its closing is
+  ``_shutdown.py``'s, its waiters are ``Waiters`` (``_waiters.py``), its periodic
+  timers ``Periodics`` (``_periodic.py``) and the owner check ``Affinity``
+  (``_affinity.py``);
 * ``Wheel`` (``_wheel.py``) files handles and hands back expired buckets; a driver
   (``_driver.py``) calls ``Engine.fire_due`` when the earliest one comes due; plain
   callbacks run right there, like ``call_later`` callbacks, and a callback that
@@ -75,25 +78,24 @@ from typing import (
     SupportsIndex,
     TypeVar,
     TypeVarTuple,
-    cast,
     overload,
 )
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
 
 from . import _extras
 from ._checks import (
     check_callable,
     check_int,
     check_label,
+    closed,
     full,
     not_copyable,
     seconds,
     too_far,
 )
 from ._dispatch import WorkerPool
-from ._driver import Backend, backend_name, current_clock, make_backend
+from ._driver import Backend, current_clock
 from ._engine import ASYNC_ON_ERROR, Engine
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import (
@@ -104,6 +106,7 @@ from ._handle import (
     TracedHandle,
     to_seconds,
 )
+from ._host import Host
 from ._timeout import Timeout
 from ._tracing import sample_every
 
@@ -244,7 +247,8 @@ class Timer:
         self._live: Engine | None = None
         # The engine from __aenter__ on, kept after the close (stats, __aexit__).
         self._engine: Engine | None = None
-        self._outer_tg: TaskGroup | None = None
+        # The tasks it runs in, from __aenter__ on (aiowheel/_host.py).
+        self._host: Host | None = None
         # What handles read (see _handle.py): the loop's thread and clock, once started.
         self._loop_thread = 0
         self._now: Callable[[], float] = _not_started_clock
@@ -255,33 +259,10 @@ class Timer:
     async def __aenter__(self) -> Timer:
         if self._state is not _NEW:
             raise RuntimeError("a Timer can be started only once")
-        backend = backend_name()
-        outer = anyio.create_task_group()
-        await outer.__aenter__()
-        self._outer_tg = outer
-        try:
-            live: Engine = await outer.start(self._supervise, backend)
-        except BaseException:
-            await outer.__aexit__(*sys.exc_info())
-            raise
-        if self._recorder is not None:
-            try:
-                self._recorder.open(backend=backend, clock=live.clock())
-            except BaseException:
-                # Nothing is scheduled yet: take down what this call started, so that
-                # a recorder that cannot open leaves no task running behind the error.
-                self._state = _CLOSED
-                live.tracing = None
-                live.closed = True
-                live.driver.stop()
-                live.pool.close()
-                live.closing.set()
-                await outer.__aexit__(None, None, None)  # the supervisor returns
-                raise
-        self._state = _OPEN
-        self._loop_thread = _get_ident()
-        self._now = live.clock
-        self._live = self._engine = live
+        # The tasks the engine runs in, and the recorder's opening, are the host's
+        # (aiowheel/_host.py); if it raises, nothing it started is left running.
+        host = self._host = Host(self._new_engine, self._recorder)
+        self._started(await host.start())
         return self
 
     async def __aexit__(
@@ -292,68 +273,40 @@ class Timer:
     ) -> bool:
         with anyio.CancelScope(shield=True):
             await self.aclose()
-            parts = self._engine
-            if parts is not None and not parts.pool.inside():
-                # aclose() called by one of the timer's own jobs did not wait for its
-                # own worker; the block does not end before every worker has.
-                await parts.stopped.wait()
-                await parts.pool.join()
-        outer = self._outer_tg
-        if outer is not None:
-            # Our tasks are finished, so the task group has nothing to wrap: the
-            # body's exception, if any, propagates as itself, not in an ExceptionGroup.
-            await outer.__aexit__(None, None, None)
+        if self._host is not None:
+            await self._host.exit(self._engine)  # every worker, then the task group
         return False
 
-    async def _supervise(self, backend: str, *, task_status: TaskStatus[Engine]) -> None:
-        # The driver (on trio) and the workers (on trio) live in this inner task
-        # group; the host task of ``async with`` is never cancelled by us. aclose()
-        # stops the driver and cancels each worker's own scope (not the group's, so
-        # that an async callback that calls aclose() is not cancelled by its own call),
-        # then sets `closing`, and the group ends once every child has returned.
-        stopped: anyio.Event | None = None
-        try:
-            async with anyio.create_task_group() as tg:
-                parts = make_backend(backend, tg)
-                live = Engine(
-                    parts,
-                    self._tick,
-                    self._wheel_size,
-                    self._limit,
-                    self._on_error,
-                    self._recorder,
-                    self._on_close,
-                    self._closed_error,
-                )
-                live.pool = WorkerPool(live, self._max_concurrency, parts)
-                stopped = live.stopped
-                await live.driver.start(tg)
-                task_status.started(live)
-                await live.closing.wait()
-        finally:
-            if stopped is not None:
-                stopped.set()
-
-    def _open_for_loop(self, backend: Backend) -> Engine:
-        """Start this new timer synchronously as a drop-in event loop's ``loop.timer``
-        (aiowheel/_loop.py): the engine without a supervisor task (the loop's backend
-        drives it and spawns its workers; the loop closes it, through ``close()``)."""
+    def _new_engine(self, backend: Backend) -> Engine:
+        """This timer's engine on ``backend``, with its worker pool: built by the host's
+        supervisor, or by ``_open_for_loop`` (where there is no recorder)."""
         live = Engine(
             backend,
             self._tick,
             self._wheel_size,
             self._limit,
             self._on_error,
-            None,
+            self._recorder,
             self._on_close,
             self._closed_error,
         )
         live.pool = WorkerPool(live, self._max_concurrency, backend)
-        live.loop_timers = True
+        return live
+
+    def _started(self, live: Engine) -> None:
+        # Open: the engine accepts timers; what handles read (see _handle.py) is set.
         self._state = _OPEN
         self._loop_thread = _get_ident()
         self._now = live.clock
         self._live = self._engine = live
+
+    def _open_for_loop(self, backend: Backend) -> Engine:
+        """Start this new timer synchronously as a drop-in event loop's ``loop.timer``
+        (aiowheel/_loop.py): the engine without a host (the loop's backend drives it
+        and spawns its workers; the loop closes it, through ``close()``)."""
+        live = self._new_engine(backend)
+        live.loop_timers = True
+        self._started(live)
         return live
 
     def _bind_thread(self) -> None:
@@ -385,30 +338,21 @@ class Timer:
             for periodic in list(live.periodics.active):
                 periodic.cancel()
             await live.waiters.drain()
+        host = self._host
+        assert host is not None  # an open timer's, but loop.timer's (refused above)
         if self._state is _CLOSED:
             # Closed during the drain, by a callback's aclose(): this call too returns
             # once every running callback (but its own caller) has ended, the closer
             # included, as aclose() does below.
-            if not live.pool.inside():
-                await live.stopped.wait()
-            await live.pool.join()
+            await host.join(live)
             return []
         cancelled = live.close()
         # Whoever calls, every running callback has ended when aclose() returns, but
         # the one that calls it (its worker would wait for itself). A task that a
         # callback started is not that callback: the callback is cancelled, and
         # waited for (docs/usage.md, "Shutting down").
-        if not live.pool.inside():
-            await live.stopped.wait()
-        await live.pool.join()
-        if self._recorder is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await anyio.to_thread.run_sync(self._recorder.close)
-                except Exception:
-                    # The timer is closed whatever the recorder says (ParquetRecorder
-                    # itself logs rather than raises, for the same reason).
-                    logger.exception("aiowheel: the trace recorder failed to close")
+        await host.join(live)
+        await host.close_recorder()
         return cancelled
 
     def _on_close(self) -> None:
@@ -485,20 +429,10 @@ class Timer:
 
     # -- admission checks -----------------------------------------------------------
 
-    def _closed_reason(self) -> str:
-        if self._state is _NEW:
-            return "the timer is not started: use `async with Timer() as timer:`"
-        if self._state is _DRAINING:
-            return "the timer is draining (aclose(drain=True)): no new periodic timers"
-        broken = self._engine.broken if self._engine is not None else None
-        if broken is not None:
-            return f"the timer stopped after an internal error: {broken!r}"
-        return "the timer is closed"
-
     def _closed_error(self) -> TimerClosed:
-        error = TimerClosed(self._closed_reason())
-        error.__cause__ = self._engine.broken if self._engine is not None else None
-        return error
+        # Why this timer refuses (_checks.closed): its state, and what broke it.
+        broken = self._engine.broken if self._engine is not None else None
+        return closed(self._state.value, broken)
 
     # The owner check (module docstring, "Loop affinity"; aiowheel/_affinity.py): _here
     # checks the thread and the loop (Affinity.here: the per-timer calls;
@@ -746,15 +680,7 @@ class Timer:
         if not isinstance(fixed_rate, bool):
             raise TypeError(f"fixed_rate must be a bool, got {fixed_rate!r}")
         check_label(label)
-        live.admit()
-        now = live.clock()
-        if now + period == _INF:
-            too_far("interval", period)
-        handle = PeriodicHandle(self, callback, args, period, fixed_rate, now)
-        live.stamp(handle, label, now)  # traced or not: the pass reads it when traced
-        live.file(handle, now + period, False, new=True)
-        live.periodics.active.add(handle)
-        return handle
+        return live.periodics.start(self, callback, args, period, fixed_rate, label)
 
     # -- what handles call ------------------------------------------------------------
 
@@ -821,17 +747,11 @@ class Timer:
     # -- self-check (tests) ------------------------------------------------------------
 
     def _check(self) -> None:
-        """Assert the engine's counters against the wheel, the run queue and the
-        periodic timers (``Engine.check``, docs/design.md "Accounting"), and that the
-        wheel holds only this timer's handles. For tests, between passes."""
-        engine = self._engine
-        if engine is None:
-            return
-        engine.check()
-        assert (self._live is None) == engine.closed
-        if self._live is not None:
-            for entry in engine.wheel:
-                assert cast("TimerHandle[Any]", entry)._timer is self, entry
+        """Assert the accounting against what the timer holds (docs/design.md
+        "Accounting"; aiowheel/_selfcheck.py). For tests, between passes."""
+        from ._selfcheck import check_timer  # test-only: not imported otherwise
+
+        check_timer(self)
 
     # -- threads ----------------------------------------------------------------------
 
@@ -896,4 +816,4 @@ class Timer:
 
 
 def _not_started_clock() -> float:
-    raise TimerClosed("the timer is not started: use `async with Timer() as timer:`")
+    raise closed(_NEW.value, None)

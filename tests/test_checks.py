@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from support import VARIANTS, Probe, noop
 
-from aiowheel import Timer
+from aiowheel import Timer, TimerClosed
+from aiowheel._checks import closed
 
 pytestmark = pytest.mark.anyio
 
@@ -161,3 +162,16 @@ async def test_every_bad_label(label: Any) -> None:
         with pytest.raises(TypeError, match="str or None"):
             timer.every(1.0, noop, label=label)
         assert len(timer) == 0
+
+
+def test_the_closed_error_says_why_and_keeps_the_cause() -> None:
+    """``_checks.closed``: the one ``TimerClosed`` of every refused call, by state."""
+    assert "not started" in str(closed("new", None))
+    assert "draining" in str(closed("draining", None))
+    assert str(closed("closed", None)) == "the timer is closed"
+    bug = KeyError("heap")
+    error = closed("closed", bug)
+    assert isinstance(error, TimerClosed)
+    assert "internal error: KeyError('heap')" in str(error)
+    assert error.__cause__ is bug
+    assert closed("new", None).__cause__ is None

@@ -1,0 +1,77 @@
+"""The self-check: assert a timer's accounting against what it holds. For tests.
+
+``check_engine`` asserts the counters (docs/design.md, "Accounting") against the wheel,
+the run queue and the periodic timers (``Periodics.check``), then the wheel's own
+invariants (``Wheel._check``); ``check_timer`` adds what only the ``Timer`` knows (open
+exactly while its engine is, its wheel holding only its own handles).
+``Timer._check()`` calls it after every step of the fault-model tests
+(tests/test_fault_model.py, tests/test_fault_finalizers.py), as they call
+``Wheel._check()``.
+
+Call them between passes, not from inside a callback: they cost O(pending).
+Interpreted (not in ``_compiled.MODULES``): nothing here is on a path of the timer's;
+it reads the compiled classes' attributes as any Python code does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from ._handle import _PENDING, TimerHandle
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+    from ._timer import Timer
+
+__all__ = ["check_engine", "check_timer"]
+
+
+def check_engine(engine: Engine) -> None:
+    """Assert the counters against the wheel, the run queue and the periodic timers,
+    then the wheel's own invariants."""
+    pending = engine.pending
+    assert engine.scheduled == engine.fired + engine.cancelled + pending, (
+        f"scheduled {engine.scheduled} != fired {engine.fired} + cancelled "
+        f"{engine.cancelled} + pending {pending}"
+    )
+    assert 0 <= engine.failed <= engine.fired
+    pool = engine.pool
+    assert pool.busy == sum(pool.running.values()) >= 0
+    assert pool.busy <= pool.limit
+    if engine.closed:
+        assert pending == 0, f"closed with {pending} pending"
+        assert not engine.periodics.active, "closed with active periodic timers"
+        return
+    engine.wheel._check()
+    filed = 0
+    for entry in engine.wheel:
+        if not isinstance(entry, TimerHandle):
+            filed += 1  # a drop-in loop's handle
+            continue
+        handle = entry
+        assert handle._result is _PENDING, handle
+        filed += 1
+    queued = 0
+    for entry in pool.queue:
+        handle = cast("TimerHandle[Any]", entry)
+        assert handle._bucket is pool.queue
+        assert hasattr(type(handle._result), "__await__"), handle
+        queued += 1
+    reserved = engine.periodics.check()
+    assert pending == filed + queued + reserved, (
+        f"pending {pending} != filed {filed} + queued {queued} + runs {reserved}"
+    )
+    assert pending <= engine.limit, f"pending {pending} > max_pending {engine.limit}"
+
+
+def check_timer(timer: Timer) -> None:
+    """``check_engine`` on the timer's engine (if it was started), and that the timer
+    is open exactly while its engine is, its wheel holding only its own handles."""
+    engine = timer._engine
+    if engine is None:
+        return
+    check_engine(engine)
+    assert (timer._live is None) == engine.closed
+    if timer._live is not None:
+        for entry in engine.wheel:
+            assert cast("TimerHandle[Any]", entry)._timer is timer, entry

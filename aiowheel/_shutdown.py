@@ -1,0 +1,136 @@
+"""Shutdown: how an engine closes, for good (compiled with the core).
+
+A started timer's engine (``_engine.py``) ends here, one way or another:
+
+* ``close_engine``: ``aclose()`` (through ``Engine.close``), ``loop.close()`` of the
+  drop-in loop, or an internal error. After it nothing is pending and nobody waits:
+  ``cancel_everything`` cancels what the wheel and the run queue hold, stops the
+  periodic timers, settles the running async callbacks as cancelled-while-running,
+  tells the guards of ``sleep()``/``timeout()`` blocks, and writes the last trace rows;
+* ``break_engine``: the wheel itself raised (a bug, ``Engine.break_``): the same close,
+  and every later call says why (``Engine.broken``, ``Engine.stranded``);
+* ``abort_start``: ``Timer.__aenter__`` failed after its engine started (the recorder
+  did not open), with nothing scheduled yet.
+
+The engine owns the state (``closed``, ``broken``, ``stranded``, the counters); these
+functions are its one writer once it closes, through a reference typed as the engine
+(compiled, native calls), as ``Periodics`` and the worker pool do. None is on a hot
+path: each runs once per timer.
+
+Re-entrancy (docs/design.md, "Re-entrancy"): every handle is settled before any user
+code runs; the queued awaitables are closed (their ``finally`` blocks) last.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Final
+
+from ._dispatch import close_awaitable
+from ._exceptions import TimerCancelled
+from ._handle import _CANCELLED, TimerHandle, TracedHandle, _Failure
+from ._timeout import Guard
+from ._wheel import deadline_of
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+__all__ = ["abort_start", "break_engine", "cancel_everything", "close_engine"]
+
+logger: Final = logging.getLogger("aiowheel")
+
+_INF: Final = math.inf
+
+
+def close_engine(engine: Engine) -> list[TimerHandle[Any]]:
+    """Close for good: after it, nothing is pending and nobody waits. Returns the
+    cancelled handles in deadline order."""
+    if engine.loop_timers:
+        engine.drop_loop_handles()  # the loop's own handles are dropped, not cancelled
+    engine.closed = True
+    engine.wake_at = _INF
+    engine._on_close()  # the owner stops accepting timers first
+    engine.driver.stop()
+    try:
+        cancelled = cancel_everything(engine)
+    finally:
+        engine.pool.close()
+        engine.waiters.wake_all()
+    return cancelled
+
+
+def cancel_everything(engine: Engine) -> list[TimerHandle[Any]]:
+    handles: list[TimerHandle[Any]] = engine.wheel.clear()
+    pool = engine.pool
+    handles.extend(pool.take_queue())
+    handles.sort(key=deadline_of)
+    now = engine.clock()
+    # The queued awaitables are closed (user code) and released at the very end.
+    olds: list[Any] = []
+    for handle in handles:
+        olds.append(handle._result)
+        handle._result = _CANCELLED
+        engine.waiters.settle(handle, _CANCELLED)
+    # Every periodic timer stops: the filed and queued ones are among the handles;
+    # one whose run is in progress gives back its reserved period, cancelled too.
+    reserved = engine.periodics.stop_all()
+    engine.cancelled += len(handles) + reserved
+    engine.pending = 0
+    # A task in sleep() or a timeout() block whose timer this was learns it now
+    # (its guard will never fire): it raises TimerClosed.
+    for handle in handles:
+        callback = handle._callback
+        if isinstance(callback, Guard):
+            callback.timer_closed()
+    current = pool.current()
+    for handle in pool.running:
+        if handle is current:
+            continue  # the callback that called aclose() runs to its end
+        # It started, so it stays fired(); its wait() raises TimerCancelled.
+        outcome = _Failure(TimerCancelled(f"{handle!r} was cancelled by aclose() while running"))
+        handle._result = outcome
+        engine.waiters.settle(handle, outcome)
+    # The trace rows last: everything above is settled whatever a recorder raises
+    # (even SystemExit, which the tracer lets through); then the last batch goes
+    # to the recorder, which aclose() closes next.
+    try:
+        for handle in handles:
+            if isinstance(handle, TracedHandle) and handle._tracer is not None:
+                handle._tracer.cancelled_at(handle, now)
+        if engine.tracing is not None:
+            engine.tracing.close()
+    finally:
+        for old in olds:
+            close_awaitable(old)
+        olds.clear()
+    return handles
+
+
+def break_engine(engine: Engine, exc: BaseException) -> None:
+    """The wheel raised: a bug, and its state cannot be trusted. Close rather than
+    stay stuck, and make every later call say why."""
+    logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
+    if engine.closed:
+        return
+    engine.broken = exc
+    # Whoever waits on a handle learns why, and does not wait for ever.
+    engine.waiters.fail_all(engine._closed_error)
+    try:
+        # Every handle it held (the wheel, the buckets a pass had taken, the run
+        # queue) is cancelled, and its wait() raises TimerClosed from `exc`.
+        engine.stranded.update(close_engine(engine))
+    except Exception:
+        logger.exception("while closing the broken timer")
+
+
+def abort_start(engine: Engine) -> None:
+    """Take down what a start that failed had started (the engine, its driver, its
+    pool, the supervisor waiting on ``closing``), with nothing scheduled yet: no trace
+    rows, and the owner closed (``Engine._on_close``)."""
+    engine.tracing = None
+    engine.closed = True
+    engine._on_close()
+    engine.driver.stop()
+    engine.pool.close()
+    engine.closing.set()
