@@ -15,7 +15,7 @@ import copyreg
 from _thread import get_ident as _get_ident
 from collections.abc import Callable, Hashable, Iterable
 from types import TracebackType
-from typing import Any, Self, SupportsFloat, SupportsIndex, TypeVar
+from typing import Any, Final, Self, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio
 
@@ -39,10 +39,11 @@ except ImportError:  # not a runtime dependency: the pure core only needs a no-o
 # Operation states. An operation moves forward only: NEW -> WATCHED -> COMPLETED or
 # CANCELLED, or NEW -> COMPLETED (completed before or instead of being watched).
 # "Finished" means COMPLETED or CANCELLED: nothing will happen to it any more.
-_NEW = 0
-_WATCHED = 1
-_COMPLETED = 2
-_CANCELLED = 3
+# Final: compiled, a plain module global is a dict look-up at every use.
+_NEW: Final = 0
+_WATCHED: Final = 1
+_COMPLETED: Final = 2
+_CANCELLED: Final = 3
 
 
 def _check_owner(timer: Timer) -> None:
@@ -534,7 +535,9 @@ class _Purgatory:
             return True  # completed by force_complete() before it was ever watched
         if self._closed:
             raise TimerClosed(f"purgatory {self._name!r} is closed")
-        if self._timer.closed:
+        # A running timer has an engine (_live); `closed` is read only when it has none
+        # (compiled, it is a global look-up).
+        if self._timer._live is None and self._timer.closed:
             raise TimerClosed(f"the timer of purgatory {self._name!r} is closed")
 
         if op.try_complete():

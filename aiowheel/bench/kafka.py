@@ -114,13 +114,24 @@ def _pools(seed: int, cases: tuple[str, ...], size: int) -> _Pools:
 
 
 class _Request:
-    __slots__ = ("created", "handle", "key", "op")
+    """The hand-written models' request: its key, arrival time and timeout handle."""
+
+    __slots__ = ("created", "handle", "key")
 
     def __init__(self, key: int, created: float) -> None:
         self.key = key
         self.created = created
         self.handle: Any = None
-        self.op: Any = None
+
+
+# Each model gives the load generator two functions: ``arrive(key, now)`` parks a new
+# request and returns what the completer will hand to ``complete`` (aiowheel: the
+# DelayedOperation itself, which is the request, as in a server; the hand-written
+# models: a _Request holding its timeout handle).
+_Model = tuple[Callable[[int, float], Any], Callable[[Any], None]]
+
+#: The keys' one-item tuples, made once (a server passes the keys it has).
+_KEY_TUPLES = [(k,) for k in range(_KEYS)]
 
 
 class _Counters:
@@ -132,9 +143,7 @@ class _Counters:
         self.late: array[float] = array("d")
 
 
-def _purgatory_model(
-    env: Env, counters: _Counters
-) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _purgatory_model(env: Env, counters: _Counters) -> _Model:
     assert env.timer is not None
     now = env.now
     late = counters.late
@@ -158,23 +167,24 @@ def _purgatory_model(
 
     purgatory = aiowheel.Purgatory(env.timer, name="bench")
     watch = purgatory.try_complete_else_watch
+    keys = _KEY_TUPLES
 
-    def arrive(request: _Request) -> None:
-        op = BenchOperation(request.created)
-        request.op = op
+    def arrive(key: int, created: float) -> BenchOperation:
+        op = BenchOperation(created)
         # Watched on one of _KEYS keys, as produce requests are on partitions.
-        watch(op, (request.key % _KEYS,))
+        watch(op, keys[key % _KEYS])
+        return op
 
-    def complete(request: _Request) -> None:
+    def complete(op: BenchOperation) -> None:
         # Kafka's completer holds the operation and forces it; its watch-list entry
         # goes at the key's next check or the next purge (every purge_interval).
-        if request.op.force_complete():
+        if op.force_complete():
             counters.completed += 1
 
     return arrive, complete
 
 
-def _timer_model(env: Env, counters: _Counters) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _timer_model(env: Env, counters: _Counters) -> _Model:
     # A dict of watched keys and a timeout timer per request: what a purgatory does,
     # minus the generality. The completion logic is the same for every contender.
     watched: dict[int, _Request] = {}
@@ -187,9 +197,11 @@ def _timer_model(env: Env, counters: _Counters) -> tuple[Callable[..., Any], Cal
             counters.expired += 1
             late.append(now() - request.created - TIMEOUT)
 
-    def arrive(request: _Request) -> None:
-        watched[request.key] = request
+    def arrive(key: int, created: float) -> _Request:
+        request = _Request(key, created)
+        watched[key] = request
         request.handle = call_later(TIMEOUT, expire, request)
+        return request
 
     def complete(request: _Request) -> None:
         if watched.pop(request.key, None) is not None:
@@ -217,7 +229,7 @@ async def run_probe(
     now = env.now
     sleep = env.sleep
     checkpoint = env.checkpoint
-    heap: list[tuple[float, int, _Request]] = []
+    heap: list[tuple[float, int, Any]] = []
     push, pop = heapq.heappush, heapq.heappop
     lags: array[float] = array("d")
     lag = lags.append
@@ -233,8 +245,7 @@ async def run_probe(
         burst = 0
         while next_arrival <= t and burst < _MAX_BURST:
             lag(t - next_arrival)
-            request = _Request(key, t)
-            arrive(request)
+            request = arrive(key, t)
             draw = completion[key % size]
             if draw < TIMEOUT:
                 push(heap, (t + draw, key, request))
