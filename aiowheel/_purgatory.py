@@ -652,14 +652,24 @@ class _Purgatory:
 
 def _complete(op: _DelayedOperation) -> bool:
     """``force_complete``: the first caller wins."""
-    purgatory = op._purgatory
-    if purgatory is not None:
-        _check_owner(purgatory._timer)
+    handle = op._handle
+    if handle is not None:
+        # A watched operation's timeout: its cancel() makes the owner check (the
+        # timer's own, the same as _check_owner) before anything changes, so the
+        # purgatory does not make it a second time. Nothing else changed yet.
+        handle.cancel()
+        op._handle = None
+    else:
+        purgatory = op._purgatory
+        if purgatory is not None:
+            _check_owner(purgatory._timer)
     if op._state >= _COMPLETED:
         return False
     op._state = _COMPLETED
     try:
-        _release(op)
+        purgatory = op._purgatory
+        if purgatory is not None:
+            _finished(purgatory, op)
         op.on_complete()
     finally:
         if op._event is not None:
