@@ -665,6 +665,12 @@ def _complete(op: _DelayedOperation) -> bool:
             _check_owner(purgatory._timer)
     if op._state >= _COMPLETED:
         return False
+    _settle(op)
+    return True
+
+
+def _settle(op: _DelayedOperation) -> None:
+    # Complete an unfinished operation whose timeout is cancelled or has fired.
     op._state = _COMPLETED
     try:
         purgatory = op._purgatory
@@ -674,13 +680,14 @@ def _complete(op: _DelayedOperation) -> bool:
     finally:
         if op._event is not None:
             _wake(op)
-    return True
 
 
 def _expire(op: _DelayedOperation) -> None:
-    # The timer's callback. The timer has already let go of the handle.
+    # The timer's callback, on the timer's loop (no owner check to make). The timer
+    # has already let go of the handle. A pending timeout means a watched operation.
     op._handle = None
-    if _complete(op):
+    if op._state < _COMPLETED:
+        _settle(op)
         op.on_expiration()
 
 
