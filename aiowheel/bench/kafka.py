@@ -30,8 +30,9 @@ bisects (geometric mean) to within 5%, then confirms the best rate with a probe 
 confirmation fails, the search goes on with long probes: 20% lower until one passes,
 then bisecting between the highest that passed and the lowest that failed to within
 5% (ten long probes at most). Before each probe the
-heap left by start-up is frozen (``gc.freeze()``, as docs/purgatory.md advises a
-server), for every contender alike. Contenders are probed
+heap left by start-up is frozen (``gc.freeze()``) and the young generation's threshold
+raised to ``GC_YOUNG_THRESHOLD``, as docs/purgatory.md advises a server, for every
+contender alike. Contenders are probed
 in turn, step by step (ABAB...), so drift hits all of them alike.
 
 It is a ``SearchedWorkload`` (``workload.py``): the runner hands it the contenders
@@ -64,7 +65,7 @@ from .results import Result
 from .settings import Settings
 from .workload import Metric, Progress, Remote, RepeatedWorkload, SearchedWorkload, Trace
 
-__all__ = ["CASES", "Cycle", "Kafka", "ProbeResult", "run_probe"]
+__all__ = ["CASES", "GC_YOUNG_THRESHOLD", "Cycle", "Kafka", "ProbeResult", "run_probe"]
 
 TIMEOUT = 0.200
 #: case -> (completion p50, p75), seconds
@@ -73,6 +74,9 @@ _Z75 = 0.6744897501960817  # standard normal quantile at 0.75
 _POOL = 1 << 20  # random draws cycled through by every probe
 _MAX_BURST = 2_000  # arrivals created before yielding to the loop, when behind
 _KEYS = 1_000  # purgatory keys the requests are spread over ("partitions")
+#: The young generation's threshold during a probe (CPython's default is 700):
+#: docs/purgatory.md, "The garbage collector", measured.
+GC_YOUNG_THRESHOLD = 10_000
 
 
 @dataclass
@@ -411,6 +415,7 @@ class Kafka(SearchedWorkload):
             "sustain_s": settings.kafka_seconds,
             "max_lag_ms": settings.kafka_max_lag * 1e3,
             "aiowheel": "Purgatory",
+            "gc": f"gc.freeze() after start-up; gc.set_threshold({GC_YOUNG_THRESHOLD}, ...)",
         }
 
     def probe_once(
@@ -430,12 +435,17 @@ class Kafka(SearchedWorkload):
 
         # What docs/purgatory.md advises a server: freeze what start-up left (here the
         # harness: modules, pools, earlier results) so that full collections walk only
-        # what the probe allocates. Every contender is probed the same way.
+        # what the probe allocates, and raise the young generation's threshold so that
+        # the bursts of a steady load do not start a collection every few
+        # milliseconds. Every contender is probed the same way.
         gc.collect()
         gc.freeze()
+        threshold = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *threshold[1:])
         try:
             result: ProbeResult = run_fresh(contender.backend, body)
         finally:
+            gc.set_threshold(*threshold)
             gc.unfreeze()
         return result
 
