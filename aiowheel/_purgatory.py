@@ -95,13 +95,13 @@ _FIELDS = (
     "_entries",
     "_event",
     "_handle",
-    "_list",
-    "_more",
-    "_next",
-    "_prev",
+    "_watch_list",
+    "_watch_more",
+    "_watch_next",
+    "_watch_prev",
     "_purgatory",
-    "_snext",
-    "_sprev",
+    "_stale_next",
+    "_stale_prev",
     "_state",
     "_timeout",
 )
@@ -157,11 +157,11 @@ class _Link:
     hash to a few dict slots, as they are all multiples of 16).
     """
 
-    __slots__ = ("_list", "_next", "_prev")
+    __slots__ = ("_watch_list", "_watch_next", "_watch_prev")
 
-    _list: Watchers | None  # the list this node is in, None once unlinked
-    _prev: _Link | None
-    _next: _Link | None
+    _watch_list: Watchers | None  # the list this node is in, None once unlinked
+    _watch_prev: _Link | None
+    _watch_next: _Link | None
 
 
 class _Entry(_Link):
@@ -171,9 +171,9 @@ class _Entry(_Link):
 
     def __init__(self, op: _DelayedOperation) -> None:
         self.op = op
-        self._list = None
-        self._prev = None
-        self._next = None
+        self._watch_list = None
+        self._watch_prev = None
+        self._watch_next = None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -192,12 +192,12 @@ class _DelayedOperation(_Link):
         "_entries",
         "_event",
         "_handle",
-        "_more",
         "_purgatory",
-        "_snext",
-        "_sprev",
+        "_stale_next",
+        "_stale_prev",
         "_state",
         "_timeout",
+        "_watch_more",
     )
 
     def __init__(self, timeout: SupportsFloat) -> None:
@@ -217,16 +217,16 @@ class _DelayedOperation(_Link):
         # watched at most once).
         self._purgatory: _Purgatory | None = None
         # How many watch lists hold this operation (see Purgatory). The operation is
-        # the node of its first list (_Link's fields); _more holds its nodes in the
-        # others, so a purge visits only the lists it is in.
+        # the node of its first list (_Link's fields); _watch_more holds its nodes in
+        # the others, so a purge visits only the lists it is in.
         self._entries = 0
-        self._list = None
-        self._prev = None
-        self._next = None
-        self._more: list[_Entry] | None = None
+        self._watch_list = None
+        self._watch_prev = None
+        self._watch_next = None
+        self._watch_more: list[_Entry] | None = None
         # Its place in its purgatory's list of finished operations still watched.
-        self._sprev: _DelayedOperation | None = None
-        self._snext: _DelayedOperation | None = None
+        self._stale_prev: _DelayedOperation | None = None
+        self._stale_next: _DelayedOperation | None = None
         # Created by the first wait(): an operation nobody waits for costs no event.
         self._event: anyio.Event | None = None
 
@@ -318,12 +318,12 @@ class _DelayedOperation(_Link):
 
 def _link_of(op: _DelayedOperation, watch_list: Watchers) -> _Link | None:
     """``op``'s node in ``watch_list``, or None."""
-    if op._list is watch_list:
+    if op._watch_list is watch_list:
         return op
-    more = op._more
+    more = op._watch_more
     if more is not None:
         for entry in more:
-            if entry._list is watch_list:
+            if entry._watch_list is watch_list:
                 return entry
     return None
 
@@ -356,28 +356,28 @@ class Watchers:
 
     def watch(self, op: _DelayedOperation) -> bool:
         """Add ``op``; False when it is already in the list (the same key twice)."""
-        if op._list is None:
-            if op._more is not None and _link_of(op, self) is not None:
+        if op._watch_list is None:
+            if op._watch_more is not None and _link_of(op, self) is not None:
                 return False
             link: _Link = op
         else:
             if _link_of(op, self) is not None:
                 return False
             entry = _Entry(op)
-            more = op._more
+            more = op._watch_more
             if more is None:
-                op._more = [entry]
+                op._watch_more = [entry]
             else:
                 more.append(entry)
             link = entry
-        link._list = self
+        link._watch_list = self
         tail = self._tail
-        link._prev = tail
-        link._next = None
+        link._watch_prev = tail
+        link._watch_next = None
         if tail is None:
             self._head = link
         else:
-            tail._next = link
+            tail._watch_next = link
         self._tail = link
         self._len += 1
         return True
@@ -391,19 +391,19 @@ class Watchers:
         return True
 
     def _unlink(self, link: _Link) -> None:
-        prev = link._prev
-        next_ = link._next
+        prev = link._watch_prev
+        next_ = link._watch_next
         if prev is None:
             self._head = next_
         else:
-            prev._next = next_
+            prev._watch_next = next_
         if next_ is None:
             self._tail = prev
         else:
-            next_._prev = prev
-        link._prev = None
-        link._next = None
-        link._list = None
+            next_._watch_prev = prev
+        link._watch_prev = None
+        link._watch_next = None
+        link._watch_list = None
         self._len -= 1
 
     def snapshot(self) -> list[_DelayedOperation]:
@@ -417,7 +417,7 @@ class Watchers:
             else:
                 assert isinstance(link, _DelayedOperation)
                 ops.append(link)
-            link = link._next
+            link = link._watch_next
         return ops
 
 
@@ -450,8 +450,8 @@ class _Purgatory:
         self._watched = 0  # entries in all watch lists
         self._stale = 0  # finished operations with _entries > 0
         # The finished operations still in a watch list, linked through their
-        # _sprev/_snext: exactly the _stale ones. An operation leaves it when its last
-        # entry goes (_drop_entry), not at the next purge: an operation that left its
+        # _stale_prev/_stale_next: exactly the _stale ones. An operation leaves it
+        # when its last entry goes (_drop_entry), not at the next purge: one that left its
         # lists must not be kept alive here, with whatever it holds (a long-poll's
         # 1 MiB answer, issue 20), for up to 2 * purge_interval more completions.
         self._stale_head: _DelayedOperation | None = None
@@ -722,9 +722,9 @@ def _finished(purgatory: _Purgatory, op: _DelayedOperation) -> None:
     if op._entries:
         purgatory._stale += 1
         head = purgatory._stale_head
-        op._snext = head
+        op._stale_next = head
         if head is not None:
-            head._sprev = op
+            head._stale_prev = op
         purgatory._stale_head = op
         # Kafka's purge trigger, evaluated where the count grows. Not during a walk:
         # the walk is about to drop entries itself, and a purge would mutate the list
@@ -739,23 +739,23 @@ def _drop_entry(purgatory: _Purgatory, op: _DelayedOperation) -> None:
     op._entries -= 1
     if not op._entries and op._state >= _COMPLETED:
         purgatory._stale -= 1
-        prev = op._sprev
-        next_ = op._snext
+        prev = op._stale_prev
+        next_ = op._stale_next
         if prev is None:
             purgatory._stale_head = next_
         else:
-            prev._snext = next_
+            prev._stale_next = next_
         if next_ is not None:
-            next_._sprev = prev
-        op._sprev = None
-        op._snext = None
+            next_._stale_prev = prev
+        op._stale_prev = None
+        op._stale_next = None
 
 
 def _purge(purgatory: _Purgatory) -> None:
     """Drop every finished operation from every watch list.
 
     Kafka walks all watch lists (O(watched)), because it does not know which lists a
-    finished operation is in. We do (its nodes: itself and ``op._more``), and we keep
+    finished operation is in. We do (its nodes: itself and ``op._watch_more``), and we keep
     the operations that finished while still watched in a list of their own
     (``_stale_head``), so a purge visits only their entries: O(finished operations x
     their keys). What gets purged, and when, is Kafka's exactly.
@@ -764,26 +764,26 @@ def _purge(purgatory: _Purgatory) -> None:
     dropped = 0
     op = purgatory._stale_head
     while op is not None:
-        watch_list = op._list
+        watch_list = op._watch_list
         if watch_list is not None:
             watch_list._unlink(op)
             dropped += 1
             if not watch_list._len:
                 _forget(watchers, watch_list)
-        more = op._more
+        more = op._watch_more
         if more is not None:
             for entry in more:
-                watch_list = entry._list
+                watch_list = entry._watch_list
                 if watch_list is not None:
                     watch_list._unlink(entry)
                     dropped += 1
                     if not watch_list._len:
                         _forget(watchers, watch_list)
-            op._more = None
+            op._watch_more = None
         op._entries = 0
-        next_ = op._snext
-        op._sprev = None
-        op._snext = None
+        next_ = op._stale_next
+        op._stale_prev = None
+        op._stale_next = None
         op = next_
     purgatory._stale_head = None
     purgatory._watched -= dropped
