@@ -12,9 +12,10 @@ Both cores run the same classes, so they answer copy, pickle and weak references
 from __future__ import annotations
 
 import copyreg
+from _thread import get_ident as _get_ident
 from collections.abc import Callable, Hashable, Iterable
 from types import TracebackType
-from typing import Any, Self, SupportsFloat, SupportsIndex, TypeVar
+from typing import Any, Final, Self, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio
 
@@ -38,10 +39,11 @@ except ImportError:  # not a runtime dependency: the pure core only needs a no-o
 # Operation states. An operation moves forward only: NEW -> WATCHED -> COMPLETED or
 # CANCELLED, or NEW -> COMPLETED (completed before or instead of being watched).
 # "Finished" means COMPLETED or CANCELLED: nothing will happen to it any more.
-_NEW = 0
-_WATCHED = 1
-_COMPLETED = 2
-_CANCELLED = 3
+# Final: compiled, a plain module global is a dict look-up at every use.
+_NEW: Final = 0
+_WATCHED: Final = 1
+_COMPLETED: Final = 2
+_CANCELLED: Final = 3
 
 
 def _check_owner(timer: Timer) -> None:
@@ -51,10 +53,22 @@ def _check_owner(timer: Timer) -> None:
     the timer's event loop, like the timer's own state. Every public method that changes
     something calls this first, so a foreign call raises before it changes anything
     (it used to mark an operation completed and only then reach the timer's check).
-    The rule is the timer's own (``Timer._check_owner``: its thread, and on asyncio its
-    running loop), applied while the timer runs, as the timer applies it; a thread
-    goes through ``timer.call_threadsafe``. See docs/purgatory.md, "Threads".
+    The rule is the one the timer applies on its own hot paths (``schedule_nowait``,
+    ``cancel``: an inline copy of ``Affinity.here``, the owner's thread and no other
+    loop running in it), applied while the timer runs; a thread goes through
+    ``timer.call_threadsafe``. See docs/purgatory.md, "Threads". Not the running-loop
+    comparison of ``Affinity.check`` (for the calls that wait, ``wait()`` here):
+    ``asyncio._get_running_loop()`` makes a system call (getpid), and two of them were
+    a sixth of a request's cycle on uvloop.
     """
+    live = timer._live
+    if live is not None and (_get_ident() != timer._loop_thread or live.affinity.elsewhere()):
+        raise live.affinity.foreign()
+
+
+def _check_owner_waiting(timer: Timer) -> None:
+    """``_check_owner`` for a call that waits: the timer's full check (its running
+    loop too, ``Timer._check_owner``)."""
     live = timer._live
     if live is not None:
         timer._check_owner(live)
@@ -77,7 +91,20 @@ def _state_of(op: object) -> int:
 
 
 #: The fields of ``_DelayedOperation`` (its ``__slots__`` on the pure core).
-_FIELDS = ("_entries", "_event", "_handle", "_keys", "_purgatory", "_state", "_timeout")
+_FIELDS = (
+    "_entries",
+    "_event",
+    "_handle",
+    "_watch_list",
+    "_watch_more",
+    "_watch_next",
+    "_watch_prev",
+    "_purgatory",
+    "_stale_next",
+    "_stale_prev",
+    "_state",
+    "_timeout",
+)
 
 
 #: The fields of ``_Purgatory``.
@@ -87,7 +114,7 @@ _PURGATORY_FIELDS = (
     "_name",
     "_purge_interval",
     "_stale",
-    "_stale_ops",
+    "_stale_head",
     "_timer",
     "_walking",
     "_watched",
@@ -120,7 +147,37 @@ def _set_state(obj: object, state: tuple[dict[str, object] | None, dict[str, obj
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class _DelayedOperation:
+class _Link:
+    """A node of one key's watch list (``Watchers``), a doubly linked list.
+
+    An operation is the node of the first list it is watched in (no allocation for an
+    operation watched on one key, the common case); each further key gets an
+    ``_Entry``. Removing a node is an unlink: O(1), no search and no hashing (the lists
+    used to be dicts keyed by ``id(op)``: an int allocated per entry, and addresses
+    hash to a few dict slots, as they are all multiples of 16).
+    """
+
+    __slots__ = ("_watch_list", "_watch_next", "_watch_prev")
+
+    _watch_list: Watchers | None  # the list this node is in, None once unlinked
+    _watch_prev: _Link | None
+    _watch_next: _Link | None
+
+
+class _Entry(_Link):
+    """The node of an operation in the watch list of a key other than its first."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: _DelayedOperation) -> None:
+        self.op = op
+        self._watch_list = None
+        self._watch_prev = None
+        self._watch_next = None
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class _DelayedOperation(_Link):
     """The state and the logic of ``DelayedOperation`` (documented there).
 
     A native class on the compiled core, so that the purgatory reads and writes an
@@ -135,10 +192,12 @@ class _DelayedOperation:
         "_entries",
         "_event",
         "_handle",
-        "_keys",
         "_purgatory",
+        "_stale_next",
+        "_stale_prev",
         "_state",
         "_timeout",
+        "_watch_more",
     )
 
     def __init__(self, timeout: SupportsFloat) -> None:
@@ -157,10 +216,17 @@ class _DelayedOperation:
         # The purgatory this operation was handed to (never reset: an operation is
         # watched at most once).
         self._purgatory: _Purgatory | None = None
-        # How many watch lists hold this operation (see Purgatory), and the keys it
-        # was watched on (so a purge visits only the lists it is in).
+        # How many watch lists hold this operation (see Purgatory). The operation is
+        # the node of its first list (_Link's fields); _watch_more holds its nodes in
+        # the others, so a purge visits only the lists it is in.
         self._entries = 0
-        self._keys: tuple[Hashable, ...] = ()
+        self._watch_list = None
+        self._watch_prev = None
+        self._watch_next = None
+        self._watch_more: list[_Entry] | None = None
+        # Its place in its purgatory's list of finished operations still watched.
+        self._stale_prev: _DelayedOperation | None = None
+        self._stale_next: _DelayedOperation | None = None
         # Created by the first wait(): an operation nobody waits for costs no event.
         self._event: anyio.Event | None = None
 
@@ -238,7 +304,7 @@ class _DelayedOperation:
         from outside its purgatory's loop."""
         purgatory = self._purgatory
         if purgatory is not None:
-            _check_owner(purgatory._timer)
+            _check_owner_waiting(purgatory._timer)
         if self._state < _COMPLETED:
             event = self._event
             if event is None:
@@ -250,51 +316,109 @@ class _DelayedOperation:
             raise TimerCancelled(f"{self!r} was cancelled by its purgatory")
 
 
+def _link_of(op: _DelayedOperation, watch_list: Watchers) -> _Link | None:
+    """``op``'s node in ``watch_list``, or None."""
+    if op._watch_list is watch_list:
+        return op
+    more = op._watch_more
+    if more is not None:
+        for entry in more:
+            if entry._watch_list is watch_list:
+                return entry
+    return None
+
+
 class Watchers:
     """One key's watch list (Kafka's ``Watchers``): the operations watched on ``key``,
     in watch order.
 
-    A dict used as an insertion-ordered set, keyed by ``id(op)``: O(1) removal of any
-    entry, iteration in watch order, and no reliance on the operation's own
-    ``__hash__``/``__eq__`` (a dataclass subclass defines ``__eq__`` and so has no
-    ``__hash__``). The purgatory keeps one per key that has entries, and drops it when
-    it empties.
+    A doubly linked list whose nodes are the operations themselves (``_Link``; an
+    ``_Entry`` for an operation's second and further keys): watching and removing
+    are O(1) and allocate nothing for an operation watched on one key, iteration is in
+    watch order, and nothing relies on the operation's own ``__hash__``/``__eq__`` (a
+    dataclass subclass defines ``__eq__`` and so has no ``__hash__``). The purgatory
+    keeps one per key that has entries, and drops it when it empties.
     """
 
-    __slots__ = ("key", "ops")
+    __slots__ = ("_head", "_len", "_tail", "key")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.ops: dict[int, _DelayedOperation] = {}
+        self._head: _Link | None = None
+        self._tail: _Link | None = None
+        self._len = 0
 
     def __len__(self) -> int:
-        return len(self.ops)
+        return self._len
 
     def __repr__(self) -> str:
-        return f"<Watchers {self.key!r} ops={len(self.ops)}>"
+        return f"<Watchers {self.key!r} ops={self._len}>"
 
     def watch(self, op: _DelayedOperation) -> bool:
         """Add ``op``; False when it is already in the list (the same key twice)."""
-        ops = self.ops
-        ident = id(op)
-        if ident in ops:
-            return False
-        ops[ident] = op
+        if op._watch_list is None:
+            if op._watch_more is not None and _link_of(op, self) is not None:
+                return False
+            link: _Link = op
+        else:
+            if _link_of(op, self) is not None:
+                return False
+            entry = _Entry(op)
+            more = op._watch_more
+            if more is None:
+                op._watch_more = [entry]
+            else:
+                more.append(entry)
+            link = entry
+        link._watch_list = self
+        tail = self._tail
+        link._watch_prev = tail
+        link._watch_next = None
+        if tail is None:
+            self._head = link
+        else:
+            tail._watch_next = link
+        self._tail = link
+        self._len += 1
         return True
 
     def remove(self, op: _DelayedOperation) -> bool:
         """Remove ``op``'s entry; False when this list does not hold it."""
-        ops = self.ops
-        ident = id(op)
-        if ops.get(ident) is op:
-            del ops[ident]
-            return True
-        return False
+        link = _link_of(op, self)
+        if link is None:
+            return False
+        self._unlink(link)
+        return True
+
+    def _unlink(self, link: _Link) -> None:
+        prev = link._watch_prev
+        next_ = link._watch_next
+        if prev is None:
+            self._head = next_
+        else:
+            prev._watch_next = next_
+        if next_ is None:
+            self._tail = prev
+        else:
+            next_._watch_prev = prev
+        link._watch_prev = None
+        link._watch_next = None
+        link._watch_list = None
+        self._len -= 1
 
     def snapshot(self) -> list[_DelayedOperation]:
         """The operations, in watch order, as a list the caller may walk while user
         code changes this one."""
-        return list(self.ops.values())
+        ops: list[_DelayedOperation] = []
+        link = self._head
+        while link is not None:
+            if isinstance(link, _Entry):
+                ops.append(link.op)
+            else:
+                assert isinstance(link, _DelayedOperation)
+                ops.append(link)
+            link = link._watch_next
+        return ops
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -325,12 +449,12 @@ class _Purgatory:
         self._delayed = 0  # watched operations not finished
         self._watched = 0  # entries in all watch lists
         self._stale = 0  # finished operations with _entries > 0
-        # id(op) -> op for the finished operations still in a watch list: exactly the
-        # _stale ones (len(_stale_ops) == _stale). An operation leaves it when its last
-        # entry goes (_drop_entry), not at the next purge: an operation that left its
+        # The finished operations still in a watch list, linked through their
+        # _stale_prev/_stale_next: exactly the _stale ones. An operation leaves it
+        # when its last entry goes (_drop_entry), not at the next purge: one that left its
         # lists must not be kept alive here, with whatever it holds (a long-poll's
         # 1 MiB answer, issue 20), for up to 2 * purge_interval more completions.
-        self._stale_ops: dict[int, _DelayedOperation] = {}
+        self._stale_head: _DelayedOperation | None = None
         self._walking = 0  # check_and_complete walks in progress (re-entrancy depth)
         self._closed = False
 
@@ -411,7 +535,9 @@ class _Purgatory:
             return True  # completed by force_complete() before it was ever watched
         if self._closed:
             raise TimerClosed(f"purgatory {self._name!r} is closed")
-        if self._timer.closed:
+        # A running timer has an engine (_live); `closed` is read only when it has none
+        # (compiled, it is a global look-up).
+        if self._timer._live is None and self._timer.closed:
             raise TimerClosed(f"the timer of purgatory {self._name!r} is closed")
 
         if op.try_complete():
@@ -434,7 +560,6 @@ class _Purgatory:
             if watch_list.watch(op):  # the same key twice: one entry
                 added += 1
         op._entries = added
-        op._keys = watched
         self._watched += added
         return False
 
@@ -459,7 +584,7 @@ class _Purgatory:
                     _drop_entry(self, op)
         finally:
             self._walking -= 1
-            if not watch_list.ops and self._watchers.get(key) is watch_list:
+            if not watch_list._len and self._watchers.get(key) is watch_list:
                 del self._watchers[key]
             if not self._walking and self._stale > self._purge_interval:
                 _purge(self)
@@ -527,25 +652,42 @@ class _Purgatory:
 
 def _complete(op: _DelayedOperation) -> bool:
     """``force_complete``: the first caller wins."""
-    purgatory = op._purgatory
-    if purgatory is not None:
-        _check_owner(purgatory._timer)
+    handle = op._handle
+    if handle is not None:
+        # A watched operation's timeout: its cancel() makes the owner check (the
+        # timer's own, the same as _check_owner) before anything changes, so the
+        # purgatory does not make it a second time. Nothing else changed yet.
+        handle.cancel()
+        op._handle = None
+    else:
+        purgatory = op._purgatory
+        if purgatory is not None:
+            _check_owner(purgatory._timer)
     if op._state >= _COMPLETED:
         return False
+    _settle(op)
+    return True
+
+
+def _settle(op: _DelayedOperation) -> None:
+    # Complete an unfinished operation whose timeout is cancelled or has fired.
     op._state = _COMPLETED
     try:
-        _release(op)
+        purgatory = op._purgatory
+        if purgatory is not None:
+            _finished(purgatory, op)
         op.on_complete()
     finally:
         if op._event is not None:
             _wake(op)
-    return True
 
 
 def _expire(op: _DelayedOperation) -> None:
-    # The timer's callback. The timer has already let go of the handle.
+    # The timer's callback, on the timer's loop (no owner check to make). The timer
+    # has already let go of the handle. A pending timeout means a watched operation.
     op._handle = None
-    if _complete(op):
+    if op._state < _COMPLETED:
+        _settle(op)
         op.on_expiration()
 
 
@@ -579,7 +721,11 @@ def _finished(purgatory: _Purgatory, op: _DelayedOperation) -> None:
     purgatory._delayed -= 1
     if op._entries:
         purgatory._stale += 1
-        purgatory._stale_ops[id(op)] = op
+        head = purgatory._stale_head
+        op._stale_next = head
+        if head is not None:
+            head._stale_prev = op
+        purgatory._stale_head = op
         # Kafka's purge trigger, evaluated where the count grows. Not during a walk:
         # the walk is about to drop entries itself, and a purge would mutate the list
         # under it (the walk runs the check again when it ends).
@@ -593,28 +739,59 @@ def _drop_entry(purgatory: _Purgatory, op: _DelayedOperation) -> None:
     op._entries -= 1
     if not op._entries and op._state >= _COMPLETED:
         purgatory._stale -= 1
-        del purgatory._stale_ops[id(op)]
+        prev = op._stale_prev
+        next_ = op._stale_next
+        if prev is None:
+            purgatory._stale_head = next_
+        else:
+            prev._stale_next = next_
+        if next_ is not None:
+            next_._stale_prev = prev
+        op._stale_prev = None
+        op._stale_next = None
 
 
 def _purge(purgatory: _Purgatory) -> None:
     """Drop every finished operation from every watch list.
 
-    Kafka walks all watch lists (O(watched)), because it does not know which keys a
-    finished operation was watched on. We do (``op._keys``), and we remember the
-    operations that finished while still watched (``_stale_ops``), so a purge visits
-    only their entries: O(finished operations x their keys). What gets purged, and
-    when, is Kafka's exactly.
+    Kafka walks all watch lists (O(watched)), because it does not know which lists a
+    finished operation is in. We do (its nodes: itself and ``op._watch_more``), and we keep
+    the operations that finished while still watched in a list of their own
+    (``_stale_head``), so a purge visits only their entries: O(finished operations x
+    their keys). What gets purged, and when, is Kafka's exactly.
     """
     watchers = purgatory._watchers
     dropped = 0
-    for op in purgatory._stale_ops.values():
-        for key in op._keys:
-            watch_list = watchers.get(key)
-            if watch_list is not None and watch_list.remove(op):
-                dropped += 1
-                if not watch_list.ops:
-                    del watchers[key]
+    op = purgatory._stale_head
+    while op is not None:
+        watch_list = op._watch_list
+        if watch_list is not None:
+            watch_list._unlink(op)
+            dropped += 1
+            if not watch_list._len:
+                _forget(watchers, watch_list)
+        more = op._watch_more
+        if more is not None:
+            for entry in more:
+                watch_list = entry._watch_list
+                if watch_list is not None:
+                    watch_list._unlink(entry)
+                    dropped += 1
+                    if not watch_list._len:
+                        _forget(watchers, watch_list)
+            op._watch_more = None
         op._entries = 0
-    purgatory._stale_ops.clear()
+        next_ = op._stale_next
+        op._stale_prev = None
+        op._stale_next = None
+        op = next_
+    purgatory._stale_head = None
     purgatory._watched -= dropped
     purgatory._stale = 0
+
+
+def _forget(watchers: dict[Hashable, Watchers], watch_list: Watchers) -> None:
+    # An emptied list leaves the map (if it is still the key's: cancel_for_key pops it).
+    key = watch_list.key
+    if watchers.get(key) is watch_list:
+        del watchers[key]

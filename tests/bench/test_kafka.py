@@ -80,14 +80,39 @@ def test_search_doubles_bisects_then_confirms() -> None:
         search.update(_probe(search.rate, search.rate < 40_000.0))
     assert search.phase == "confirm"
     assert search.hi / search.lo <= 1.05  # the sustained rate to within 5 %
-    # A failed confirmation steps 5 % down and tries again.
+    # A failed confirmation steps 20 % down with long probes until one holds, then
+    # bisects between the long probes to within 5 %.
     first = search.rate
     search.update(_probe(first, False, 10.0))
     assert search.phase == "confirm"
-    assert search.rate == pytest.approx(first * 0.95)
-    search.update(_probe(search.rate, True, 10.0))
+    assert search.rate == pytest.approx(first * 0.8)
+    search.update(_probe(search.rate, False, 10.0))
+    assert search.rate == pytest.approx(first * 0.64)
+    holds = first * 0.7  # what a long probe holds
+    while not search.done:
+        search.update(_probe(search.rate, search.rate <= holds, 10.0))
+    assert holds / 1.05 <= search.sustained <= holds
+    assert search.confirmed is not None
+    assert search.confirmed.ok
+    assert search.tries <= 10
+
+
+def test_a_first_confirmation_that_holds_ends_the_search() -> None:
+    search = _Search(CONTENDERS[0], 25_000.0, 1.05, 1_600_000.0)
+    search.phase, search.lo, search.hi, search.rate = "confirm", 40_000.0, 41_000.0, 40_000.0
+    search.update(_probe(40_000.0, True, 10.0))
     assert search.done
-    assert search.sustained == pytest.approx(first * 0.95)
+    assert search.sustained == 40_000.0
+
+
+def test_a_search_where_nothing_holds_reports_zero() -> None:
+    search = _Search(CONTENDERS[0], 25_000.0, 1.05, 1_600_000.0)
+    search.phase, search.lo, search.rate = "confirm", 40_000.0, 40_000.0
+    while not search.done:
+        search.update(_probe(search.rate, False, 10.0))
+    assert search.sustained == 0.0
+    assert search.confirmed is not None
+    assert not search.confirmed.ok
 
 
 def test_the_purgatory_cycle_runs_for_both_kinds() -> None:
