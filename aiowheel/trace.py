@@ -226,6 +226,27 @@ def _import_pyarrow() -> tuple[Any, Any]:
     return pyarrow, pyarrow.parquet
 
 
+_converted_once = False
+
+
+def _import_converters(pa: Any) -> None:
+    """Have pyarrow finish the imports it defers to its first conversion of Python
+    objects: ``pa.array`` and ``pa.scalar`` import pandas, when it is installed, on
+    their first call in a process (~0.2 s of CPU on an idle interpreter).
+
+    Called by ``ParquetRecorder()``, in the thread that builds it, before any timer
+    runs. Left to the writer thread, whose first act is such a conversion, those
+    imports (352 modules) ran while the event loop was busy, the two threads passing
+    the GIL back and forth for seconds: in a fresh process, the first trace of a
+    churn with 1,000,000 pending (one timer in 100) still had its writer importing
+    pandas during the timed schedule + cancel pairs, 143 ms of CPU there (perf;
+    docs/analytics.md, "Tracing in the compiled core")."""
+    global _converted_once
+    if not _converted_once:
+        pa.array([None], pa.string())
+        _converted_once = True
+
+
 def trace_schema() -> pa.Schema:
     """The trace schema as a ``pyarrow.Schema`` (imports pyarrow)."""
     pa, _ = _import_pyarrow()
@@ -317,6 +338,7 @@ class ParquetRecorder:
                 raise ValueError(f"{name} must be at least 1, got {number!r}")
         # Fail here, at the call that configured tracing, not later in the writer.
         self._pa, self._pq = _import_pyarrow()
+        _import_converters(self._pa)
         if compression not in ("zstd", "snappy", "gzip", "brotli", "lz4", "none"):
             raise ValueError(f"unknown Parquet compression {compression!r}")
         target = Path(path)

@@ -339,6 +339,27 @@ def test_importing_aiowheel_and_its_trace_module_does_not_import_pyarrow() -> No
     assert done.stdout.strip() == "[]"
 
 
+def test_the_writer_thread_imports_nothing(tmp_path: Path) -> None:
+    # pyarrow imports pandas (when installed) on its first conversion of Python
+    # objects; the recorder has it done where it is built, not on its writer thread,
+    # where those imports fought a busy event loop for the GIL for seconds. In a fresh
+    # interpreter: no module appears between open() and close().
+    code = (
+        "import sys\n"
+        "from aiowheel.trace import ParquetRecorder\n"
+        f"r = ParquetRecorder({str(tmp_path)!r}, run_id='fresh')\n"
+        "before = set(sys.modules)\n"
+        "r.open(backend='asyncio', clock=0.0)\n"
+        "r.take_columns([[1, 2], ['a', None], [0.5, 0.5], [1.0, 2.0], [1.0, 1.5], [3, 2]], 2)\n"
+        "r.close()\n"
+        "print(r.written, sorted(set(sys.modules) - before))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "2 []"
+
+
 # -- real timer runs -------------------------------------------------------------------
 
 
