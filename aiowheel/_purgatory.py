@@ -340,13 +340,17 @@ class Watchers:
     keeps one per key that has entries, and drops it when it empties.
     """
 
-    __slots__ = ("_head", "_len", "_tail", "key")
+    __slots__ = ("_head", "_len", "_live", "_tail", "key")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self._head: _Link | None = None
         self._tail: _Link | None = None
         self._len = 0
+        # In the purgatory's map: False once a path took it out (a walk that emptied it,
+        # cancel_for_key, a purge). try_complete_else_watch reads it after user code may
+        # have run, to know that the lists it looked up are still the keys' lists.
+        self._live = True
 
     def __len__(self) -> int:
         return self._len
@@ -354,22 +358,10 @@ class Watchers:
     def __repr__(self) -> str:
         return f"<Watchers {self.key!r} ops={self._len}>"
 
-    def watch(self, op: _DelayedOperation) -> bool:
-        """Add ``op``; False when it is already in the list (the same key twice)."""
-        if op._watch_list is None:
-            if op._watch_more is not None and _link_of(op, self) is not None:
-                return False
-            link: _Link = op
-        else:
-            if _link_of(op, self) is not None:
-                return False
-            entry = _Entry(op)
-            more = op._watch_more
-            if more is None:
-                op._watch_more = [entry]
-            else:
-                more.append(entry)
-            link = entry
+    def link(self, link: _Link) -> None:
+        """Add ``link`` (an operation, or one of its ``_Entry`` nodes) at the end. It
+        allocates nothing and runs no user code: ``try_complete_else_watch`` calls it
+        inside its change (the nodes are made before)."""
         link._watch_list = self
         tail = self._tail
         link._watch_prev = tail
@@ -380,7 +372,6 @@ class Watchers:
             tail._watch_next = link
         self._tail = link
         self._len += 1
-        return True
 
     def remove(self, op: _DelayedOperation) -> bool:
         """Remove ``op``'s entry; False when this list does not hold it."""
@@ -544,24 +535,14 @@ class _Purgatory:
             return True
         if op._state != _NEW:  # completed although try_complete said no
             return True
-        # Start the timeout first: if the timer refuses (closed, not started, full),
-        # nothing has been registered yet and there is nothing to undo.
-        handle = self._timer.schedule_nowait(op._timeout, _expire, op, label=self._name)
-        op._handle = handle
-        op._state = _WATCHED
-        op._purgatory = self
-        self._delayed += 1
-        watchers = self._watchers
-        added = 0
-        for key in watched:
-            watch_list = watchers.get(key)
-            if watch_list is None:
-                watch_list = watchers[key] = Watchers(key)
-            if watch_list.watch(op):  # the same key twice: one entry
-                added += 1
-        op._entries = added
-        self._watched += added
-        return False
+        for _ in range(_PREPARE_ATTEMPTS):
+            parked = _watch(self, op, watched)
+            if parked is not None:
+                return not parked
+        raise RuntimeError(
+            f"{self!r} changed under try_complete_else_watch({op!r}) every time it was "
+            "prepared (a key's __eq__ or a finalizer kept re-entering the purgatory)"
+        )
 
     def check_and_complete(self, key: Hashable) -> int:
         """Try to complete every operation watched on ``key`` (call it after changing
@@ -585,6 +566,7 @@ class _Purgatory:
         finally:
             self._walking -= 1
             if not watch_list._len and self._watchers.get(key) is watch_list:
+                watch_list._live = False
                 del self._watchers[key]
             if not self._walking and self._stale > self._purge_interval:
                 _purge(self)
@@ -601,6 +583,7 @@ class _Purgatory:
         watch_list = self._watchers.pop(key, None)
         if watch_list is None:
             return []
+        watch_list._live = False
         cancelled: list[Any] = []
         self._walking += 1
         try:
@@ -648,6 +631,107 @@ class _Purgatory:
 # that an override wins. The internals are not meant to be overridden: as module
 # functions they are direct C calls. Only the methods users override (try_complete,
 # on_complete, on_expiration) are called as methods.
+
+
+#: How many times try_complete_else_watch prepares again when user code run by its
+#: preparation (a key's __eq__, a finalizer) took out a watch list it had looked up.
+_PREPARE_ATTEMPTS: Final = 3
+
+
+def _watch(purgatory: _Purgatory, op: _DelayedOperation, keys: tuple[Hashable, ...]) -> bool | None:
+    """Park ``op`` on ``keys`` (``try_complete_else_watch`` past its checks): True once
+    parked, False when user code completed it meanwhile, None when it must be prepared
+    again (a watch list it looked up left the map meanwhile).
+
+    The change (the timeout's handle, the state, the links) runs no user code and
+    allocates nothing: everything that may run user code comes first. That is the keys'
+    look-ups (their ``__hash__``/``__eq__``), making the lists and the nodes, and
+    scheduling the timeout: any allocation may run the garbage collector and a
+    finalizer (docs/purgatory.md, "Re-entrancy"). Then what that user code may have
+    changed is checked again, and undone when it must be: nothing half-changed is
+    ever seen.
+    """
+    watchers = purgatory._watchers
+    # The keys' lists, distinct (the same key twice: one entry): the first, and a list
+    # of the others only for an operation watched on several keys (one key, the common
+    # case, allocates nothing here but a new key's list).
+    first: Watchers | None = None
+    others: list[Watchers] | None = None
+    for key in keys:
+        watch_list = watchers.get(key)
+        if watch_list is None:
+            # setdefault: a nested call that made the key's list meanwhile keeps it.
+            watch_list = watchers.setdefault(key, Watchers(key))
+        if first is None:
+            first = watch_list
+        elif watch_list is not first:
+            if others is None:
+                others = [watch_list]
+            else:
+                for seen in others:
+                    if seen is watch_list:
+                        break
+                else:
+                    others.append(watch_list)
+    assert first is not None  # keys is not empty
+    more: list[_Entry] | None = None
+    if others is not None:
+        more = [_Entry(op) for _ in range(len(others))]
+    timer = purgatory._timer
+    handle: TimerHandle[None] | None = None
+    try:
+        if op._state == _NEW and op._purgatory is None and not purgatory._closed:
+            handle = timer.schedule_nowait(op._timeout, _expire, op, label=purgatory._name)
+    finally:
+        if handle is None:
+            _forget_empty(watchers, first, others)  # nothing was changed: undo
+    # Check again what user code may have changed (no user code from here to the end
+    # of the change).
+    changed = op._state != _NEW or op._purgatory is not None or purgatory._closed or not first._live
+    if not changed and others is not None:
+        for watch_list in others:
+            if not watch_list._live:
+                changed = True
+                break
+    if changed:
+        if handle is not None:
+            handle.cancel()
+            _forget_empty(watchers, first, others)
+        if op._purgatory is not None:
+            raise RuntimeError(f"{op!r} was already handed to {op._purgatory!r}")
+        if op._state != _NEW:
+            return False  # completed (force_complete) while it was being prepared
+        if purgatory._closed:
+            raise TimerClosed(f"purgatory {purgatory._name!r} is closed")
+        return None
+    assert handle is not None
+    # The change.
+    op._handle = handle
+    op._state = _WATCHED
+    op._purgatory = purgatory
+    purgatory._delayed += 1
+    op._watch_more = more
+    first.link(op)
+    entries = 1
+    if others is not None and more is not None:
+        for i in range(len(others)):
+            others[i].link(more[i])
+        entries += len(others)
+    op._entries = entries
+    purgatory._watched += entries
+    return True
+
+
+def _forget_empty(
+    watchers: dict[Hashable, Watchers], first: Watchers, others: list[Watchers] | None
+) -> None:
+    # Undo a preparation: the lists it made that are still empty leave the map.
+    if not first._len and first._live:
+        _forget(watchers, first)
+    if others is not None:
+        for watch_list in others:
+            if not watch_list._len and watch_list._live:
+                _forget(watchers, watch_list)
 
 
 def _complete(op: _DelayedOperation) -> bool:
@@ -794,4 +878,5 @@ def _forget(watchers: dict[Hashable, Watchers], watch_list: Watchers) -> None:
     # An emptied list leaves the map (if it is still the key's: cancel_for_key pops it).
     key = watch_list.key
     if watchers.get(key) is watch_list:
+        watch_list._live = False
         del watchers[key]

@@ -1343,3 +1343,137 @@ async def test_one_watchers_object_per_key() -> None:
                 op.ready = True
             assert purgatory.check_and_complete("k") == 3
             assert "k" not in purgatory._watchers
+
+
+# -- re-entrancy during try_complete_else_watch (docs/purgatory.md, "Re-entrancy") -----
+
+
+class _CollidingKey:
+    """A key whose ``__eq__`` (run when a dict compares it with another key of the
+    same hash) calls ``hook`` once: user code in the middle of a look-up."""
+
+    def __init__(self, name: str, hook: Callable[[], object] | None = None) -> None:
+        self.name = name
+        self.hook = hook
+
+    def __hash__(self) -> int:
+        return 1
+
+    def __eq__(self, other: object) -> bool:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return self is other
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _assert_consistent(purgatory: Purgatory, timer: Timer) -> None:
+    # The purgatory's counts against its lists, every list live and non-empty, each
+    # watched operation in exactly _entries lists, and the timer's own invariants.
+    lists = list(purgatory._watchers.values())
+    assert all(wl._live and len(wl) > 0 for wl in lists)
+    assert purgatory.watched() == sum(len(wl) for wl in lists)
+    ops = [op for wl in lists for op in wl.snapshot()]
+    watched = {id(op): op for op in ops if op._state == 1}
+    assert purgatory.delayed() == len(watched) == len(timer)
+    for op in watched.values():
+        assert op._entries == sum(1 for other in ops if other is op)
+        assert op._purgatory is purgatory and op._handle is not None
+    timer._check()
+
+
+@pytest.mark.parametrize("source", ["key __eq__", "finalizer"])
+@pytest.mark.parametrize("action", ["force_complete", "close", "cancel_for_key", "check_key"])
+async def test_user_code_during_try_complete_else_watch_leaves_nothing_half_done(
+    source: str, action: str
+) -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        base = _CollidingKey("base")
+        first = Op(60)
+        assert not purgatory.try_complete_else_watch(first, [base])
+        op = Op(60)
+        fresh = _CollidingKey("fresh")  # no list yet: made by the call
+        acted: list[object] = []
+
+        def act() -> None:
+            if action == "force_complete":
+                acted.append(op.force_complete())
+            elif action == "close":
+                acted.append(purgatory.close())
+            elif action == "cancel_for_key":
+                acted.append(purgatory.cancel_for_key("x"))
+            else:
+                acted.append(purgatory.check_and_complete("x"))
+
+        if source == "key __eq__":
+            # Runs when `fresh` is looked up (same hash as `base`): after the call made
+            # the list of "x", which cancel_for_key and check_and_complete take out.
+            base.hook = act
+            outcome: object = None
+            try:
+                outcome = purgatory.try_complete_else_watch(op, ["x", fresh])
+            except TimerClosed as exc:
+                outcome = exc
+        else:
+            # The collector runs at the call's first allocation (the list of "x",
+            # before it is in the map); its hook acts.
+            def hook(phase: str, info: dict[str, int]) -> None:
+                if phase == "start" and not acted:
+                    act()
+
+            threshold = gc.get_threshold()
+            gc.callbacks.append(hook)
+            gc.set_threshold(1, 1, 1)
+            try:
+                try:
+                    outcome = purgatory.try_complete_else_watch(op, ["x", fresh])
+                except TimerClosed as exc:
+                    outcome = exc
+            finally:
+                gc.set_threshold(*threshold)
+                gc.callbacks.remove(hook)
+        assert acted, "the user code ran"
+        if action == "force_complete":
+            assert outcome is True and op.is_completed() and op.events == ["complete"]
+            assert op._entries == 0 and op._handle is None
+        elif action == "close":
+            assert isinstance(outcome, TimerClosed)
+            assert not purgatory._watchers and first.is_cancelled()
+            assert op._state == 0 and op._entries == 0  # never watched
+        else:
+            # Parked on both keys; through the key's __eq__, the list of "x" the call
+            # had made was taken out under it, and it prepared again.
+            assert outcome is False and op._state == 1 and op._entries == 2
+            assert [o is op for o in purgatory._watchers[fresh].snapshot()] == [True]
+            assert [o is op for o in purgatory._watchers["x"].snapshot()] == [True]
+        _assert_consistent(purgatory, timer)
+        for key in ("x", fresh, base):
+            purgatory.check_and_complete(key)
+        _assert_consistent(purgatory, timer)
+        purgatory.close()
+        _assert_consistent(purgatory, timer)
+
+
+async def test_a_key_that_keeps_re_entering_gets_a_clear_error() -> None:
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        base = _CollidingKey("base")
+        assert not purgatory.try_complete_else_watch(Op(60), [base])
+        fresh = _CollidingKey("fresh")
+        op = Op(60)
+
+        class Again:
+            # Every look-up of `fresh` takes out the list of "x" the call just made.
+            def __call__(self) -> None:
+                purgatory.cancel_for_key("x")
+                base.hook = self
+
+        base.hook = Again()
+        with pytest.raises(RuntimeError, match="changed under try_complete_else_watch"):
+            purgatory.try_complete_else_watch(op, ["x", fresh])
+        base.hook = None
+        assert op._state == 0 and op._entries == 0 and op._handle is None
+        _assert_consistent(purgatory, timer)
