@@ -42,6 +42,7 @@ import asyncio
 import asyncio.format_helpers as _format_helpers
 import math
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from contextvars import Context
 from types import MethodType
@@ -199,6 +200,20 @@ class _WheelLoop:
     def _bind_timer(self) -> None:
         # run_forever: loop.timer belongs to the thread that runs the loop.
         self.timer._bind_thread()
+        self._follow_clock()
+
+    def _follow_clock(self) -> None:
+        # A patch that swaps the loop's class after the loop was made (looptime's
+        # patch_event_loop: virtual time) changes its clock under the wheel, which was
+        # made on the old one and keeps it: a deadline read on the new clock and fired
+        # on the old could fire early. Refuse to run rather than break the never-early
+        # rule (docs/loop.md, "What differs").
+        if loop_clock(self) != self._engine.clock:  # type: ignore[arg-type]
+            raise RuntimeError(
+                "the event loop's clock was changed after the loop was made (a patch "
+                "such as looptime.patch_event_loop): aiowheel's drop-in loop keeps the "
+                "clock it was made with; use the plain loop for virtual time"
+            )
 
     def _close_timer(self) -> None:
         # close(): loop.timer closes; the loop's pending timers are dropped as the
@@ -220,6 +235,13 @@ def loop_timer(loop: object) -> Timer | None:
 
 
 class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[misc]
+    # BaseEventLoop.time() is a Python method returning time.monotonic(); the C
+    # function itself, as a class attribute (a builtin does not bind: loop.time() calls
+    # it with no argument), gives the same clock without a Python frame. Every timer
+    # reads it (call_later, asyncio.timeout, each loop iteration); a subclass's or
+    # looptime's own time() still wins, as any override does.
+    time = time.monotonic
+
     def __init__(self, tick: float) -> None:
         asyncio.SelectorEventLoop.__init__(self)
         self._init_timer("asyncio", tick, 1e6)

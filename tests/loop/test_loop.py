@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import math
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -273,3 +274,26 @@ def test_debug_mode_from_the_runner(base: str) -> None:
         assert "print" in repr(handle)  # as Handle.cancel in debug mode: the callback kept
 
     aiowheel.run(main(), base=base, debug=True)
+
+
+def test_the_asyncio_base_reads_its_clock_without_a_python_frame() -> None:
+    # BaseEventLoop.time() is a Python method around time.monotonic; the drop-in loop
+    # has the C function itself (same clock).
+    loop = aiowheel.new_event_loop()
+    try:
+        assert loop.time is time.monotonic
+    finally:
+        loop.close()
+
+
+def test_a_clock_patched_in_after_the_loop_was_made_is_refused() -> None:
+    # looptime swaps the loop's class (virtual time) after it was made: the wheel keeps
+    # the clock it was made with, so running would risk firing early. It refuses.
+    import looptime
+
+    loop = looptime.patch_event_loop(aiowheel.new_event_loop(), start=0)
+    try:
+        with pytest.raises(RuntimeError, match="clock was changed after the loop was made"):
+            loop.run_forever()
+    finally:
+        loop.close()
