@@ -565,9 +565,8 @@ class _Purgatory:
                     _drop_entry(self, op)
         finally:
             self._walking -= 1
-            if not watch_list._len and self._watchers.get(key) is watch_list:
-                watch_list._live = False
-                del self._watchers[key]
+            if not watch_list._len:
+                _forget(self._watchers, watch_list)
             if not self._walking and self._stale > self._purge_interval:
                 _purge(self)
         return completed
@@ -875,8 +874,15 @@ def _purge(purgatory: _Purgatory) -> None:
 
 
 def _forget(watchers: dict[Hashable, Watchers], watch_list: Watchers) -> None:
-    # An emptied list leaves the map (if it is still the key's: cancel_for_key pops it).
+    # An emptied list leaves the map, if it is still the key's (cancel_for_key pops it).
+    # The look-ups run the key's __eq__ (user code), which may watch an operation on
+    # this very list: so it is checked empty after the look-up, and marked not live
+    # before it goes (a watch made from the pop's own look-up then prepares again
+    # instead of linking into it); a list that replaced it meanwhile is put back.
     key = watch_list.key
-    if watchers.get(key) is watch_list:
-        watch_list._live = False
-        del watchers[key]
+    if watchers.get(key) is not watch_list or watch_list._len:
+        return
+    watch_list._live = False
+    removed = watchers.pop(key, None)
+    if removed is not None and removed is not watch_list:
+        watchers[key] = removed

@@ -1380,7 +1380,8 @@ def _assert_consistent(purgatory: Purgatory, timer: Timer) -> None:
     assert purgatory.delayed() == len(watched) == len(timer)
     for op in watched.values():
         assert op._entries == sum(1 for other in ops if other is op)
-        assert op._purgatory is purgatory and op._handle is not None
+        assert op._purgatory is purgatory
+        assert op._handle is not None
     timer._check()
 
 
@@ -1437,16 +1438,23 @@ async def test_user_code_during_try_complete_else_watch_leaves_nothing_half_done
                 gc.callbacks.remove(hook)
         assert acted, "the user code ran"
         if action == "force_complete":
-            assert outcome is True and op.is_completed() and op.events == ["complete"]
-            assert op._entries == 0 and op._handle is None
+            assert outcome is True
+            assert op.is_completed()
+            assert op.events == ["complete"]
+            assert op._entries == 0
+            assert op._handle is None
         elif action == "close":
             assert isinstance(outcome, TimerClosed)
-            assert not purgatory._watchers and first.is_cancelled()
-            assert op._state == 0 and op._entries == 0  # never watched
+            assert not purgatory._watchers
+            assert first.is_cancelled()
+            assert op._state == 0
+            assert op._entries == 0
         else:
             # Parked on both keys; through the key's __eq__, the list of "x" the call
             # had made was taken out under it, and it prepared again.
-            assert outcome is False and op._state == 1 and op._entries == 2
+            assert outcome is False
+            assert op._state == 1
+            assert op._entries == 2
             assert [o is op for o in purgatory._watchers[fresh].snapshot()] == [True]
             assert [o is op for o in purgatory._watchers["x"].snapshot()] == [True]
         _assert_consistent(purgatory, timer)
@@ -1475,5 +1483,38 @@ async def test_a_key_that_keeps_re_entering_gets_a_clear_error() -> None:
         with pytest.raises(RuntimeError, match="changed under try_complete_else_watch"):
             purgatory.try_complete_else_watch(op, ["x", fresh])
         base.hook = None
-        assert op._state == 0 and op._entries == 0 and op._handle is None
+        assert op._state == 0
+        assert op._entries == 0
+        assert op._handle is None
+        _assert_consistent(purgatory, timer)
+
+
+async def test_a_watch_from_a_keys_eq_while_its_emptied_list_is_dropped_is_kept() -> None:
+    # check_and_complete empties the list of `fresh`, then looks it up to drop it: the
+    # look-up runs `base`'s __eq__ (same hash), which watches a new operation on
+    # `fresh`. That operation must stay findable under `fresh`.
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        base = _CollidingKey("base")
+        assert not purgatory.try_complete_else_watch(Op(60), [base])
+        fresh = _CollidingKey("fresh")
+        first = Op(60)
+        assert not purgatory.try_complete_else_watch(first, [fresh])
+        first.ready = True
+        late = Op(60)
+        parked: list[bool] = []
+
+        def watch_late() -> None:
+            parked.append(purgatory.try_complete_else_watch(late, [fresh]))
+
+        def skip_the_first_look_up() -> None:
+            base.hook = watch_late  # the look-up that drops the emptied list
+
+        base.hook = skip_the_first_look_up
+        assert purgatory.check_and_complete(fresh) == 1
+        assert parked == [False]
+        assert [op is late for op in purgatory._watchers[fresh].snapshot()] == [True]
+        _assert_consistent(purgatory, timer)
+        late.ready = True
+        assert purgatory.check_and_complete(fresh) == 1
         _assert_consistent(purgatory, timer)
