@@ -14,15 +14,19 @@
   real client exchange bytes, so time is the wall clock and the timing assertions are
   windows, strict on the lower side (never dropped before the timeout) and generous on
   the upper side (loaded CI machines).
+* Re-entrancy (tests/test_fault_finalizers.py, tests/test_purgatory.py):
+  ``at_next_collection``, user code run by the garbage collector at the next
+  allocation, as a finalizer would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -237,3 +241,27 @@ async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
             return await reader.read()
         except ConnectionResetError:
             return b"<reset>"
+
+
+# -- re-entrancy ------------------------------------------------------------------------
+
+
+@contextmanager
+def at_next_collection(action: Callable[[], object]) -> Iterator[list[int]]:
+    """Run ``action`` once from ``gc.callbacks``, the collector running at every
+    allocation meanwhile."""
+    fired: list[int] = []
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and not fired:
+            fired.append(1)
+            action()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(hook)
+    gc.set_threshold(1, 1, 1)
+    try:
+        yield fired
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(hook)

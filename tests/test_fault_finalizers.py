@@ -12,13 +12,12 @@ pending == filed + queued + periodic runs) and the wheel's invariants after each
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
+from support import at_next_collection
 
 from aiowheel import PeriodicHandle, Timer, TimerClosed, TimerHandle
 
@@ -45,27 +44,6 @@ class OnDel:
     def __del__(self) -> None:
         action, self.action = self.action, noop
         action()
-
-
-@contextmanager
-def at_next_collection(action: Callable[[], object]) -> Iterator[list[int]]:
-    """Run ``action`` once from ``gc.callbacks``, the collector running at every
-    allocation meanwhile."""
-    fired: list[int] = []
-
-    def hook(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and not fired:
-            fired.append(1)
-            action()
-
-    threshold = gc.get_threshold()
-    gc.callbacks.append(hook)
-    gc.set_threshold(1, 1, 1)
-    try:
-        yield fired
-    finally:
-        gc.set_threshold(*threshold)
-        gc.callbacks.remove(hook)
 
 
 class Scene:

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import numpy
 import pytest
+from support import at_next_collection
 
 from aiowheel import Timer, TimerCancelled, TimerClosed, TimerFull, TimerHandle
 from aiowheel.purgatory import DelayedOperation, Purgatory
@@ -1421,21 +1422,11 @@ async def test_user_code_during_try_complete_else_watch_leaves_nothing_half_done
         else:
             # The collector runs at the call's first allocation (the list of "x",
             # before it is in the map); its hook acts.
-            def hook(phase: str, info: dict[str, int]) -> None:
-                if phase == "start" and not acted:
-                    act()
-
-            threshold = gc.get_threshold()
-            gc.callbacks.append(hook)
-            gc.set_threshold(1, 1, 1)
-            try:
+            with at_next_collection(act):
                 try:
                     outcome = purgatory.try_complete_else_watch(op, ["x", fresh])
                 except TimerClosed as exc:
                     outcome = exc
-            finally:
-                gc.set_threshold(*threshold)
-                gc.callbacks.remove(hook)
         assert acted, "the user code ran"
         if action == "force_complete":
             assert outcome is True
