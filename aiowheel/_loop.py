@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from contextvars import Context
-from types import MethodType
+from types import FrameType, MethodType
 from typing import Any, TypeVar
 
 from ._checks import seconds
@@ -144,11 +144,8 @@ class _WheelLoop:
         if delay is None:
             raise TypeError("delay must not be None")
         loop: Any = self
-        handle = self.call_at(loop.time() + delay, callback, *args, context=context)
-        trace = handle._source_traceback
-        if trace and isinstance(handle, LoopTimerHandle):
-            del trace[-1]  # this frame, as the base loop does
-        return handle
+        # In debug mode call_at's source traceback leaves this frame out (_OWN_CODE).
+        return self.call_at(loop.time() + delay, callback, *args, context=context)
 
     def call_at(
         self,
@@ -178,7 +175,7 @@ class _WheelLoop:
             handle: LoopTimerHandle[Any] = LoopTimerHandle(when, callback, args, engine, context)
             # From the caller of call_at, as the base loop's (Handle.__init__ drops
             # its own frames and call_at's).
-            handle._source_traceback = _format_helpers.extract_stack(sys._getframe(1))
+            handle._source_traceback = _format_helpers.extract_stack(_caller(sys._getframe(1)))
         else:
             handle = LoopTimerHandle(when, callback, args, engine, context)
         engine.file_loop(handle, when)
@@ -221,6 +218,24 @@ class _WheelLoop:
         engine = self._engine
         if not engine.closed:
             engine.close()
+
+
+# The loop's own frames between a caller and call_at's source traceback, left out as
+# the base loop leaves out its call_later and call_at: this call_later, and the pure
+# core's _loophandle.call_at/call_later (compiled, they have no frame).
+_OWN_CODE = frozenset(
+    code
+    for function in (_WheelLoop.call_later, compiled_call_at, compiled_call_later)
+    if (code := getattr(function, "__code__", None)) is not None
+)
+
+
+def _caller(frame: FrameType) -> FrameType | None:
+    # The first frame, from `frame` outwards, that is not the loop's own.
+    found: FrameType | None = frame
+    while found is not None and found.f_code in _OWN_CODE:
+        found = found.f_back
+    return found
 
 
 def loop_timer(loop: object) -> Timer | None:
