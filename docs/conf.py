@@ -71,8 +71,9 @@ nitpick_ignore_regex = [
     # documented.
     ("py:class", r"aiowheel\._handle\.TracedHandle"),
     # The compiled base of DelayedOperation (aiowheel/_purgatory.py), which the
-    # purgatory's signatures name; the public subclass is documented instead.
-    ("py:class", r"aiowheel\._purgatory\._DelayedOperation"),
+    # purgatory's signatures name, and its own base, the watch list's node (_Link);
+    # the public subclass is documented instead.
+    ("py:class", r"aiowheel\._purgatory\._(DelayedOperation|Link)"),
     # Type variables (T, and Ts for a callback's arguments) of the generic signatures:
     # Sphinx renders them as class references, but they have no page of their own.
     ("py:class", r"(aiowheel\.\w+\.)?_?(T|Ts)"),
