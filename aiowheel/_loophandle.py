@@ -30,6 +30,7 @@ from collections.abc import Callable
 from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
 
+from ._handle import release
 from ._wheel import WheelEntry
 
 if TYPE_CHECKING:
@@ -93,18 +94,35 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         return self._args is None
 
     def cancel(self) -> None:
-        """Off the wheel at once (no tombstone), callback and arguments dropped."""
-        if self._args is None:
+        """Off the wheel at once (no tombstone), callback and arguments dropped.
+
+        Re-entrancy (docs/design.md): user code runs here in the debug repr (the
+        callback's ``__repr__``) and in the finalizers of the callback and arguments
+        this drops. The repr is made before any change; then the handle is cancelled
+        (``_args`` None), unlinked and counted; the callback and arguments, held in
+        locals, are released last. A finalizer that looks finds
+        the handle cancelled and off the wheel, as after ``Handle.cancel``; one that
+        cancels it again finds nothing to do."""
+        args = self._args
+        if args is None:
             return
+        if self._engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
+            # As Handle.cancel: keep the callback in the repr of a cancelled handle.
+            cached = self._format(True)
+            if self._args is None:
+                return  # the repr's user code cancelled it meanwhile
+            self._repr = cached
+        callback = self._callback
+        self._args = None
+        self._callback = None
         bucket = self._bucket
         if bucket is not None:
             bucket.remove(self)
             self._engine.loop_cancelled(bucket)
-        if self._engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
-            # As Handle.cancel: keep the callback in the repr of a cancelled handle.
-            self._repr = self._format(True)
-        self._callback = None
-        self._args = None
+        # Released here, once the cancel is complete (compiled, a local dies at its
+        # last use: release() is that use, aiowheel/_handle.py).
+        release(callback)
+        release(args)
 
     @property
     def _loop(self) -> Any:

@@ -266,6 +266,60 @@ def test_never_early_across_many_deadlines(base: str) -> None:
 # -- loop.timer -----------------------------------------------------------------------
 
 
+class _Finalizer:
+    """Runs ``action`` when the last reference goes: user code inside a cancel."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.action = action
+
+    def __call__(self, *args: object) -> None:
+        pass
+
+    def __del__(self) -> None:
+        self.action()
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("debug", [False, True])
+def test_cancel_releases_the_callback_and_arguments_last(base: str, debug: bool) -> None:
+    """A finalizer of what cancel() drops finds the cancel complete (cancelled, off
+    the wheel, counted), as after asyncio's Handle.cancel, and may re-enter: cancel
+    the handle again, file a new timer, cancel another."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(debug)
+        seen: list[tuple[bool, bool, int]] = []
+        handles: list[Any] = []
+        other = loop.call_later(50, cb)
+
+        def look() -> None:
+            handle = handles[0]
+            seen.append((handle.cancelled(), handle._bucket is None, len(loop.timer)))
+            handle.cancel()  # again: nothing left to do
+            handles.append(loop.call_later(60, cb))  # files while the cancel returns
+            other.cancel()
+            check(loop)
+
+        handles.append(loop.call_later(40, _Finalizer(look), _Finalizer(lambda: None)))
+        assert len(loop.timer) == 2
+        handles[0].cancel()
+        # The callback's finalizer ran once the handle was off the wheel and counted
+        # (1 pending: `other`, not yet cancelled by the finalizer).
+        assert seen == [(True, True, 1)]
+        assert handles[0].cancelled()
+        assert other.cancelled()
+        assert len(loop.timer) == 1
+        assert not handles[1].cancelled()
+        check(loop)
+        handles[1].cancel()
+        assert len(loop.timer) == 0
+        check(loop)
+        loop.set_debug(False)
+
+    run_on(base, main)
+
+
 @pytest.mark.parametrize("base", BASES)
 def test_loop_timer_lifecycle(base: str) -> None:
     loop: Any = aiowheel.new_event_loop(base=base)
