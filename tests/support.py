@@ -14,7 +14,8 @@
   real client exchange bytes, so time is the wall clock and the timing assertions are
   windows, strict on the lower side (never dropped before the timeout) and generous on
   the upper side (loaded CI machines).
-* Re-entrancy (tests/test_fault_finalizers.py, tests/test_purgatory.py):
+* Re-entrancy (tests/test_fault_finalizers.py, tests/test_purgatory.py,
+  tests/test_reentrancy.py):
   ``at_next_collection``, user code run by the garbage collector at the next
   allocation, as a finalizer would.
 """
@@ -247,13 +248,15 @@ async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
 
 
 @contextmanager
-def at_next_collection(action: Callable[[], object]) -> Iterator[list[int]]:
-    """Run ``action`` once from ``gc.callbacks``, the collector running at every
-    allocation meanwhile."""
+def at_next_collection(
+    action: Callable[[], object], when: Callable[[], bool] = lambda: True
+) -> Iterator[list[int]]:
+    """Run ``action`` once from ``gc.callbacks``, at the first collection at which
+    ``when()`` holds, the collector running at every allocation meanwhile."""
     fired: list[int] = []
 
     def hook(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and not fired:
+        if phase == "start" and not fired and when():
             fired.append(1)
             action()
 

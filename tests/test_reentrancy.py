@@ -14,16 +14,15 @@ each).
 from __future__ import annotations
 
 import asyncio
-import gc
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import anyio
 import pytest
 import trio
+from support import at_next_collection
 
 from aiowheel import Timer, TimerCancelled, TimerClosed, TimerHandle
 from aiowheel._wheel import Bucket, WheelEntry
@@ -145,29 +144,6 @@ async def test_a_queued_async_callback_whose_awaitable_re_arms_when_dropped() ->
     assert runs.count("second run") == 1
 
 
-@contextmanager
-def collector_hook(
-    action: Callable[[], object], when: Callable[[], bool] = lambda: True
-) -> Iterator[list[int]]:
-    """Run ``action`` once from a ``gc.callbacks`` hook, at the first collection at
-    which ``when()`` holds, with the collector made to run at every allocation."""
-    fired: list[int] = []
-
-    def hook(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and not fired and when():
-            fired.append(1)
-            action()
-
-    threshold = gc.get_threshold()
-    gc.callbacks.append(hook)
-    gc.set_threshold(1, 1, 1)
-    try:
-        yield fired
-    finally:
-        gc.set_threshold(*threshold)
-        gc.callbacks.remove(hook)
-
-
 @pytest.mark.parametrize("what", ["reset", "cancel"])
 async def test_the_collector_re_enters_while_a_reset_creates_levels(what: str) -> None:
     """A 100 s re-arm on a fresh timer creates levels (buckets: allocations); a
@@ -188,7 +164,7 @@ async def test_the_collector_re_enters_while_a_reset_creates_levels(what: str) -
 
         wheel = timer._live.wheel  # type: ignore[union-attr]
         # At a collection while the second overflow level's buckets are made.
-        with collector_hook(act, lambda: wheel.levels > 1) as hooked:
+        with at_next_collection(act, lambda: wheel.levels > 1) as hooked:
             handle.reset(100.0)
         assert hooked, "the collector did not run"
         check(timer, [handle])
@@ -217,7 +193,7 @@ async def test_the_collector_re_enters_a_reset_of_a_pending_handle(what: str) ->
             else:
                 extra.append(timer.schedule_nowait(0.03, calls.append, "extra"))
 
-        with collector_hook(act) as hooked:
+        with at_next_collection(act) as hooked:
             handle.reset(0.01)
             handle.reset(0.015)
         assert hooked
