@@ -100,9 +100,9 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         callback's ``__repr__``) and in the finalizers of the callback and arguments
         this drops. The repr is made before any change; then the handle is cancelled
         (``_args`` None), unlinked and counted; the callback and arguments, held in
-        locals, are released last. A finalizer that looks finds
-        the handle cancelled and off the wheel, as after ``Handle.cancel``; one that
-        cancels it again finds nothing to do."""
+        locals, are released last. A finalizer that looks finds the handle cancelled
+        and off the wheel, as after ``Handle.cancel``; one that cancels it again finds
+        nothing to do."""
         args = self._args
         if args is None:
             return
