@@ -559,16 +559,23 @@ class Engine:
     def run_loop_handle(self, entry: WheelEntry) -> None:
         cast("LoopTimerHandle[Any]", entry)._run()
 
-    def drop_loop_handles(self) -> None:
-        """``loop.close()`` (through ``close``): the loop's pending handles are dropped
-        (not cancelled), as the base loop drops its heap; counted cancelled here."""
+    def drop_loop_handles(self) -> list[WheelEntry]:
+        """``loop.close()`` (through ``close``, the engine already closed): the loop's
+        pending handles are dropped (not cancelled), as the base loop drops its heap;
+        counted cancelled here. Returned: the caller releases them once the close is
+        complete (their finalizers are user code)."""
+        # Walking the wheel allocates (a gc.callbacks hook may cancel a handle already
+        # collected here): count only what is still linked when it is taken.
         dropped = [entry for entry in self.wheel if not isinstance(entry, TimerHandle)]
+        count = 0
         for entry in dropped:
             bucket = entry._bucket
             if bucket is not None:
                 bucket.remove(entry)
-        self.pending -= len(dropped)
-        self.cancelled += len(dropped)
+                count += 1
+        self.pending -= count
+        self.cancelled += count
+        return dropped
 
     def refile(self, buckets: list[Bucket]) -> None:
         # One at a time: each entry stays linked (pending, findable by aclose) until

@@ -357,6 +357,75 @@ def test_loop_timer_lifecycle(base: str) -> None:
 
 
 @pytest.mark.parametrize("base", BASES)
+def test_close_releases_the_dropped_handles_last(base: str) -> None:
+    """loop.close() drops the pending handles; a finalizer of what they held (user
+    code) that calls back into the loop finds it closing: its call_later is refused,
+    as on the base loop, instead of filing into the wheel the close has walked (which
+    made close() raise and left the loop open with a timer pending)."""
+    loop: Any = aiowheel.new_event_loop(base=base)
+    timer = loop.timer
+    seen: list[object] = []
+
+    def call_back() -> None:
+        try:
+            loop.call_later(5, cb)
+        except RuntimeError as exc:
+            seen.append(exc)
+        seen.append(len(timer))
+
+    loop.call_later(10, _Finalizer(call_back))
+    other = loop.call_later(20, cb)
+    check(loop)
+    loop.close()
+    assert loop.is_closed()
+    assert timer.closed
+    assert len(timer) == 0
+    assert len(seen) == 2
+    assert isinstance(seen[0], RuntimeError)
+    assert seen[1] == 0
+    assert other._bucket is None  # dropped, as the base loop drops its heap
+    assert not other.cancelled()
+    check(loop)
+
+
+def _close_cancelling_at(base: str, nth: int) -> None:
+    # loop.close() with a gc.callbacks hook that cancels two of its handles at the
+    # nth collection during the close.
+    loop: Any = aiowheel.new_event_loop(base=base)
+    handles = [loop.call_later(delay, cb) for delay in (0.5, 3, 40, 700, 9000, 0.7)]
+    collections = 0
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        nonlocal collections
+        if phase == "start":
+            collections += 1
+            if collections == nth:
+                handles[0].cancel()
+                handles[5].cancel()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(hook)
+    gc.set_threshold(1, 1, 1)
+    try:
+        loop.close()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(hook)
+    assert len(loop.timer) == 0
+    check(loop)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_close_counts_a_handle_cancelled_while_it_walks_once(base: str) -> None:
+    """loop.close() walks the wheel for the loop's handles, and the walk allocates:
+    a gc.callbacks hook (user code) may cancel a handle already taken. Each handle is
+    counted once, by the cancel or by the drop (it was counted by both: more timers
+    cancelled than scheduled). The hook runs at each collection in turn."""
+    for nth in range(1, 25):
+        _close_cancelling_at(base, nth)
+
+
+@pytest.mark.parametrize("base", BASES)
 def test_loop_timer_reset_and_every(base: str) -> None:
     async def main() -> None:
         loop: Any = asyncio.get_running_loop()
