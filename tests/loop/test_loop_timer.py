@@ -13,6 +13,7 @@ import math
 import re
 import weakref
 from collections.abc import Callable, Coroutine
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -494,6 +495,28 @@ def test_nan_and_infinite_when_never_reach_the_wheel(base: str) -> None:
             handle.cancel()
         assert len(loop.timer) == 0
         loop.call_later(1e300, cb).cancel()  # finite and huge: on the wheel, then off
+        assert len(loop.timer) == 0
+        check(loop)
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("debug", [False, True])
+def test_call_at_refuses_text(base: str, debug: bool) -> None:
+    """call_at takes a time, not text: float() would parse "5" (or b"5") into a
+    deadline the base loop never accepts (uvloop raises TypeError, asyncio fails
+    later in its own loop). TypeError at the call, nothing filed; numbers of other
+    types (an int, a Decimal) are still times."""
+    loop: Any = aiowheel.new_event_loop(base=base)
+    loop.set_debug(debug)
+    try:
+        for when in ("5", b"5", bytearray(b"5"), memoryview(b"5")):
+            with pytest.raises(TypeError, match="when must be a number"):
+                loop.call_at(when, cb)
+        assert len(loop.timer) == 0
+        loop.call_at(5, cb).cancel()
+        loop.call_at(Decimal("5.5"), cb).cancel()
         assert len(loop.timer) == 0
         check(loop)
     finally:
