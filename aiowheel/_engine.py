@@ -541,11 +541,27 @@ class Engine:
         if self.closed:
             raise self._closed_error()  # only after an internal error (break_)
         at = self.wheel.insert(handle, when)
+        if self.closed:
+            self.loop_closed_while_filing(handle)
         self.pending += 1
         self.scheduled += 1
         if at < self.wake_at:  # arm-if-earlier
             self.wake_at = at
             self.driver.arm(at)
+
+    def loop_closed_while_filing(self, handle: LoopTimerHandle[Any]) -> NoReturn:
+        """*Closed while filing*, for ``file_loop``: an allocation of the insert (a
+        level, the heap's tuple) ran the garbage collector, and user code closed the
+        loop (docs/design.md, "Re-entrancy"). The call fails as on a closed loop, and
+        the counters stay exact: nothing is pending on a closed timer."""
+        if handle._bucket is not None:
+            self.wheel.remove(handle)  # filed in the closed wheel: take it back
+        else:
+            self.cancelled -= 1  # the close dropped it before this call counted it
+        loop = self.loop
+        if loop is not None and loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        raise self._closed_error()
 
     def loop_cancelled(self, bucket: Bucket) -> None:
         """A loop handle's ``cancel()`` unlinked it from ``bucket``."""

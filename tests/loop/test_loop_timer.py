@@ -426,6 +426,54 @@ def test_close_counts_a_handle_cancelled_while_it_walks_once(base: str) -> None:
         _close_cancelling_at(base, nth)
 
 
+def _call_later_closing_at(base: str, delay: float, nth: int) -> None:
+    # call_later with a gc.callbacks hook that closes the loop at the nth collection,
+    # if that comes before the call counted its handle (not in uvloop's own
+    # call_later, which the driver's arm calls afterwards: a close there crashes
+    # uvloop itself).
+    loop: Any = aiowheel.new_event_loop(base=base)
+    engine = loop._engine
+    collections = 0
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        nonlocal collections
+        if phase == "start":
+            collections += 1
+            if collections == nth and not engine.scheduled:
+                loop.close()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(hook)
+    gc.set_threshold(1, 1, 1)
+    try:
+        handle = loop.call_later(delay, cb)
+    except RuntimeError:
+        assert loop.is_closed()  # refused: the loop closed under the call
+    else:
+        assert not loop.is_closed()
+        handle.cancel()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(hook)
+        loop.close()
+    assert len(loop.timer) == 0
+    check(loop)
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("delay", [0.0005, 3.0, 40.0, 700.0, 9e4, 1e7])
+def test_call_later_fails_cleanly_when_the_loop_closes_while_it_files(
+    base: str, delay: float
+) -> None:
+    """Filing a handle allocates (a level of the wheel, the heap's tuple), and the
+    collector may run user code there: a gc.callbacks hook that closes the loop. The
+    call fails as on a closed loop and leaves nothing pending (it used to file the
+    handle into the closed wheel and count it: a closed timer with one timer pending,
+    for good). The hook closes the loop at each collection in turn."""
+    for nth in range(1, 12):
+        _call_later_closing_at(base, delay, nth)
+
+
 @pytest.mark.parametrize("base", BASES)
 def test_loop_timer_reset_and_every(base: str) -> None:
     async def main() -> None:
