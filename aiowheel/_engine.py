@@ -541,11 +541,27 @@ class Engine:
         if self.closed:
             raise self._closed_error()  # only after an internal error (break_)
         at = self.wheel.insert(handle, when)
+        if self.closed:
+            self.loop_closed_while_filing(handle)
         self.pending += 1
         self.scheduled += 1
         if at < self.wake_at:  # arm-if-earlier
             self.wake_at = at
             self.driver.arm(at)
+
+    def loop_closed_while_filing(self, handle: LoopTimerHandle[Any]) -> NoReturn:
+        """*Closed while filing*, for ``file_loop``: an allocation of the insert (a
+        level, the heap's tuple) ran the garbage collector, and user code closed the
+        loop (docs/design.md, "Re-entrancy"). The call fails as on a closed loop, and
+        the counters stay exact: nothing is pending on a closed timer."""
+        if handle._bucket is not None:
+            self.wheel.remove(handle)  # filed in the closed wheel: take it back
+        else:
+            self.cancelled -= 1  # the close dropped it before this call counted it
+        loop = self.loop
+        if loop is not None and loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        raise self._closed_error()
 
     def loop_cancelled(self, bucket: Bucket) -> None:
         """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
@@ -559,16 +575,23 @@ class Engine:
     def run_loop_handle(self, entry: WheelEntry) -> None:
         cast("LoopTimerHandle[Any]", entry)._run()
 
-    def drop_loop_handles(self) -> None:
-        """``loop.close()`` (through ``close``): the loop's pending handles are dropped
-        (not cancelled), as the base loop drops its heap; counted cancelled here."""
+    def drop_loop_handles(self) -> list[WheelEntry]:
+        """``loop.close()`` (through ``close``, the engine already closed): the loop's
+        pending handles are dropped (not cancelled), as the base loop drops its heap;
+        counted cancelled here. Returned: the caller releases them once the close is
+        complete (their finalizers are user code)."""
+        # Walking the wheel allocates (a gc.callbacks hook may cancel a handle already
+        # collected here): count only what is still linked when it is taken.
         dropped = [entry for entry in self.wheel if not isinstance(entry, TimerHandle)]
+        count = 0
         for entry in dropped:
             bucket = entry._bucket
             if bucket is not None:
                 bucket.remove(entry)
-        self.pending -= len(dropped)
-        self.cancelled += len(dropped)
+                count += 1
+        self.pending -= count
+        self.cancelled += count
+        return dropped
 
     def refile(self, buckets: list[Bucket]) -> None:
         # One at a time: each entry stays linked (pending, findable by aclose) until

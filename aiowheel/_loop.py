@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
 from ._engine import Engine
-from ._loophandle import LoopCalls, LoopTimerHandle
+from ._loophandle import LoopCalls, LoopTimerHandle, when_of
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
@@ -157,7 +157,7 @@ class _WheelLoop:
         if when is None:
             raise TypeError("when cannot be None")
         loop: Any = self
-        when = float(when)
+        when = when_of(when)
         if not _isfinite(when):
             # NaN or an infinity: exactly what the base loop does with it (the wheel
             # accepts finite deadlines only, so it never sees one).

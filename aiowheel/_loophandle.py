@@ -36,7 +36,7 @@ from ._wheel import WheelEntry
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["LoopCalls", "LoopTimerHandle", "call_at", "call_later"]
+__all__ = ["LoopCalls", "LoopTimerHandle", "call_at", "call_later", "when_of"]
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
@@ -280,7 +280,17 @@ def call_at(
         raise TypeError("when cannot be None")
     if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
         return calls.debug_call_at(when, callback, *args, context=context)
-    return _file(calls, float(when), callback, args, context)
+    return _file(calls, when if type(when) is float else when_of(when), callback, args, context)
+
+
+def when_of(when: Any) -> float:
+    """``call_at``'s ``when`` (not None) as a float: any number. Not text, which
+    ``float()`` would parse ("5", b"5"): the base loops take none (uvloop raises
+    TypeError, asyncio fails later, inside its own loop)."""
+    cls = type(when)
+    if not (hasattr(cls, "__float__") or hasattr(cls, "__index__")):
+        raise TypeError(f"when must be a number, got {when!r}")
+    return float(when)
 
 
 def call_later(

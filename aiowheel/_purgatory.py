@@ -656,22 +656,30 @@ def _watch(purgatory: _Purgatory, op: _DelayedOperation, keys: tuple[Hashable, .
     # case, allocates nothing here but a new key's list).
     first: Watchers | None = None
     others: list[Watchers] | None = None
-    for key in keys:
-        watch_list = watchers.get(key)
-        if watch_list is None:
-            # setdefault: a nested call that made the key's list meanwhile keeps it.
-            watch_list = watchers.setdefault(key, Watchers(key))
-        if first is None:
-            first = watch_list
-        elif watch_list is not first:
-            if others is None:
-                others = [watch_list]
-            else:
-                for seen in others:
-                    if seen is watch_list:
-                        break
+    try:
+        for key in keys:
+            watch_list = watchers.get(key)
+            if watch_list is None:
+                # setdefault: a nested call that made the key's list meanwhile keeps it.
+                watch_list = watchers.setdefault(key, Watchers(key))
+            if first is None:
+                first = watch_list
+            elif watch_list is not first:
+                if others is None:
+                    others = [watch_list]
                 else:
-                    others.append(watch_list)
+                    for seen in others:
+                        if seen is watch_list:
+                            break
+                    else:
+                        others.append(watch_list)
+    except BaseException:
+        # A key's look-up raised (its __hash__/__eq__: user code, hashable when it was
+        # checked): the lists made for the keys before it must not stay in the map
+        # empty (each keeps its key alive until that key is checked).
+        if first is not None:
+            _forget_empty(watchers, first, others)
+        raise
     assert first is not None  # keys is not empty
     more: list[_Entry] | None = None
     if others is not None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._dispatch import close_awaitable
 from ._exceptions import TimerCancelled
-from ._handle import _CANCELLED, TimerHandle, TracedHandle, _Failure
+from ._handle import _CANCELLED, TimerHandle, TracedHandle, _Failure, release
 from ._timeout import Guard
 from ._wheel import deadline_of
 
@@ -46,9 +46,13 @@ _INF: Final = math.inf
 def close_engine(engine: Engine) -> list[TimerHandle[Any]]:
     """Close for good: after it, nothing is pending and nobody waits. Returns the
     cancelled handles in deadline order."""
-    if engine.loop_timers:
-        engine.drop_loop_handles()  # the loop's own handles are dropped, not cancelled
+    # Closed before anything is taken: user code run during the close (a finalizer of
+    # what it drops, a gc.callbacks hook while it allocates) that calls the loop's
+    # call_at is refused, instead of filing into a wheel the close has already walked.
     engine.closed = True
+    dropped: list[Any] | None = None
+    if engine.loop_timers:
+        dropped = engine.drop_loop_handles()  # the loop's handles: dropped, not cancelled
     engine.wake_at = _INF
     engine._on_close()  # the owner stops accepting timers first
     engine.driver.stop()
@@ -57,6 +61,10 @@ def close_engine(engine: Engine) -> list[TimerHandle[Any]]:
     finally:
         engine.pool.close()
         engine.waiters.wake_all()
+        # The dropped handles (their callbacks' and arguments' finalizers) go last,
+        # once the close is complete (compiled, a local dies at its last use: release()
+        # is that use).
+        release(dropped)
     return cancelled
 
 

@@ -1480,6 +1480,35 @@ async def test_a_key_that_keeps_re_entering_gets_a_clear_error() -> None:
         _assert_consistent(purgatory, timer)
 
 
+class _FlakyHashKey:
+    # Hashable the first time (try_complete_else_watch's up-front check), then raises.
+    def __init__(self) -> None:
+        self.hashed = 0
+
+    def __hash__(self) -> int:
+        self.hashed += 1
+        if self.hashed > 1:
+            raise TypeError("flaky hash")
+        return 1
+
+
+async def test_a_key_whose_look_up_raises_leaves_no_empty_list() -> None:
+    # The look-up of the second key raises (its __hash__, user code) after the list of
+    # the first was made: the call raises, and that empty list leaves the map (it
+    # stayed, keeping its key alive until the key was checked).
+    async with Timer() as timer:
+        purgatory = Purgatory(timer)
+        op = Op(60)
+        with pytest.raises(TypeError, match="flaky hash"):
+            purgatory.try_complete_else_watch(op, ["x", _FlakyHashKey()])
+        assert not purgatory._watchers
+        assert op._state == 0
+        _assert_consistent(purgatory, timer)
+        assert not purgatory.try_complete_else_watch(op, ["x"])
+        _assert_consistent(purgatory, timer)
+        purgatory.close()
+
+
 async def test_a_watch_from_a_keys_eq_while_its_emptied_list_is_dropped_is_kept() -> None:
     # check_and_complete empties the list of `fresh`, then looks it up to drop it: the
     # look-up runs `base`'s __eq__ (same hash), which watches a new operation on

@@ -13,6 +13,7 @@ import math
 import re
 import weakref
 from collections.abc import Callable, Coroutine
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -357,6 +358,123 @@ def test_loop_timer_lifecycle(base: str) -> None:
 
 
 @pytest.mark.parametrize("base", BASES)
+def test_close_releases_the_dropped_handles_last(base: str) -> None:
+    """loop.close() drops the pending handles; a finalizer of what they held (user
+    code) that calls back into the loop finds it closing: its call_later is refused,
+    as on the base loop, instead of filing into the wheel the close has walked (which
+    made close() raise and left the loop open with a timer pending)."""
+    loop: Any = aiowheel.new_event_loop(base=base)
+    timer = loop.timer
+    seen: list[object] = []
+
+    def call_back() -> None:
+        try:
+            loop.call_later(5, cb)
+        except RuntimeError as exc:
+            seen.append(exc)
+        seen.append(len(timer))
+
+    loop.call_later(10, _Finalizer(call_back))
+    other = loop.call_later(20, cb)
+    check(loop)
+    loop.close()
+    assert loop.is_closed()
+    assert timer.closed
+    assert len(timer) == 0
+    assert len(seen) == 2
+    assert isinstance(seen[0], RuntimeError)
+    assert seen[1] == 0
+    assert other._bucket is None  # dropped, as the base loop drops its heap
+    assert not other.cancelled()
+    check(loop)
+
+
+def _close_cancelling_at(base: str, nth: int) -> None:
+    # loop.close() with a gc.callbacks hook that cancels two of its handles at the
+    # nth collection during the close.
+    loop: Any = aiowheel.new_event_loop(base=base)
+    handles = [loop.call_later(delay, cb) for delay in (0.5, 3, 40, 700, 9000, 0.7)]
+    collections = 0
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        nonlocal collections
+        if phase == "start":
+            collections += 1
+            if collections == nth:
+                handles[0].cancel()
+                handles[5].cancel()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(hook)
+    gc.set_threshold(1, 1, 1)
+    try:
+        loop.close()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(hook)
+    assert len(loop.timer) == 0
+    check(loop)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_close_counts_a_handle_cancelled_while_it_walks_once(base: str) -> None:
+    """loop.close() walks the wheel for the loop's handles, and the walk allocates:
+    a gc.callbacks hook (user code) may cancel a handle already taken. Each handle is
+    counted once, by the cancel or by the drop (it was counted by both: more timers
+    cancelled than scheduled). The hook runs at each collection in turn."""
+    for nth in range(1, 25):
+        _close_cancelling_at(base, nth)
+
+
+def _call_later_closing_at(base: str, delay: float, nth: int) -> None:
+    # call_later with a gc.callbacks hook that closes the loop at the nth collection,
+    # if that comes before the call counted its handle (not in uvloop's own
+    # call_later, which the driver's arm calls afterwards: a close there crashes
+    # uvloop itself).
+    loop: Any = aiowheel.new_event_loop(base=base)
+    engine = loop._engine
+    collections = 0
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        nonlocal collections
+        if phase == "start":
+            collections += 1
+            if collections == nth and not engine.scheduled:
+                loop.close()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(hook)
+    gc.set_threshold(1, 1, 1)
+    try:
+        handle = loop.call_later(delay, cb)
+    except RuntimeError:
+        assert loop.is_closed()  # refused: the loop closed under the call
+    else:
+        assert not loop.is_closed()
+        handle.cancel()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(hook)
+        loop.close()
+    assert len(loop.timer) == 0
+    check(loop)
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("delay", [0.0005, 3.0, 40.0, 700.0, 9e4, 1e7])
+def test_call_later_fails_cleanly_when_the_loop_closes_while_it_files(
+    base: str, delay: float
+) -> None:
+    """Filing a handle allocates (a level of the wheel, the heap's tuple), and the
+    collector may run user code there: a gc.callbacks hook that closes the loop. The
+    call fails as on a closed loop and leaves nothing pending (it used to file the
+    handle into the closed wheel and count it: a closed timer with one timer pending,
+    for good). The hook closes the loop at each collection in turn."""
+    for nth in range(1, 12):
+        _call_later_closing_at(base, delay, nth)
+
+
+@pytest.mark.parametrize("base", BASES)
 def test_loop_timer_reset_and_every(base: str) -> None:
     async def main() -> None:
         loop: Any = asyncio.get_running_loop()
@@ -425,6 +543,28 @@ def test_nan_and_infinite_when_never_reach_the_wheel(base: str) -> None:
             handle.cancel()
         assert len(loop.timer) == 0
         loop.call_later(1e300, cb).cancel()  # finite and huge: on the wheel, then off
+        assert len(loop.timer) == 0
+        check(loop)
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("debug", [False, True])
+def test_call_at_refuses_text(base: str, debug: bool) -> None:
+    """call_at takes a time, not text: float() would parse "5" (or b"5") into a
+    deadline the base loop never accepts (uvloop raises TypeError, asyncio fails
+    later in its own loop). TypeError at the call, nothing filed; numbers of other
+    types (an int, a Decimal) are still times."""
+    loop: Any = aiowheel.new_event_loop(base=base)
+    loop.set_debug(debug)
+    try:
+        for when in ("5", b"5", bytearray(b"5"), memoryview(b"5")):
+            with pytest.raises(TypeError, match="when must be a number"):
+                loop.call_at(when, cb)
+        assert len(loop.timer) == 0
+        loop.call_at(5, cb).cancel()
+        loop.call_at(Decimal("5.5"), cb).cancel()
         assert len(loop.timer) == 0
         check(loop)
     finally:
