@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 import sys
+from _thread import get_ident
 from collections.abc import Callable
 from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
 __all__ = ["PeriodicHandle", "TimerHandle", "to_seconds"]
 
 T = TypeVar("T")
+_get_ident: Final = get_ident
 _INF: Final = float("inf")
 _FLOAT_MAX: Final = sys.float_info.max
 # A grid of more periods than floats resolve (2**52) cannot be stepped in floats.
@@ -273,10 +275,25 @@ class TimerHandle(WheelEntry, Generic[T]):
             # path (to_seconds: an int costs what a float does); everything else, a
             # call from a foreign thread included, goes to the timer. A bad delay
             # raises here as it would there (a pending handle's timer is open).
+            # The owner check comes after the lazy test for a float (the common touch;
+            # a float cannot raise here, and a re-arm that is not lazy makes the check
+            # in the timer), before to_seconds otherwise (a foreign caller learns that
+            # first, as from the timer).
             timer = self._timer
-            if timer._on_owner_loop():  # the owner check (Timer._on_owner_loop)
-                seconds_ = delay if type(delay) is float else to_seconds(delay)
-                deadline = timer._now() + seconds_
+            if type(delay) is float:
+                deadline = timer._now() + delay
+                if _INF > deadline >= bucket.time:
+                    live = timer._live
+                    # inline copy of the owner check (Timer._on_owner_loop)
+                    if (
+                        live is not None
+                        and _get_ident() == timer._loop_thread
+                        and not live.affinity.elsewhere()
+                    ):
+                        self._deadline = deadline
+                        return
+            elif timer._on_owner_loop():  # the owner check (Timer._on_owner_loop)
+                deadline = timer._now() + to_seconds(delay)
                 if _INF > deadline >= bucket.time:
                     self._deadline = deadline
                     return

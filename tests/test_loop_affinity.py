@@ -54,6 +54,7 @@ def _calls(timer: Timer, handle: TimerHandle[Any], fired: TimerHandle[Any]) -> d
         "schedule_nowait": lambda: timer.schedule_nowait(1.0, noop),
         "schedule_at_nowait": lambda: timer.schedule_at_nowait(timer.time() + 1.0, noop),
         "handle.reset (later)": lambda: handle.reset(200.0),  # the inline lazy path
+        "handle.reset (later, int)": lambda: handle.reset(300),  # its other branch
         "handle.reset (sooner)": lambda: handle.reset(1.0),
         "handle.reset_at": lambda: handle.reset_at(timer.time() + 1.0),
         "handle.cancel": handle.cancel,
