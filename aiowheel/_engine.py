@@ -226,14 +226,20 @@ class Engine:
         or a gc.callbacks hook closed the timer (docs/design.md, "Re-entrancy"). The
         call fails with TimerClosed, and the counters stay exact: nothing is pending
         on a closed timer. (Inline copy: ``Timer.schedule_nowait``.)"""
-        if handle._bucket is not None:
-            self.wheel.remove(handle)  # filed in the closed timer's wheel: take it back
+        self.take_back(handle, new)
+        handle._result = _CANCELLED
+        raise self._closed_error()
+
+    def take_back(self, entry: WheelEntry, new: bool) -> None:
+        """The counters of *closed while filing* (``closed_while_filing``, and
+        ``loop_closed_while_filing`` for the drop-in loop's handles): ``entry`` leaves
+        the closed timer's wheel, counted cancelled exactly once."""
+        if entry._bucket is not None:
+            self.wheel.remove(entry)  # filed in the closed timer's wheel: take it back
             if not new:
                 self.cancelled += 1  # it was pending, out of the close's reach
         elif new:
             self.cancelled -= 1  # the close took it before this call counted it
-        handle._result = _CANCELLED
-        raise self._closed_error()
 
     def rearm(self, handle: TimerHandle[Any], deadline: float) -> None:
         """``reset()``/``reset_at()`` past the fast path, at a valid deadline.
@@ -554,10 +560,7 @@ class Engine:
         level, the heap's tuple) ran the garbage collector, and user code closed the
         loop (docs/design.md, "Re-entrancy"). The call fails as on a closed loop, and
         the counters stay exact: nothing is pending on a closed timer."""
-        if handle._bucket is not None:
-            self.wheel.remove(handle)  # filed in the closed wheel: take it back
-        else:
-            self.cancelled -= 1  # the close dropped it before this call counted it
+        self.take_back(handle, True)  # a new handle, as every call_at's
         loop = self.loop
         if loop is not None and loop.is_closed():
             raise RuntimeError("Event loop is closed")
