@@ -9,11 +9,15 @@ pays for tracing one count at schedule time, nothing else.
 
 A row is written when a traced timer ends (fired or cancelled). With a recorder that
 takes columns (``ParquetRecorder``: its ``take_columns``), the row goes into the next
-slot of six preallocated lists, one per column, with no call out of compiled code:
-timer ids, labels, scheduled_at, deadline, the end time, and a small code holding the
-level and whether it fired (``2 * (level + 1) + fired``). Every ``batch_rows`` rows,
-the lists are handed to the recorder whole (its writer thread converts them to Arrow
-columns) and it hands back lists to fill again. Any other recorder gets one
+slot of seven preallocated lists, one per column, with no call out of compiled code:
+timer ids, labels, scheduled_at, deadline, fired_at, cancelled_at (NaN in the one
+that does not apply) and the level. They are the trace's own columns, so the writer
+thread converts each with one call that holds the GIL and needs no Arrow kernel: each
+kernel releases the GIL, and winning it back from a busy event loop takes a switch
+interval (5 ms), so a writer that made a dozen of them per batch fell behind and
+dropped most rows (``docs/analytics.md``, "What recording costs"). Every
+``batch_rows`` rows, the lists are handed to the recorder whole and it hands back
+lists to fill again. Any other recorder gets one
 ``record()`` call per row, as the ``TraceRecorder`` protocol says.
 
 A recorder only observes: if handing it rows raises, tracing stops for the rest of the
@@ -39,9 +43,9 @@ _EXIT: Final = (SystemExit, KeyboardInterrupt)
 #: Rows per batch for a columns recorder that does not say (``batch_rows``).
 _DEFAULT_ROWS: Final = 32_768
 
-#: A columns recorder's intake: ``take(columns, count)`` gets the six lists (the first
-#: ``count`` slots filled) and returns six lists of the same length to fill next, or
-#: None (then new ones are made).
+#: A columns recorder's intake: ``take(columns, count)`` gets the seven lists (the
+#: first ``count`` slots filled) and returns seven lists of the same length to fill
+#: next, or None (then new ones are made).
 Take = Callable[[list[list[Any]], int], "list[list[Any]] | None"]
 
 
@@ -83,13 +87,18 @@ class Tracer:
         self.labels: list[str | None] = []
         self.scheduled: list[float] = []
         self.deadlines: list[float] = []
-        self.ended: list[object] = []
-        self.codes: list[int] = []
+        self.fired_at: list[object] = []
+        self.cancelled: list[object] = []
+        self.levels: list[int] = []
         if take is not None:
             self.use(None)
         # The pass writes many rows with the same fired time: boxed once.
         self.now = float("nan")
         self.now_box: object = self.now
+        # The time a row does not have (a fired timer's cancelled_at, a cancelled
+        # one's fired_at): one NaN object, typed object so it is stored, not boxed
+        # per row. The writer reads NaN as null.
+        self.missing: object = float("nan")
 
     # -- choosing -----------------------------------------------------------------
 
@@ -136,8 +145,9 @@ class Tracer:
         self.labels[i] = label
         self.scheduled[i] = scheduled_at
         self.deadlines[i] = deadline
-        self.ended[i] = self.now_box
-        self.codes[i] = 2 * level + 3  # 2 * (level + 1) + 1: fired
+        self.fired_at[i] = self.now_box
+        self.cancelled[i] = self.missing
+        self.levels[i] = level
         i += 1
         self.count = i
         if i == self.rows:
@@ -176,8 +186,9 @@ class Tracer:
         self.labels[i] = handle._label
         self.scheduled[i] = handle._scheduled_at
         self.deadlines[i] = handle._deadline
-        self.ended[i] = now
-        self.codes[i] = 2 * handle._level + 2  # 2 * (level + 1): cancelled
+        self.fired_at[i] = self.missing
+        self.cancelled[i] = now
+        self.levels[i] = handle._level
         i += 1
         self.count = i
         if i == self.rows:
@@ -225,15 +236,16 @@ class Tracer:
     def use(self, columns: list[list[Any]] | None) -> None:
         # The lists the next rows go into: those the recorder handed back, or new ones.
         rows = self.rows
-        if columns is None or len(columns) != 6 or any(len(c) != rows for c in columns):
-            columns = [[None] * rows for _ in range(6)]
+        if columns is None or len(columns) != 7 or any(len(c) != rows for c in columns):
+            columns = [[None] * rows for _ in range(7)]
         self.columns = columns
         self.ids = columns[0]
         self.labels = columns[1]
         self.scheduled = columns[2]
         self.deadlines = columns[3]
-        self.ended = columns[4]
-        self.codes = columns[5]
+        self.fired_at = columns[4]
+        self.cancelled = columns[5]
+        self.levels = columns[6]
 
     def close(self) -> None:
         """The timer closed: the last rows go to the recorder; no row after this."""

@@ -20,12 +20,15 @@ and ``aiowheel report`` states it.
 How the work is split, so that the event loop never waits for the disk:
 
 * A timer does not call ``record()``: its compiled core (``aiowheel._tracing``)
-  stores each row in six preallocated column lists and, every ``batch_rows`` rows,
-  hands them whole to ``take_columns()``, which queues them (or drops and counts
-  them when the queue is full) and hands back written lists to fill again. The
-  writer packs each number column with one ``struct.pack`` (about 10 ns per value,
-  holding the GIL), views the buffers as Arrow arrays, and empties the lists before
-  handing them back (so the loop never frees a cold value). Measured with
+  stores each row in seven preallocated column lists, the trace's own columns, and,
+  every ``batch_rows`` rows, hands them whole to ``take_columns()``, which queues
+  them (or drops and counts them when the queue is full) and hands back written
+  lists to fill again. The writer turns each list into an Arrow array with one call
+  (``struct.pack``, about 10 ns per value, or ``pa.array``), holding the GIL, and
+  empties the lists before handing them back (so the loop never frees a cold
+  value). It makes one Arrow kernel call per batch: each releases the GIL, and a
+  writer thread wins it back from a busy event loop only after a switch interval
+  (5 ms), so a dozen of them per batch left it far behind a busy loop. Measured with
   ``aiowheel bench -c aiowheel-asyncio,aiowheel-asyncio-traced`` and in CPU time
   (docs/analytics.md, "Benchmarks of the pipeline itself"): the event loop's cost
   per traced timer is about half of what one ``record()`` call per row cost.
@@ -271,13 +274,16 @@ _RUN_COLUMNS: Final = ("run_id", "implementation", "backend", "host", "pid")
 _DOUBLE_COLUMNS: Final = ("scheduled_at", "deadline", "fired_at", "cancelled_at", "lateness")
 _STATISTICS_COLUMNS: Final = ("timer_id", "scheduled_at", "deadline")
 _STOP: Final = None  # the writer thread's end-of-input marker
+#: How long the event loop waits, at most, per batch for the writer's stint holding
+#: the GIL (ParquetRecorder._hand_over): a stint takes about 8 ms per 32,768 rows.
+_HAND_OVER_WAIT: Final = 0.05
 
 #: A chunk handed to the writer by ``record()``: its buffer (``_ROW`` slots), its
 #: labels, its row count.
 _Chunk = tuple[bytearray, list[Any], int]
-#: A batch handed to the writer by a timer (``take_columns``): six lists (timer ids,
-#: labels, scheduled_at, deadline, end time, ``2 * (level + 1) + fired``) and the
-#: count of rows filled.
+#: A batch handed to the writer by a timer (``take_columns``): seven lists (timer ids,
+#: labels, scheduled_at, deadline, fired_at, cancelled_at, level; NaN where a
+#: time does not apply) and the count of rows filled.
 _Columns = tuple[list[list[Any]], int]
 
 
@@ -375,8 +381,11 @@ class ParquetRecorder:
         self._last_columns: list[_Columns] = []  # partial batches, for close()
         self._nones: list[None] = []  # the writer's, to empty written columns
         self._repeats: dict[int, tuple[list[pa.Array], list[pa.Array]]] = {}  # the writer's
+        self._null_labels: dict[int, pa.Array] = {}  # the writer's (_no_labels)
         self._take_chunk: Callable[[], _Chunk | None] = _nothing  # see _make_record
         self._thread: threading.Thread | None = None
+        # Set by the writer when a stint holding the GIL ends (_hand_over).
+        self._handed = threading.Event()
         self._dropped_full = 0  # written by the loop thread only
         self._dropped_failed = 0  # written by the writer thread only
         self._written = 0  # written by the writer thread only
@@ -456,8 +465,9 @@ class ParquetRecorder:
 
     def take_columns(self, columns: list[list[Any]], count: int) -> list[list[Any]] | None:
         """A timer hands over a batch of rows as columns (``aiowheel._tracing``):
-        six lists, timer ids, labels, scheduled_at, deadline, end time and
-        ``2 * (level + 1) + fired``, the first ``count`` slots filled. Returns lists to
+        seven lists, timer ids, labels, scheduled_at, deadline, fired_at,
+        cancelled_at (NaN where it does not apply) and level, the first ``count``
+        slots filled. Returns lists to
         fill next (written ones, given back), or None. Never blocks: when the writer
         is ``max_queued_batches`` behind, the batch is dropped and counted, and its
         lists come back to be filled again. A partial batch (``count`` below
@@ -474,11 +484,29 @@ class ParquetRecorder:
             self._queue.put_nowait((columns, count))
         except queue.Full:
             self._dropped_full += count
+            self._hand_over()
             return columns
+        self._hand_over()
         try:
             return self._spare_columns.pop()
         except IndexError:
             return None
+
+    def _hand_over(self) -> None:
+        # Called on the event loop each time it hands the writer a batch (or drops
+        # one): give the writer the GIL for one whole stint, now. A thread waiting for
+        # the GIL asks its holder to drop it only after a switch interval (5 ms) in
+        # which the GIL did not change hands, and a busy asyncio loop hands it over
+        # and takes it back around every zero-timeout select(), too fast for the
+        # waiting thread to win: measured, the writer waited seconds and dropped most
+        # rows of a churn. And a stint longer than the switch interval was cut short
+        # by the loop's own request for the GIL. So the loop waits here, off the GIL,
+        # until the writer has converted a batch and is about to encode it without
+        # the GIL (_handed), at most _HAND_OVER_WAIT; the writer needs one stint per
+        # batch (_write_columns).
+        handed = self._handed
+        handed.clear()
+        handed.wait(_HAND_OVER_WAIT)
 
     # -- counters ---------------------------------------------------------------------
 
@@ -520,6 +548,7 @@ class ParquetRecorder:
         full = queue.Full
         error = struct.error
         spare = self._spare.pop
+        hand_over = self._hand_over
         nan = _NAN
         buffer = bytearray(rows * size)
         labels: list[Any] = [None] * rows
@@ -561,7 +590,9 @@ class ParquetRecorder:
                     # Dropped: refill the same buffer. (So a new one is made only when
                     # the queue took this one: at most max_queued_batches + 2 exist.)
                     self._dropped_full += rows
+                    hand_over()
                     return
+                hand_over()
                 try:
                     buffer, labels = spare()
                 except IndexError:
@@ -631,6 +662,7 @@ class ParquetRecorder:
                             column[:] = nones
                         self._spare_columns.append(columns)
                     continue
+                self._handed.set()  # record()'s chunks: kernels release the GIL anyway
                 self._write_batch(writer, chunk)
                 self._written += chunk[2]
                 if chunk[2] == self.batch_rows:
@@ -658,6 +690,7 @@ class ParquetRecorder:
             # a dead writer (this includes a writer that failed before its first get).
             if chunk is not _STOP:
                 while (chunk := get()) is not _STOP:
+                    self._handed.set()
                     self._dropped_failed += chunk[-1]
             if writer is not None:
                 with contextlib.suppress(Exception):
@@ -718,16 +751,18 @@ class ParquetRecorder:
         writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=writer.schema))
 
     def _write_columns(self, writer: pq.ParquetWriter, columns: list[list[Any]], n: int) -> None:
-        # Runs on the writer thread. Each number column is packed into a buffer by one
-        # struct.pack call (C, about 10 ns per value, holding the GIL: the cheapest
-        # way found from a list of Python numbers; pa.array took twice that), viewed
-        # as an Arrow array without a copy; the rest is Arrow kernels, which release
-        # the GIL. Labels that are all None (no label given) cost one list count.
+        # Runs on the writer thread: one stint holding the GIL while the event loop
+        # waits (_hand_over), then the Parquet encoding without the GIL while the loop
+        # runs. The timer wrote the trace's own columns (aiowheel/_tracing.py), so
+        # each becomes an Arrow array in one call: struct.pack for the numbers (~10 ns
+        # per value), pa.array where NaN stands for null (~20 ns); the lateness is one
+        # Arrow kernel (which gets the GIL straight back: the loop is waiting off
+        # it). Labels that are all None (no label given) cost one list count and a
+        # cached array.
         pa = self._pa
-        pc = pa.compute
         if n != len(columns[0]):
             columns = [column[:n] for column in columns]
-        ids, labels, scheduled, deadlines, ended, codes = columns
+        ids, labels, scheduled, deadlines, fired, cancelled, levels = columns
         f64 = pa.float64()
 
         def packed(fmt: str, values: list[Any], type_: Any) -> Any:
@@ -736,30 +771,32 @@ class ParquetRecorder:
                 packer = self._packers[(fmt, n)] = struct.Struct(f"={n}{fmt}")
             return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(packer.pack(*values))])
 
-        code = packed("i", codes, pa.int32())
-        fired = pc.equal(pc.bit_wise_and(code, 1), 1)
-        # Levels past int8 (a wheel of 2 buckets filing a far deadline) are clipped.
-        level = pc.cast(
-            pc.min_element_wise(pc.subtract(pc.shift_right(code, 1), 1), 127), pa.int8()
-        )
-        end = packed("d", ended, f64)
-        none = pa.scalar(None, f64)
-        deadline = packed("d", deadlines, f64)
-        fired_at = pc.if_else(fired, end, none)
         run, anchors = self._repeated(n)
+        deadline = packed("d", deadlines, f64)
+        fired_at = pa.array(fired, f64, from_pandas=True)
         batch = [
             *run,
             packed("q", ids, pa.int64()),
-            pa.nulls(n, pa.string()) if labels.count(None) == n else _labels(pa, labels),
-            level,
+            self._no_labels(n) if labels.count(None) == n else _labels(pa, labels),
+            packed("b", levels, pa.int8()),
             packed("d", scheduled, f64),
             deadline,
             fired_at,
-            pc.if_else(fired, none, end),
-            pc.subtract(fired_at, deadline),  # lateness
+            pa.array(cancelled, f64, from_pandas=True),
+            pa.compute.subtract(fired_at, deadline),  # lateness
             *anchors,
         ]
-        writer.write_batch(pa.RecordBatch.from_arrays(batch, schema=writer.schema))
+        record_batch = pa.RecordBatch.from_arrays(batch, schema=writer.schema)
+        self._handed.set()  # the stint ends: the loop may go on (_hand_over)
+        writer.write_batch(record_batch)
+
+    def _no_labels(self, n: int) -> pa.Array:
+        # A label column of n nulls, built once per batch size (pa.nulls releases the
+        # GIL: see _write_columns).
+        cached = self._null_labels.get(n)
+        if cached is None:
+            cached = self._null_labels[n] = self._pa.nulls(n, self._pa.string())
+        return cached
 
     def _repeated(self, n: int) -> tuple[list[pa.Array], list[pa.Array]]:
         # The columns that are constant within the run (the run's five, then the two

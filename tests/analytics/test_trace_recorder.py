@@ -350,7 +350,8 @@ def test_the_writer_thread_imports_nothing(tmp_path: Path) -> None:
         f"r = ParquetRecorder({str(tmp_path)!r}, run_id='fresh')\n"
         "before = set(sys.modules)\n"
         "r.open(backend='asyncio', clock=0.0)\n"
-        "r.take_columns([[1, 2], ['a', None], [0.5, 0.5], [1.0, 2.0], [1.0, 1.5], [3, 2]], 2)\n"
+        "r.take_columns([[1, 2], ['a', None], [0.5, 0.5], [1.0, 2.0], [1.0, None],"
+        " [None, 1.5], [0, 0]], 2)\n"
         "r.close()\n"
         "print(r.written, sorted(set(sys.modules) - before))\n"
     )
@@ -411,6 +412,42 @@ async def test_a_timer_run_is_recorded(tmp_path: Path, backend: str) -> None:
     # The re-armed handle kept its id: one id has two rows (two periods).
     periods = Counter(row["timer_id"] for row in by_label["fire"])
     assert sorted(periods.values()) == [1] * 39 + [2]
+
+
+@pytest.mark.anyio
+async def test_a_loop_that_never_waits_still_gets_every_row_written(
+    tmp_path: Path, backend: str
+) -> None:
+    # The writer thread needs the GIL for each batch. A loop that never waits hands
+    # the GIL over and takes it back around each zero-timeout select(), before a
+    # waiting thread wakes; the writer used to be starved for seconds and most rows
+    # of a run like this were dropped. Each batch handed over now gives the writer
+    # its stint (ParquetRecorder._hand_over).
+    recorder = ParquetRecorder(tmp_path, run_id="busy", batch_rows=1024)
+    async with Timer(recorder=recorder) as timer:
+        schedule = timer.schedule_nowait
+        for _ in range(100):
+            for _ in range(1000):
+                schedule(60.0, _noop).cancel()
+            await anyio.lowlevel.checkpoint()
+    assert (recorder.written, recorder.dropped) == (100_000, 0)
+    assert len(_read(recorder.path)) == 100_000
+
+
+@pytest.mark.anyio
+async def test_levels_are_written_as_filed_the_deepest_wheel_included(tmp_path: Path) -> None:
+    # A wheel of two buckets has its most levels (up to the horizon, 2**48 ticks:
+    # 48), and a deadline past the horizon goes to the far bucket (level -3): every
+    # level fits the trace's int8 column as it is.
+    recorder = ParquetRecorder(tmp_path, run_id="deep")
+    async with Timer(tick=0.001, wheel_size=2, recorder=recorder) as timer:
+        handles = [timer.schedule_nowait(delay, _noop) for delay in (1.0, 1e10, 1e200)]
+        levels = [handle._bucket.level for handle in handles]  # type: ignore[attr-defined]
+        assert all(handle.cancel() for handle in handles)
+    assert levels == [9, 43, -3]
+    rows = sorted(_read(recorder.path), key=lambda row: row["deadline"])
+    assert [row["level"] for row in rows] == levels
+    assert all(row["fired_at"] is None and row["cancelled_at"] is not None for row in rows)
 
 
 @pytest.mark.anyio
@@ -492,14 +529,15 @@ def test_column_batches_round_trip_and_a_full_queue_drops_them(
     recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
 
     def batch(first: int) -> list[list[Any]]:
-        # ids, labels, scheduled_at, deadline, end, 2 * (level + 1) + fired
+        # ids, labels, scheduled_at, deadline, fired_at, cancelled_at, level
         return [
             [first, first + 1],
             ["a", None],
             [1.0, 1.5],
             [2.0, 9.0],
-            [2.25, 3.0],
-            [2 * (0 + 1) + 1, 2 * (-1 + 1) + 0],
+            [2.25, None],
+            [None, 3.0],
+            [0, -1],
         ]
 
     recorder.take_columns(batch(1), 2)  # the writer takes it and blocks
