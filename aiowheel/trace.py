@@ -486,15 +486,19 @@ class ParquetRecorder:
             self._dropped_full += count
             self._hand_over()
             return columns
-        self._hand_over()
+        if len(self._queue.queue) > 1:  # a batch was already waiting: behind
+            self._hand_over()
         try:
             return self._spare_columns.pop()
         except IndexError:
             return None
 
     def _hand_over(self) -> None:
-        # Called on the event loop each time it hands the writer a batch (or drops
-        # one): give the writer the GIL for one whole stint, now. A thread waiting for
+        # Called on the event loop when it hands the writer a batch while another
+        # still waits (or drops one): the writer is behind, so give it the GIL for
+        # one whole stint, now. (A writer that keeps up is not waited for: it lags by
+        # one batch at most, and a loop that waits in select() now and then, as a
+        # server does, never waits here.) A thread waiting for
         # the GIL asks its holder to drop it only after a switch interval (5 ms) in
         # which the GIL did not change hands, and a busy asyncio loop hands it over
         # and takes it back around every zero-timeout select(), too fast for the
@@ -549,6 +553,7 @@ class ParquetRecorder:
         error = struct.error
         spare = self._spare.pop
         hand_over = self._hand_over
+        waiting = self._queue.queue
         nan = _NAN
         buffer = bytearray(rows * size)
         labels: list[Any] = [None] * rows
@@ -592,7 +597,8 @@ class ParquetRecorder:
                     self._dropped_full += rows
                     hand_over()
                     return
-                hand_over()
+                if len(waiting) > 1:  # a chunk was already waiting: behind
+                    hand_over()
                 try:
                     buffer, labels = spare()
                 except IndexError:

@@ -4,6 +4,7 @@ and real Timer runs recorded on asyncio, uvloop and trio."""
 from __future__ import annotations
 
 import logging
+import math
 import subprocess
 import sys
 import threading
@@ -564,3 +565,40 @@ def test_column_batches_round_trip_and_a_full_queue_drops_them(
     assert second["lateness"] is None
     assert (recorder.written, recorder.dropped) == (5, 2)
     assert dropped_rows(pq.read_metadata(recorder.path).metadata) == 2
+
+
+def test_the_loop_hands_the_gil_over_only_to_a_writer_that_is_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer that keeps up lags by one batch at most and is not waited for (a
+    # server's loop, which waits in select() now and then, never waits here); one
+    # with a batch already waiting, or a full queue, gets the GIL handed over.
+    writing = threading.Event()
+    release = threading.Event()
+    real_write = ParquetRecorder._write_columns
+    hand_overs: list[int] = []
+
+    def slow_write(self: ParquetRecorder, writer: Any, columns: Any, n: int) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_write(self, writer, columns, n)
+
+    monkeypatch.setattr(ParquetRecorder, "_write_columns", slow_write)
+    monkeypatch.setattr(ParquetRecorder, "_hand_over", lambda self: hand_overs.append(1))
+    recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
+
+    def batch(timer_id: int) -> list[list[Any]]:
+        return [[timer_id], [None], [1.0], [2.0], [2.5], [math.nan], [0]]
+
+    recorder.take_columns(batch(1), 1)  # the writer takes it and blocks
+    assert writing.wait(10)
+    recorder.take_columns(batch(2), 1)  # the only one waiting: the writer keeps up
+    assert hand_overs == []
+    recorder.take_columns(batch(3), 1)  # one was waiting already: behind
+    assert hand_overs == [1]
+    recorder.take_columns(batch(4), 1)  # full: dropped, and handed over
+    assert hand_overs == [1, 1]
+    assert recorder.dropped == 1
+    release.set()
+    recorder.close()
+    assert [row["timer_id"] for row in _read(recorder.path)] == [1, 2, 3]
