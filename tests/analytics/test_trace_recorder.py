@@ -36,6 +36,24 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _blocking_writer(
+    monkeypatch: pytest.MonkeyPatch, method: str
+) -> tuple[threading.Event, threading.Event]:
+    """Make the writer thread's ``method`` (``_write_batch`` or ``_write_columns``)
+    set the first event and wait for the second before it writes."""
+    writing = threading.Event()
+    release = threading.Event()
+    real_write = getattr(ParquetRecorder, method)
+
+    def slow_write(self: ParquetRecorder, writer: Any, *batch: Any) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_write(self, writer, *batch)
+
+    monkeypatch.setattr(ParquetRecorder, method, slow_write)
+    return writing, release
+
+
 def _opened(tmp_path: Path, **kwargs: Any) -> ParquetRecorder:
     recorder = ParquetRecorder(tmp_path / "t.parquet", run_id="r1", **kwargs)
     recorder.open(backend="asyncio", clock=50.0)
@@ -107,16 +125,7 @@ def test_many_batches_keep_every_row_in_order(tmp_path: Path) -> None:
 def test_a_full_queue_drops_whole_batches_and_counts_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writing = threading.Event()
-    release = threading.Event()
-    real_write = ParquetRecorder._write_batch
-
-    def slow_write(self: ParquetRecorder, writer: Any, chunk: Any) -> None:
-        writing.set()
-        assert release.wait(10)
-        real_write(self, writer, chunk)
-
-    monkeypatch.setattr(ParquetRecorder, "_write_batch", slow_write)
+    writing, release = _blocking_writer(monkeypatch, "_write_batch")
     recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
     row = (None, 1.0, 2.0, 0, 2.5, None)
     recorder.record(1, *row)
@@ -517,16 +526,7 @@ def test_column_batches_round_trip_and_a_full_queue_drops_them(
 ) -> None:
     # The timer's columns (aiowheel._tracing): what take_columns gets is what is
     # written, and a batch the queue has no room for is dropped and counted.
-    writing = threading.Event()
-    release = threading.Event()
-    real_write = ParquetRecorder._write_columns
-
-    def slow_write(self: ParquetRecorder, writer: Any, columns: Any, n: int) -> None:
-        writing.set()
-        assert release.wait(10)
-        real_write(self, writer, columns, n)
-
-    monkeypatch.setattr(ParquetRecorder, "_write_columns", slow_write)
+    writing, release = _blocking_writer(monkeypatch, "_write_columns")
     recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
 
     def batch(first: int) -> list[list[Any]]:
@@ -573,17 +573,8 @@ def test_the_loop_hands_the_gil_over_only_to_a_writer_that_is_behind(
     # A writer that keeps up lags by one batch at most and is not waited for (a
     # server's loop, which waits in select() now and then, never waits here); one
     # with a batch already waiting, or a full queue, gets the GIL handed over.
-    writing = threading.Event()
-    release = threading.Event()
-    real_write = ParquetRecorder._write_columns
+    writing, release = _blocking_writer(monkeypatch, "_write_columns")
     hand_overs: list[int] = []
-
-    def slow_write(self: ParquetRecorder, writer: Any, columns: Any, n: int) -> None:
-        writing.set()
-        assert release.wait(10)
-        real_write(self, writer, columns, n)
-
-    monkeypatch.setattr(ParquetRecorder, "_write_columns", slow_write)
     monkeypatch.setattr(ParquetRecorder, "_hand_over", lambda self: hand_overs.append(1))
     recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
 
