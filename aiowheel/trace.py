@@ -28,7 +28,9 @@ How the work is split, so that the event loop never waits for the disk:
   empties the lists before handing them back (so the loop never frees a cold
   value). It makes one Arrow kernel call per batch: each releases the GIL, and a
   writer thread wins it back from a busy event loop only after a switch interval
-  (5 ms), so a dozen of them per batch left it far behind a busy loop. Measured with
+  (5 ms), so a dozen of them per batch left it far behind a busy loop; and when
+  the writer is behind, the loop gives it the GIL for one stint (``_hand_over``).
+  Measured with
   ``aiowheel bench -c aiowheel-asyncio,aiowheel-asyncio-traced`` and in CPU time
   (docs/analytics.md, "Benchmarks of the pipeline itself"): the event loop's cost
   per traced timer is about half of what one ``record()`` call per row cost.
@@ -421,7 +423,9 @@ class ParquetRecorder:
         fired_at: float | None,
         cancelled_at: float | None,
     ) -> None:
-        """One timer ended (``fired_at`` or ``cancelled_at`` set). Never blocks."""
+        """One timer ended (``fired_at`` or ``cancelled_at`` set). Never waits for
+        the disk (a writer that is behind gets one stint on the GIL, as in
+        ``take_columns``)."""
         raise AssertionError("unreachable: __init__ binds record per instance")  # pragma: no cover
 
     def close(self) -> None:
@@ -467,12 +471,14 @@ class ParquetRecorder:
         """A timer hands over a batch of rows as columns (``aiowheel._tracing``):
         seven lists, timer ids, labels, scheduled_at, deadline, fired_at,
         cancelled_at (NaN where it does not apply) and level, the first ``count``
-        slots filled. Returns lists to
-        fill next (written ones, given back), or None. Never blocks: when the writer
-        is ``max_queued_batches`` behind, the batch is dropped and counted, and its
-        lists come back to be filled again. A partial batch (``count`` below
-        ``batch_rows``: the last one, as the timer closes) is kept for ``close()``,
-        which queues it however far behind the writer is. Called on the event loop."""
+        slots filled. Returns lists to fill next (written ones, given back), or None.
+        Never waits for the disk: when the writer is ``max_queued_batches`` behind,
+        the batch is dropped and counted, and its lists come back to be filled
+        again. When the writer is behind, it first gets the GIL for one stint
+        (``_hand_over``: at most 50 ms, about 6 ms per 32,768 rows). A partial
+        batch (``count`` below ``batch_rows``: the last one, as the timer closes) is
+        kept for ``close()``, which queues it however far behind the writer is.
+        Called on the event loop."""
         if self._state != "open":
             raise RuntimeError(f"ParquetRecorder.take_columns() called while {self._state}")
         if count < self.batch_rows:
