@@ -276,9 +276,14 @@ _RUN_COLUMNS: Final = ("run_id", "implementation", "backend", "host", "pid")
 _DOUBLE_COLUMNS: Final = ("scheduled_at", "deadline", "fired_at", "cancelled_at", "lateness")
 _STATISTICS_COLUMNS: Final = ("timer_id", "scheduled_at", "deadline")
 _STOP: Final = None  # the writer thread's end-of-input marker
-#: How long the event loop waits, at most, per batch for the writer's stint holding
-#: the GIL (ParquetRecorder._hand_over): a stint takes about 8 ms per 32,768 rows.
-_HAND_OVER_WAIT: Final = 0.05
+#: How long the event loop waits for a writer that is behind to start a stint on the
+#: GIL (ParquetRecorder._hand_over): a thread waiting for the GIL wakes well within it.
+_TAKE_WAIT: Final = 0.002
+#: ...or, when the queue is full, to finish encoding and start one (about 8 ms per
+#: 32,768 rows) before the batch is dropped...
+_FULL_TAKE_WAIT: Final = 0.02
+#: ...and, once it has, at most for the stint to end: about 6 ms per 32,768 rows.
+_STINT_WAIT: Final = 0.05
 
 #: A chunk handed to the writer by ``record()``: its buffer (``_ROW`` slots), its
 #: labels, its row count.
@@ -386,7 +391,9 @@ class ParquetRecorder:
         self._null_labels: dict[int, pa.Array] = {}  # the writer's (_no_labels)
         self._take_chunk: Callable[[], _Chunk | None] = _nothing  # see _make_record
         self._thread: threading.Thread | None = None
-        # Set by the writer when a stint holding the GIL ends (_hand_over).
+        # Set by the writer when a stint holding the GIL starts, and when it ends
+        # (_hand_over).
+        self._took = threading.Event()
         self._handed = threading.Event()
         self._dropped_full = 0  # written by the loop thread only
         self._dropped_failed = 0  # written by the writer thread only
@@ -474,8 +481,8 @@ class ParquetRecorder:
         slots filled. Returns lists to fill next (written ones, given back), or None.
         Never waits for the disk: when the writer is ``max_queued_batches`` behind,
         the batch is dropped and counted, and its lists come back to be filled
-        again. When the writer is behind, it first gets the GIL for one stint
-        (``_hand_over``: at most 50 ms, about 6 ms per 32,768 rows). A partial
+        again. When the writer is behind and waiting for the GIL, it first gets the
+        GIL for one stint (``_hand_in``: about 6 ms per 32,768 rows). A partial
         batch (``count`` below ``batch_rows``: the last one, as the timer closes) is
         kept for ``close()``, which queues it however far behind the writer is.
         Called on the event loop."""
@@ -486,37 +493,55 @@ class ParquetRecorder:
             # queues it, waiting for room: nothing is dropped at the end.
             self._last_columns.append((columns, count))
             return None
-        try:
-            self._queue.put_nowait((columns, count))
-        except queue.Full:
+        if not self._hand_in((columns, count)):
             self._dropped_full += count
-            self._hand_over()
             return columns
-        if len(self._queue.queue) > 1:  # a batch was already waiting: behind
-            self._hand_over()
         try:
             return self._spare_columns.pop()
         except IndexError:
             return None
 
-    def _hand_over(self) -> None:
-        # Called on the event loop when it hands the writer a batch while another
-        # still waits (or drops one): the writer is behind, so give it the GIL for
-        # one whole stint, now. (A writer that keeps up is not waited for: it lags by
-        # one batch at most, and a loop that waits in select() now and then, as a
-        # server does, never waits here.) A thread waiting for
-        # the GIL asks its holder to drop it only after a switch interval (5 ms) in
-        # which the GIL did not change hands, and a busy asyncio loop hands it over
-        # and takes it back around every zero-timeout select(), too fast for the
-        # waiting thread to win: measured, the writer waited seconds and dropped most
-        # rows of a churn. And a stint longer than the switch interval was cut short
-        # by the loop's own request for the GIL. So the loop waits here, off the GIL,
-        # until the writer has converted a batch and is about to encode it without
-        # the GIL (_handed), at most _HAND_OVER_WAIT; the writer needs one stint per
-        # batch (_write_columns).
+    def _hand_in(self, batch: _Chunk | _Columns) -> bool:
+        # Called on the event loop: queue a full batch for the writer; False when it
+        # had to be dropped. A writer that keeps up lags by one batch at most and is
+        # never waited for (a loop that waits in select() now and then, as a
+        # server's does, never waits here). One that is behind gets the GIL for one
+        # stint (_hand_over); when the queue is full, the loop offers it longer first
+        # and tries again, so that a burst (aclose() cancelling a million timers)
+        # does not outrun a writer that is merely busy encoding.
+        put = self._queue.put_nowait
+        try:
+            put(batch)
+        except queue.Full:
+            self._hand_over(_FULL_TAKE_WAIT)
+            try:
+                put(batch)
+            except queue.Full:
+                return False
+        else:
+            if len(self._queue.queue) > 1:  # a batch was already waiting: behind
+                self._hand_over(_TAKE_WAIT)
+        return True
+
+    def _hand_over(self, take_wait: float) -> None:
+        # Give a writer that is behind the GIL for one whole stint, now. A thread
+        # waiting for the GIL asks its holder to drop it only after a switch interval
+        # (5 ms) in which the GIL did not change hands, and a busy asyncio loop hands
+        # it over and takes it back around every zero-timeout select(), too fast for
+        # the waiting thread to win: measured, the writer waited seconds and dropped
+        # most rows of a churn. And a stint longer than the switch interval was cut
+        # short by the loop's own request for the GIL. So the loop waits here, off
+        # the GIL: first for the writer to start a stint (_took), which a writer
+        # waiting for the GIL does at once, then for the stint to end (_handed: a
+        # batch converted, about to be encoded without the GIL). A writer busy
+        # without the GIL (encoding, or held up by a slow disk) does not start one
+        # within take_wait, and the loop goes on.
+        took = self._took
         handed = self._handed
+        took.clear()
         handed.clear()
-        handed.wait(_HAND_OVER_WAIT)
+        if took.wait(take_wait):
+            handed.wait(_STINT_WAIT)
 
     # -- counters ---------------------------------------------------------------------
 
@@ -554,12 +579,9 @@ class ParquetRecorder:
         rows = self.batch_rows
         size = _ROW.size
         pack = _ROW.pack_into
-        put = self._queue.put_nowait
-        full = queue.Full
         error = struct.error
         spare = self._spare.pop
-        hand_over = self._hand_over
-        waiting = self._queue.queue
+        hand_in = self._hand_in
         nan = _NAN
         buffer = bytearray(rows * size)
         labels: list[Any] = [None] * rows
@@ -595,16 +617,11 @@ class ParquetRecorder:
             count += 1
             if count == rows:
                 count = 0
-                try:
-                    put((buffer, labels, rows))
-                except full:
+                if not hand_in((buffer, labels, rows)):
                     # Dropped: refill the same buffer. (So a new one is made only when
                     # the queue took this one: at most max_queued_batches + 2 exist.)
                     self._dropped_full += rows
-                    hand_over()
                     return
-                if len(waiting) > 1:  # a chunk was already waiting: behind
-                    hand_over()
                 try:
                     buffer, labels = spare()
                 except IndexError:
@@ -656,11 +673,14 @@ class ParquetRecorder:
                 write_statistics=list(_STATISTICS_COLUMNS),
                 column_encoding=dict.fromkeys(_DOUBLE_COLUMNS, "BYTE_STREAM_SPLIT"),
             )
+            took = self._took.set
             while (chunk := get()) is not _STOP:
+                took()  # a stint starts (_hand_over)
                 assert isinstance(chunk, tuple)
                 if len(chunk) == 2:
                     columns, count = chunk
                     self._write_columns(writer, columns, count)
+                    took()  # the GIL again, after the encoding: the next stint
                     self._written += count
                     if count == self.batch_rows:
                         # Emptied here, where the values were just read: freeing them
@@ -676,6 +696,7 @@ class ParquetRecorder:
                     continue
                 self._handed.set()  # record()'s chunks: kernels release the GIL anyway
                 self._write_batch(writer, chunk)
+                took()
                 self._written += chunk[2]
                 if chunk[2] == self.batch_rows:
                     # Written: the arrays viewing the buffer are gone (pc.take copies).
@@ -702,6 +723,7 @@ class ParquetRecorder:
             # a dead writer (this includes a writer that failed before its first get).
             if chunk is not _STOP:
                 while (chunk := get()) is not _STOP:
+                    self._took.set()
                     self._handed.set()
                     self._dropped_failed += chunk[-1]
             if writer is not None:

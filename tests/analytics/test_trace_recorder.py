@@ -17,6 +17,8 @@ import pytest
 
 from aiowheel import Timer
 from aiowheel.trace import (
+    _FULL_TAKE_WAIT,
+    _TAKE_WAIT,
     NULLABLE_COLUMNS,
     SAMPLE_EVERY_KEY,
     TRACE_COLUMNS,
@@ -574,8 +576,10 @@ def test_the_loop_hands_the_gil_over_only_to_a_writer_that_is_behind(
     # server's loop, which waits in select() now and then, never waits here); one
     # with a batch already waiting, or a full queue, gets the GIL handed over.
     writing, release = _blocking_writer(monkeypatch, "_write_columns")
-    hand_overs: list[int] = []
-    monkeypatch.setattr(ParquetRecorder, "_hand_over", lambda self: hand_overs.append(1))
+    hand_overs: list[float] = []
+    monkeypatch.setattr(
+        ParquetRecorder, "_hand_over", lambda self, take_wait: hand_overs.append(take_wait)
+    )
     recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
 
     def batch(timer_id: int) -> list[list[Any]]:
@@ -586,10 +590,48 @@ def test_the_loop_hands_the_gil_over_only_to_a_writer_that_is_behind(
     recorder.take_columns(batch(2), 1)  # the only one waiting: the writer keeps up
     assert hand_overs == []
     recorder.take_columns(batch(3), 1)  # one was waiting already: behind
-    assert hand_overs == [1]
-    recorder.take_columns(batch(4), 1)  # full: dropped, and handed over
-    assert hand_overs == [1, 1]
+    assert hand_overs == [_TAKE_WAIT]
+    recorder.take_columns(batch(4), 1)  # full: offered longer, then dropped
+    assert hand_overs == [_TAKE_WAIT, _FULL_TAKE_WAIT]
     assert recorder.dropped == 1
+    release.set()
+    recorder.close()
+    assert [row["timer_id"] for row in _read(recorder.path)] == [1, 2, 3]
+
+
+def test_a_writer_held_up_without_the_gil_is_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writer that is behind but busy without the GIL (here blocked, as on a stalled
+    # disk) does not start a stint when the loop offers one: the loop goes on after
+    # the short wait for it, and never waits for a stint to end.
+    writing, release = _blocking_writer(monkeypatch, "_write_columns")
+    recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
+    stint_waits: list[float | None] = []
+    handed = recorder._handed
+
+    class Spy:
+        def clear(self) -> None:
+            handed.clear()
+
+        def set(self) -> None:
+            handed.set()
+
+        def wait(self, timeout: float | None = None) -> bool:
+            stint_waits.append(timeout)
+            return handed.wait(timeout)
+
+    recorder._handed = Spy()  # type: ignore[assignment]
+
+    def batch(timer_id: int) -> list[list[Any]]:
+        return [[timer_id], [None], [1.0], [2.0], [2.5], [math.nan], [0]]
+
+    recorder.take_columns(batch(1), 1)  # the writer takes it and is held up
+    assert writing.wait(10)
+    recorder.take_columns(batch(2), 1)
+    recorder.take_columns(batch(3), 1)  # behind: a stint offered, not taken
+    recorder.take_columns(batch(4), 1)  # full: dropped, the same
+    assert stint_waits == []
     release.set()
     recorder.close()
     assert [row["timer_id"] for row in _read(recorder.path)] == [1, 2, 3]
