@@ -284,6 +284,12 @@ _TAKE_WAIT: Final = 0.002
 _FULL_TAKE_WAIT: Final = 0.02
 #: ...and, once it has, at most for the stint to end: about 6 ms per 32,768 rows.
 _STINT_WAIT: Final = 0.05
+#: Batches smaller than this are never handed over (ParquetRecorder._hand_in).
+_HAND_OVER_ROWS: Final = 4096
+#: After a full queue's offer the writer did not take, how long a full queue drops at
+#: once.
+_HELD_UP: Final = 1.0
+_clock = time.monotonic  # a test's to patch
 
 #: A chunk handed to the writer by ``record()``: its buffer (``_ROW`` slots), its
 #: labels, its row count.
@@ -395,6 +401,8 @@ class ParquetRecorder:
         # (_hand_over).
         self._took = threading.Event()
         self._handed = threading.Event()
+        # Until this time on _clock, a full queue drops at once (_hand_in).
+        self._held_up_until = 0.0
         self._dropped_full = 0  # written by the loop thread only
         self._dropped_failed = 0  # written by the writer thread only
         self._written = 0  # written by the writer thread only
@@ -508,22 +516,31 @@ class ParquetRecorder:
         # server's does, never waits here). One that is behind gets the GIL for one
         # stint (_hand_over); when the queue is full, the loop offers it longer first
         # and tries again, so that a burst (aclose() cancelling a million timers)
-        # does not outrun a writer that is merely busy encoding.
+        # does not outrun a writer that is merely busy encoding. Two bounds keep the
+        # loop's waits small: batches under _HAND_OVER_ROWS are never handed over (a
+        # wake-up per few rows would cost more than the rows; on a busy loop what the
+        # writer cannot keep is dropped, as before), and after a full queue's offer
+        # that the writer did not take (held up by its disk), batches that find the
+        # queue full are dropped at once for _HELD_UP seconds.
         put = self._queue.put_nowait
+        handing = self.batch_rows >= _HAND_OVER_ROWS
         try:
             put(batch)
         except queue.Full:
-            self._hand_over(_FULL_TAKE_WAIT)
+            if not handing or _clock() < self._held_up_until:
+                return False
+            if not self._hand_over(_FULL_TAKE_WAIT):
+                self._held_up_until = _clock() + _HELD_UP
             try:
                 put(batch)
             except queue.Full:
                 return False
         else:
-            if len(self._queue.queue) > 1:  # a batch was already waiting: behind
+            if handing and len(self._queue.queue) > 1:  # a batch was waiting: behind
                 self._hand_over(_TAKE_WAIT)
         return True
 
-    def _hand_over(self, take_wait: float) -> None:
+    def _hand_over(self, take_wait: float) -> bool:
         # Give a writer that is behind the GIL for one whole stint, now. A thread
         # waiting for the GIL asks its holder to drop it only after a switch interval
         # (5 ms) in which the GIL did not change hands, and a busy asyncio loop hands
@@ -535,13 +552,15 @@ class ParquetRecorder:
         # waiting for the GIL does at once, then for the stint to end (_handed: a
         # batch converted, about to be encoded without the GIL). A writer busy
         # without the GIL (encoding, or held up by a slow disk) does not start one
-        # within take_wait, and the loop goes on.
+        # within take_wait, and the loop goes on (False).
         took = self._took
         handed = self._handed
         took.clear()
         handed.clear()
-        if took.wait(take_wait):
-            handed.wait(_STINT_WAIT)
+        if not took.wait(take_wait):
+            return False
+        handed.wait(_STINT_WAIT)
+        return True
 
     # -- counters ---------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ import pytest
 from aiowheel import Timer
 from aiowheel.trace import (
     _FULL_TAKE_WAIT,
+    _HAND_OVER_ROWS,
+    _HELD_UP,
     _TAKE_WAIT,
     NULLABLE_COLUMNS,
     SAMPLE_EVERY_KEY,
@@ -434,16 +436,16 @@ async def test_a_loop_that_never_waits_still_gets_every_row_written(
     # the GIL over and takes it back around each zero-timeout select(), before a
     # waiting thread wakes; the writer used to be starved for seconds and most rows
     # of a run like this were dropped. Each batch handed over now gives the writer
-    # its stint (ParquetRecorder._hand_over).
-    recorder = ParquetRecorder(tmp_path, run_id="busy", batch_rows=1024)
+    # its stint (ParquetRecorder._hand_in).
+    recorder = ParquetRecorder(tmp_path, run_id="busy", batch_rows=8192)
     async with Timer(recorder=recorder) as timer:
         schedule = timer.schedule_nowait
-        for _ in range(100):
+        for _ in range(200):
             for _ in range(1000):
                 schedule(60.0, _noop).cancel()
             await anyio.lowlevel.checkpoint()
-    assert (recorder.written, recorder.dropped) == (100_000, 0)
-    assert len(_read(recorder.path)) == 100_000
+    assert (recorder.written, recorder.dropped) == (200_000, 0)
+    assert len(_read(recorder.path)) == 200_000
 
 
 @pytest.mark.anyio
@@ -569,6 +571,25 @@ def test_column_batches_round_trip_and_a_full_queue_drops_them(
     assert dropped_rows(pq.read_metadata(recorder.path).metadata) == 2
 
 
+def _rows(first: int, n: int = _HAND_OVER_ROWS) -> list[list[Any]]:
+    """A timer's batch of ``n`` cancelled rows (aiowheel/_tracing.py's seven columns),
+    timer ids from ``first``."""
+    return [
+        list(range(first, first + n)),
+        [None] * n,
+        [1.0] * n,
+        [2.0] * n,
+        [math.nan] * n,
+        [1.5] * n,
+        [0] * n,
+    ]
+
+
+def _ids(path: Path) -> list[int]:
+    ids = pq.read_table(path, columns=["timer_id"]).column("timer_id").to_pylist()
+    return sorted({i - i % _HAND_OVER_ROWS for i in ids})
+
+
 def test_the_loop_hands_the_gil_over_only_to_a_writer_that_is_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -577,26 +598,26 @@ def test_the_loop_hands_the_gil_over_only_to_a_writer_that_is_behind(
     # with a batch already waiting, or a full queue, gets the GIL handed over.
     writing, release = _blocking_writer(monkeypatch, "_write_columns")
     hand_overs: list[float] = []
-    monkeypatch.setattr(
-        ParquetRecorder, "_hand_over", lambda self, take_wait: hand_overs.append(take_wait)
-    )
-    recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
 
-    def batch(timer_id: int) -> list[list[Any]]:
-        return [[timer_id], [None], [1.0], [2.0], [2.5], [math.nan], [0]]
+    def hand_over(self: ParquetRecorder, take_wait: float) -> bool:
+        hand_overs.append(take_wait)
+        return True
 
-    recorder.take_columns(batch(1), 1)  # the writer takes it and blocks
+    monkeypatch.setattr(ParquetRecorder, "_hand_over", hand_over)
+    rows = _HAND_OVER_ROWS
+    recorder = _opened(tmp_path, batch_rows=rows, max_queued_batches=2)
+    recorder.take_columns(_rows(0), rows)  # the writer takes it and blocks
     assert writing.wait(10)
-    recorder.take_columns(batch(2), 1)  # the only one waiting: the writer keeps up
+    recorder.take_columns(_rows(rows), rows)  # the only one waiting: it keeps up
     assert hand_overs == []
-    recorder.take_columns(batch(3), 1)  # one was waiting already: behind
+    recorder.take_columns(_rows(2 * rows), rows)  # one was waiting already: behind
     assert hand_overs == [_TAKE_WAIT]
-    recorder.take_columns(batch(4), 1)  # full: offered longer, then dropped
+    recorder.take_columns(_rows(3 * rows), rows)  # full: offered longer, then dropped
     assert hand_overs == [_TAKE_WAIT, _FULL_TAKE_WAIT]
-    assert recorder.dropped == 1
+    assert recorder.dropped == rows
     release.set()
     recorder.close()
-    assert [row["timer_id"] for row in _read(recorder.path)] == [1, 2, 3]
+    assert _ids(recorder.path) == [0, rows, 2 * rows]
 
 
 def test_a_writer_held_up_without_the_gil_is_not_waited_for(
@@ -604,34 +625,72 @@ def test_a_writer_held_up_without_the_gil_is_not_waited_for(
 ) -> None:
     # A writer that is behind but busy without the GIL (here blocked, as on a stalled
     # disk) does not start a stint when the loop offers one: the loop goes on after
-    # the short wait for it, and never waits for a stint to end.
+    # the short wait for it and never waits for a stint to end; after a full queue's
+    # offer it did not take, a full queue drops at once for a while.
+    from aiowheel import trace
+
+    now = [100.0]
+    monkeypatch.setattr(trace, "_clock", lambda: now[0])
     writing, release = _blocking_writer(monkeypatch, "_write_columns")
-    recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
+    rows = _HAND_OVER_ROWS
+    recorder = _opened(tmp_path, batch_rows=rows, max_queued_batches=2)
+    took: list[float | None] = []
     stint_waits: list[float | None] = []
-    handed = recorder._handed
 
     class Spy:
+        def __init__(self, event: threading.Event, waits: list[float | None]) -> None:
+            self.event, self.waits = event, waits
+
         def clear(self) -> None:
-            handed.clear()
+            self.event.clear()
 
         def set(self) -> None:
-            handed.set()
+            self.event.set()
 
         def wait(self, timeout: float | None = None) -> bool:
-            stint_waits.append(timeout)
-            return handed.wait(timeout)
+            self.waits.append(timeout)
+            return self.event.wait(timeout)
 
-    recorder._handed = Spy()  # type: ignore[assignment]
+    recorder._took = Spy(recorder._took, took)  # type: ignore[assignment]
+    recorder._handed = Spy(recorder._handed, stint_waits)  # type: ignore[assignment]
+    recorder.take_columns(_rows(0), rows)  # the writer takes it and is held up
+    assert writing.wait(10)
+    recorder.take_columns(_rows(rows), rows)
+    recorder.take_columns(_rows(2 * rows), rows)  # behind: a stint offered, not taken
+    assert took == [_TAKE_WAIT]
+    recorder.take_columns(_rows(3 * rows), rows)  # full: offered longer, not taken
+    assert took == [_TAKE_WAIT, _FULL_TAKE_WAIT]
+    recorder.take_columns(_rows(4 * rows), rows)  # full, held up: dropped at once
+    assert took == [_TAKE_WAIT, _FULL_TAKE_WAIT]
+    now[0] += _HELD_UP
+    recorder.take_columns(_rows(5 * rows), rows)  # a second later: offered again
+    assert took == [_TAKE_WAIT, _FULL_TAKE_WAIT, _FULL_TAKE_WAIT]
+    assert stint_waits == []
+    assert recorder.dropped == 3 * rows
+    release.set()
+    recorder.close()
+    assert _ids(recorder.path) == [0, rows, 2 * rows]
+
+
+def test_small_batches_are_never_handed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A wake-up per few rows would cost the loop more than the rows: below
+    # _HAND_OVER_ROWS a batch is queued or, the queue full, dropped, never waited on.
+    monkeypatch.setattr(
+        ParquetRecorder, "_hand_over", lambda self, take_wait: pytest.fail("handed over")
+    )
+    writing, release = _blocking_writer(monkeypatch, "_write_columns")
+    recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
 
     def batch(timer_id: int) -> list[list[Any]]:
         return [[timer_id], [None], [1.0], [2.0], [2.5], [math.nan], [0]]
 
     recorder.take_columns(batch(1), 1)  # the writer takes it and is held up
     assert writing.wait(10)
-    recorder.take_columns(batch(2), 1)
-    recorder.take_columns(batch(3), 1)  # behind: a stint offered, not taken
-    recorder.take_columns(batch(4), 1)  # full: dropped, the same
-    assert stint_waits == []
+    for timer_id in range(2, 6):  # 2 and 3 queued, 4 and 5 dropped
+        recorder.take_columns(batch(timer_id), 1)
+    assert recorder.dropped == 2
     release.set()
     recorder.close()
     assert [row["timer_id"] for row in _read(recorder.path)] == [1, 2, 3]
