@@ -12,10 +12,10 @@ takes columns (``ParquetRecorder``: its ``take_columns``), the row goes into the
 slot of seven preallocated lists, one per column, with no call out of compiled code:
 timer ids, labels, scheduled_at, deadline, fired_at, cancelled_at (NaN in the one
 that does not apply) and the level. They are the trace's own columns, so the writer
-thread converts each with one call that holds the GIL and needs no Arrow kernel: each
-kernel releases the GIL, and winning it back from a busy event loop takes a switch
-interval (5 ms), so a writer that made a dozen of them per batch fell behind and
-dropped most rows (``docs/analytics.md``, "What recording costs"). Every
+thread converts each with one call that holds the GIL, and a batch needs one Arrow
+kernel (the lateness) where it needed a dozen: each kernel releases the GIL, and
+winning it back from a busy event loop takes a switch interval (5 ms), so the writer
+fell behind and dropped most rows (``docs/analytics.md``, "What recording costs"). Every
 ``batch_rows`` rows, the lists are handed to the recorder whole and it hands back
 lists to fill again. Any other recorder gets one
 ``record()`` call per row, as the ``TraceRecorder`` protocol says.

@@ -804,14 +804,14 @@ class ParquetRecorder:
         writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=writer.schema))
 
     def _write_columns(self, writer: pq.ParquetWriter, columns: list[list[Any]], n: int) -> None:
-        # Runs on the writer thread: one stint holding the GIL while the event loop
-        # waits (_hand_over), then the Parquet encoding without the GIL while the loop
-        # runs. The timer wrote the trace's own columns (aiowheel/_tracing.py), so
-        # each becomes an Arrow array in one call: struct.pack for the numbers (~10 ns
-        # per value), pa.array where NaN stands for null (~20 ns); the lateness is one
-        # Arrow kernel (which gets the GIL straight back: the loop is waiting off
-        # it). Labels that are all None (no label given) cost one list count and a
-        # cached array.
+        # Runs on the writer thread: one stint holding the GIL (the event loop waits
+        # off it when the writer is behind: _hand_in), then the Parquet encoding
+        # without the GIL while the loop runs. The timer wrote the trace's own
+        # columns (aiowheel/_tracing.py), so each becomes an Arrow array in one call:
+        # struct.pack for the numbers (~10 ns per value), pa.array where NaN stands
+        # for null (~20 ns); the lateness is one Arrow kernel (which gets the GIL
+        # straight back when the loop is waiting off it). Labels that are all None
+        # (no label given) cost one list count and a cached array.
         pa = self._pa
         if n != len(columns[0]):
             columns = [column[:n] for column in columns]
