@@ -682,14 +682,10 @@ def test_small_batches_are_never_handed_over(
     )
     writing, release = _blocking_writer(monkeypatch, "_write_columns")
     recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
-
-    def batch(timer_id: int) -> list[list[Any]]:
-        return [[timer_id], [None], [1.0], [2.0], [2.5], [math.nan], [0]]
-
-    recorder.take_columns(batch(1), 1)  # the writer takes it and is held up
+    recorder.take_columns(_rows(1, 1), 1)  # the writer takes it and is held up
     assert writing.wait(10)
     for timer_id in range(2, 6):  # 2 and 3 queued, 4 and 5 dropped
-        recorder.take_columns(batch(timer_id), 1)
+        recorder.take_columns(_rows(timer_id, 1), 1)
     assert recorder.dropped == 2
     release.set()
     recorder.close()
