@@ -401,7 +401,9 @@ class ParquetRecorder:
         # (_hand_over).
         self._took = threading.Event()
         self._handed = threading.Event()
-        # Until this time on _clock, a full queue drops at once (_hand_in).
+        # Whether batches are handed over at all, and until when on _clock a full
+        # queue drops at once (_hand_in).
+        self._handing = batch_rows >= _HAND_OVER_ROWS
         self._held_up_until = 0.0
         self._dropped_full = 0  # written by the loop thread only
         self._dropped_failed = 0  # written by the writer thread only
@@ -523,7 +525,7 @@ class ParquetRecorder:
         # that the writer did not take (held up by its disk), batches that find the
         # queue full are dropped at once for _HELD_UP seconds.
         put = self._queue.put_nowait
-        handing = self.batch_rows >= _HAND_OVER_ROWS
+        handing = self._handing
         try:
             put(batch)
         except queue.Full:
