@@ -228,7 +228,9 @@ def test_call_at_and_call_later_are_compiled_on_the_loop(base: str) -> None:
 @pytest.mark.parametrize("base", BASES)
 def test_a_subclass_override_of_call_at_is_what_callers_get(base: str) -> None:
     seen: list[float] = []
-    cls = type(aiowheel.new_event_loop(base=base))
+    probe = aiowheel.new_event_loop(base=base)
+    cls = type(probe)
+    probe.close()
 
     class Counting(cls):  # type: ignore[misc, valid-type]
         def call_at(self, when: float, callback: Any, *args: Any, context: Any = None) -> Any:

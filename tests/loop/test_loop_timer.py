@@ -81,6 +81,10 @@ def test_repr_as_the_base_loop(base: str) -> None:
     loop: Any = aiowheel.new_event_loop(base=base)
     plain = asyncio.SelectorEventLoop()
     try:
+        # Not in debug mode first (PYTHONASYNCIODEBUG=1 starts loops in it): the repr
+        # would then end with where each handle was made, two different lines.
+        loop.set_debug(False)
+        plain.set_debug(False)
         handle = loop.call_at(1000.5, cb, 1, "x")
         reference = asyncio.TimerHandle(1000.5, cb, (1, "x"), plain)
         assert repr(handle) == repr(reference)
@@ -162,7 +166,9 @@ def test_context_and_exceptions_as_handle_run(base: str) -> None:
         await done
         assert len(seen) == 1
         context = seen[0]
-        assert set(context) == {"message", "exception", "handle"}
+        # In debug mode (PYTHONASYNCIODEBUG=1) Handle._run adds where it was made.
+        debug = {"source_traceback"} if loop.get_debug() else set()
+        assert set(context) == {"message", "exception", "handle", *debug}
         assert context["handle"] is failing
         assert isinstance(context["exception"], ZeroDivisionError)
         assert re.fullmatch(r"Exception in callback .*boom\(7\) at .*:\d+", context["message"])
