@@ -109,10 +109,16 @@ class _Child:
         except OSError as exc:
             self.stderr.close()
             raise ChildError(f"{contender.name}: cannot start its child process: {exc}") from None
-        hello = self._answer()
-        if hello.get("package") != _package():
+        try:
+            hello = self._answer()
+            if hello.get("package") != _package():
+                raise self._error(f"it imported another aiowheel ({hello.get('package')})")
+        except BaseException:
+            # A child refused at its hello (it died, ran the compiled core, imported
+            # another aiowheel) is not kept: its pipes are closed and it is waited for
+            # (or killed), not left running behind the error.
             self.close()
-            raise self._error(f"it imported another aiowheel ({hello.get('package')})")
+            raise
 
     def _error(self, why: str) -> ChildError:
         return ChildError(f"{self.contender.name}: child process failed: {why}")

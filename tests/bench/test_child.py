@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,14 +83,37 @@ def test_the_child_reports_its_core() -> None:
         children.close()
 
 
-def _failing_child(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+def _failing_child(monkeypatch: pytest.MonkeyPatch, code: str) -> list[subprocess.Popen[str]]:
+    """Make the -pure contenders' child run ``code``; returns the processes started."""
     monkeypatch.setattr(child._Child, "command", (sys.executable, "-c", code))
+    started: list[subprocess.Popen[str]] = []
+    popen = subprocess.Popen
+
+    def recording(*args: object, **kwargs: object) -> subprocess.Popen[str]:
+        process: subprocess.Popen[str] = popen(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(process)
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+    return started
+
+
+def _ended_and_closed(processes: list[subprocess.Popen[str]]) -> bool:
+    # A refused child is not left behind: waited for, its pipes closed.
+    return bool(processes) and all(
+        p.returncode is not None
+        and p.stdin is not None
+        and p.stdin.closed
+        and p.stdout is not None
+        and p.stdout.closed
+        for p in processes
+    )
 
 
 def test_a_failed_child_is_one_line_and_exit_status_2(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _failing_child(
+    started = _failing_child(
         monkeypatch,
         "import sys; print('Traceback (most recent call last):', file=sys.stderr); "
         "sys.exit('MemoryError: the child ran out')",
@@ -105,6 +129,7 @@ def test_a_failed_child_is_one_line_and_exit_status_2(
     kinds = [json.loads(line)["type"] for line in captured.out.splitlines()]
     assert kinds[0] == "run"
     assert kinds[-1] == "end"
+    assert _ended_and_closed(started)
 
 
 def test_a_child_claiming_the_compiled_core_is_refused(
@@ -112,7 +137,8 @@ def test_a_child_claiming_the_compiled_core_is_refused(
 ) -> None:
     package = str(Path(aiowheel.__file__).resolve().parent)
     hello = json.dumps({"compiled": True, "reason": "", "package": package})
-    _failing_child(monkeypatch, f"print({hello!r}, flush=True); input()")
+    # It stays running (waiting on its stdin) after its hello, until it is closed.
+    started = _failing_child(monkeypatch, f"print({hello!r}, flush=True); input()")
     args = ["-w", "fire", "-c", "aiowheel-uvloop-pure", *TINY]
     assert cli.main([*args, "--no-progress"]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -121,6 +147,7 @@ def test_a_child_claiming_the_compiled_core_is_refused(
         "aiowheel bench: error: aiowheel-uvloop-pure: child process failed: "
         "it ran the compiled core although AIOWHEEL_PURE=1"
     ]
+    assert _ended_and_closed(started)
 
 
 @pytest.mark.parametrize("option", [["--trace", "traces"], ["--report"]])
