@@ -279,8 +279,8 @@ def _run_inner_suite(
     pytester.makeconftest(conftest)
     pytester.makepyfile(test_project=INNER_TESTS)
     # In a process of its own, with adoption_app importable: pytest-asyncio's session
-    # run in this one left an unclosed event loop behind, garbage that this suite's
-    # ResourceWarning check then found in another module's test.
+    # run in this one left an unclosed event loop behind (`-W error::ResourceWarning`
+    # reported it in another module's test, when it was collected).
     pythonpath = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
     monkeypatch.setenv("PYTHONPATH", pythonpath)
     # Without looptime's plugin (installed here for this repository's own tests): on a
