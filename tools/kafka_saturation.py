@@ -20,34 +20,34 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
-import time
 from typing import Any
 
 from aiowheel.bench import kafka
 from aiowheel.bench.contenders import CONTENDERS
 from aiowheel.bench.settings import Settings
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from trace_gc_probe import GcCount
+
 RATE = 1_000_000.0
+#: The contenders the kafka workload runs in this process (the -pure ones run in a
+#: child: ``aiowheel bench``), and the harness alone.
+NAMES = {c.name for c in CONTENDERS if kafka.Kafka().applies_to(c) and not c.pure} | {"null"}
 
 
-class GcWatch:
-    """gc.callbacks hook: collections, their seconds and the young list's size."""
+class GcWatch(GcCount):
+    """GcCount (collections and their seconds), and the young list's size at every
+    eighth young collection."""
 
     def __init__(self) -> None:
-        self.count = [0, 0, 0]
-        self.seconds = [0.0, 0.0, 0.0]
+        super().__init__()
+        self.active = True
         self.young: list[int] = []
-        self._t = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        generation = info["generation"]
-        if phase == "start":
-            if generation == 0 and self.count[0] % 8 == 0:
-                self.young.append(len(gc.get_objects(0)))
-            self._t = time.perf_counter()
-        else:
-            self.count[generation] += 1
-            self.seconds[generation] += time.perf_counter() - self._t
+        if phase == "start" and info["generation"] == 0 and self.count[0] % 8 == 0:
+            self.young.append(len(gc.get_objects(0)))
+        super().__call__(phase, info)
 
 
 def _null_model(env: Any, counters: Any) -> Any:
@@ -83,6 +83,13 @@ def main() -> None:
     names = (sys.argv[1] if len(sys.argv) > 1 else default).split(",")
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    unknown = sorted(set(names) - NAMES)
+    if unknown or not seconds > 0 or rounds < 1:
+        sys.exit(
+            f"usage: {__doc__.strip().splitlines()[2].strip()}\n"
+            f"CONTENDERS from: {', '.join(sorted(NAMES))}; SECONDS > 0; ROUNDS >= 1"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
     workload = kafka.Kafka()
     settings = Settings(workloads=["kafka"])
     workload.pools(settings)  # drawn once, before the first probe

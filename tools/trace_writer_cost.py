@@ -79,6 +79,8 @@ def convert(columns: list[list[Any]]) -> dict[str, float]:
 
 def main() -> None:
     batches = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    if batches < 1:
+        sys.exit("usage: python tools/trace_writer_cost.py [BATCHES >= 1]")
     runs = [convert(churn_rows()) for _ in range(batches)]
     for name in runs[0]:
         print(f"{name:28} {statistics.median(run[name] for run in runs):6.1f} ns/row")
