@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import looptime
@@ -249,3 +251,21 @@ def test_the_first_timers_of_a_process_import_nothing(base: str) -> None:
         check=True,
     )
     assert out.stdout == "[]\n", out.stderr
+
+
+# -- docs/loop.md, "Is my timer on the wheel?" ---------------------------------------
+
+
+def test_the_docs_check_prints_what_the_docs_say() -> None:
+    # The section's program, run as written: what it prints has the documented shape
+    # (the lateness figure is the machine's).
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "loop.md").read_text()
+    section = docs.split("## Is my timer on the wheel?", 1)[1]
+    program = section.split("```python\n", 1)[1].split("```", 1)[0]
+    printed = section.split("```text\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    shape = re.compile(r"\d+\.\d\d ms$")
+    got = [shape.sub("X ms", line) for line in out.stdout.splitlines()]
+    assert got == [shape.sub("X ms", line) for line in printed.splitlines()], out.stderr

@@ -91,3 +91,16 @@ async def on_the_loop() -> None:
     if isinstance(loop, aiowheel.WheelEventLoop):
         assert_type(loop.timer.schedule_nowait(0.5, add, 1, 2), aiowheel.TimerHandle[int])
     asyncio.get_running_loop().timer.schedule_nowait(0.5, add, 1, 2)  # expect-error
+
+
+# docs/loop.md, "Is my timer on the wheel?", as written there.
+async def is_my_timer_on_the_wheel() -> None:
+    timer = aiowheel.loop_timer()  # None: this loop's timers are on its heap
+    print(type(asyncio.get_running_loop()).__name__, timer)
+    if timer is None:
+        return
+    before = timer.stats()
+    for _ in range(50):
+        await asyncio.sleep(0.002)
+    after = timer.stats()
+    print(len(timer), after.fired - before.fired, f"{after.lateness_max * 1000:.2f} ms")
