@@ -139,11 +139,14 @@ class _WheelLoop(WheelEventLoop):
     _engine: Engine
     _wheel: Wheel
     _base_call_at: Callable[..., Any]
+    # The base clock's grid (aiowheel/_driver.py, AsyncioDriver.arm), a class attribute
+    # of each base's loop: one more instance attribute would pass CPython's limit of
+    # inline attributes and materialise the loop's __dict__, which slows every
+    # attribute access of its methods (tests/test_loop_affinity.py).
     _base_grid: float
 
     def _init_timer(self, name: str, tick: float, grid: float) -> None:
         _import_anyio_backend()
-        self._base_grid = grid
         self.timer = Timer(tick=tick)
         self._engine = self.timer._open_for_loop(_LoopBackend(self, name, grid))
         self._wheel = self._engine.wheel
@@ -328,10 +331,11 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     # reads it (call_later, asyncio.timeout, each loop iteration); a subclass's or
     # looptime's own time() still wins, as any override does.
     time = time.monotonic
+    _base_grid = 1e6
 
     def __init__(self, tick: float) -> None:
         asyncio.SelectorEventLoop.__init__(self)
-        self._init_timer("asyncio", tick, 1e6)
+        self._init_timer("asyncio", tick, self._base_grid)
 
     def _base_call_at(
         self,
@@ -367,9 +371,11 @@ def _uvloop_loop_class() -> type[Any]:
             ) from exc
 
         class _UvloopWheelLoop(_WheelLoop, uvloop.Loop):  # type: ignore[misc]
+            _base_grid = 1e3  # uvloop's clock: whole milliseconds
+
             def __init__(self, tick: float) -> None:
                 uvloop.Loop.__init__(self)
-                self._init_timer("uvloop", tick, 1e3)  # uvloop's clock: whole ms
+                self._init_timer("uvloop", tick, self._base_grid)
 
             def _base_call_at(
                 self,
