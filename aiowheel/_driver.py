@@ -322,6 +322,13 @@ class AsyncioBackend:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def make_driver(self, on_wakeup: Callable[[], None]) -> Driver:
+        # On aiowheel's drop-in loop the wake-up goes to the base loop directly, as
+        # loop.timer's does: through the loop's call_at it would be a timer on the
+        # loop's wheel, rounded up a second time (aiowheel/_loop.py, _base_arming).
+        arming = getattr(self.loop, "_base_arming", None)
+        if arming is not None:
+            grid, call_at = arming()
+            return AsyncioDriver(on_wakeup, self.loop, grid, call_at)
         return AsyncioDriver(on_wakeup)
 
     def spawn(self, worker: Worker) -> None:

@@ -422,9 +422,13 @@ class Engine:
                     if entry is None:
                         break
                     if not isinstance(entry, TimerHandle):
-                        # A drop-in loop's call_at handle: Handle._run's rules.
+                        # A drop-in loop's call_at handle: Handle._run's rules. Its
+                        # lateness counts as a timer's (stats().lateness_max).
                         self.pending -= 1
                         fired += 1
+                        lateness = now - entry._deadline  # inline copy of note_lateness
+                        if lateness > lateness_max:
+                            lateness_max = lateness
                         self.run_loop_handle(entry)
                         continue
                     handle = entry  # the timer files only these (and loop handles, above)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.format_helpers as _format_helpers
+import importlib
 import math
 import sys
 import time
@@ -57,7 +58,14 @@ from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
 from ._wheel import Wheel
 
-__all__ = ["EventLoopPolicy", "loop_timer", "new_event_loop", "new_uvloop_event_loop", "run"]
+__all__ = [
+    "EventLoopPolicy",
+    "WheelEventLoop",
+    "loop_timer",
+    "new_event_loop",
+    "new_uvloop_event_loop",
+    "run",
+]
 
 _T = TypeVar("_T")
 _INF = math.inf
@@ -78,6 +86,28 @@ def _guard_internals() -> None:
 
 
 _guard_internals()
+
+
+class WheelEventLoop(asyncio.AbstractEventLoop):
+    """The type of every loop ``new_event_loop()`` returns, on either base: an
+    ``asyncio.AbstractEventLoop`` with its timer, ``loop.timer``.
+
+    For type checkers and ``isinstance``: ``new_event_loop()`` is typed to return it,
+    and ``isinstance(asyncio.get_running_loop(), aiowheel.WheelEventLoop)`` tells
+    aiowheel's loop from any other (``loop_timer()`` answers the same question in one
+    call). It is not a loop of its own: make one with ``aiowheel.new_event_loop()``."""
+
+    #: The loop's ``aiowheel.Timer``, on the same wheel as the loop's own timers; open
+    #: from the moment the loop is made, closed by ``loop.close()`` (docs/loop.md).
+    timer: Timer
+
+    def __init__(self) -> None:
+        # The loops themselves are the base loop's class with aiowheel's in front
+        # (_AsyncioWheelLoop, _UvloopWheelLoop), whose __init__ never comes here.
+        raise TypeError(
+            "aiowheel.WheelEventLoop is the type of aiowheel's loops; make one with "
+            "aiowheel.new_event_loop()"
+        )
 
 
 class _LoopBackend(AsyncioBackend):
@@ -103,15 +133,20 @@ class _LoopBackend(AsyncioBackend):
         return AsyncioDriver(on_wakeup, loop, self._grid, loop._base_call_at)
 
 
-class _WheelLoop:
+class _WheelLoop(WheelEventLoop):
     """Mixed in front of the base loop class; see the module docstring."""
 
-    timer: Timer
     _engine: Engine
     _wheel: Wheel
     _base_call_at: Callable[..., Any]
+    # The base clock's grid (aiowheel/_driver.py, AsyncioDriver.arm), a class attribute
+    # of each base's loop: one more instance attribute would pass CPython's limit of
+    # inline attributes and materialise the loop's __dict__, which slows every
+    # attribute access of its methods (tests/test_loop_affinity.py).
+    _base_grid: float
 
     def _init_timer(self, name: str, tick: float, grid: float) -> None:
+        _import_anyio_backend()
         self.timer = Timer(tick=tick)
         self._engine = self.timer._open_for_loop(_LoopBackend(self, name, grid))
         self._wheel = self._engine.wheel
@@ -133,8 +168,10 @@ class _WheelLoop:
             self.call_later = MethodType(compiled_call_later, calls)  # type: ignore[method-assign]
 
     # -- the timer API ------------------------------------------------------------
+    # (The overrides take any callback and arguments; mypy's override check does not
+    # match them with typeshed's TypeVarTuple signatures, hence the ignores.)
 
-    def call_later(
+    def call_later(  # type: ignore[override]
         self,
         delay: float,
         callback: Callable[..., object],
@@ -147,7 +184,7 @@ class _WheelLoop:
         # In debug mode call_at's source traceback leaves this frame out (_OWN_CODE).
         return self.call_at(loop.time() + delay, callback, *args, context=context)
 
-    def call_at(
+    def call_at(  # type: ignore[override]
         self,
         when: float,
         callback: Callable[..., object],
@@ -192,6 +229,15 @@ class _WheelLoop:
             loop: Any = self
             engine.loop_debug = bool(loop.get_debug())
 
+    def _base_arming(self) -> tuple[float, Callable[..., Any]]:
+        """How a timer's driver arms its wake-up on this loop (aiowheel/_driver.py,
+        ``AsyncioBackend.make_driver``): the base clock's grid and the base class's
+        ``call_at``, as loop.timer's own driver does. Through the loop's ``call_at``
+        the wake-up would be a timer on this loop's wheel, its instant (already a
+        tick of the timer's own wheel) rounded up a second time, to a tick of this
+        one: up to a tick later."""
+        return self._base_grid, self._base_call_at
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def _bind_timer(self) -> None:
@@ -205,7 +251,7 @@ class _WheelLoop:
         # made on the old one and keeps it: a deadline read on the new clock and fired
         # on the old could fire early. Refuse to run rather than break the never-early
         # rule (docs/loop.md, "What differs").
-        if loop_clock(self) != self._engine.clock:  # type: ignore[arg-type]
+        if loop_clock(self) != self._engine.clock:
             raise RuntimeError(
                 "the event loop's clock was changed after the loop was made (a patch "
                 "such as looptime.patch_event_loop): aiowheel's drop-in loop keeps the "
@@ -218,6 +264,22 @@ class _WheelLoop:
         engine = self._engine
         if not engine.closed:
             engine.close()
+
+
+def _import_anyio_backend() -> None:
+    # loop.timer's engine starts without anyio (no task group: the loop drives it), so
+    # the first call that needs anyio's asyncio backend (a wait(), a sleep, an async
+    # callback's worker) imported it then, 15-25 ms with a timer already pending: the
+    # first loop.timer timer of a process fired that late (issue 32). Imported with
+    # the first loop instead, when nothing can be pending yet, as a Timer started
+    # with `async with` imports it at its start (docs/loop.md, "Is my timer on the
+    # wheel?"). anyio's own name for it (anyio/_core/_eventloop.py, get_async_backend);
+    # a later anyio that moves it only loses this head start.
+    if "anyio._backends._asyncio" not in sys.modules:
+        try:
+            importlib.import_module("anyio._backends._asyncio")
+        except ImportError:
+            pass
 
 
 # The loop's own frames between a caller and call_at's source traceback, left out as
@@ -238,10 +300,23 @@ def _caller(frame: FrameType) -> FrameType | None:
     return found
 
 
-def loop_timer(loop: object) -> Timer | None:
-    """``loop.timer`` when ``loop`` is aiowheel's drop-in loop and it is open, else None:
-    what aiowheel's own integrations (the idle-timeout middleware's shared timer) use
-    on this loop instead of starting a second timer."""
+def loop_timer(loop: asyncio.AbstractEventLoop | None = None) -> Timer | None:
+    """The timer of aiowheel's drop-in loop, ``loop.timer``, or None.
+
+    ``loop`` defaults to the running loop. None when it is not aiowheel's loop (a plain
+    asyncio or uvloop loop), when it is closed, and when no asyncio loop runs in this
+    thread (none at all, or trio): so ``aiowheel.loop_timer() is not None`` says that
+    ``asyncio.sleep`` and every ``call_later`` of the running loop go on a wheel
+    (docs/loop.md, "Is my timer on the wheel?"). Typed code gets ``Timer | None``;
+    aiowheel's own integrations (the idle-timeout middleware's shared timer) use it
+    instead of starting a second timer on this loop."""
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+    elif not isinstance(loop, asyncio.AbstractEventLoop):
+        raise TypeError(f"loop must be an asyncio event loop or None, got {loop!r}")
     if isinstance(loop, _WheelLoop):
         timer = loop.timer
         if not timer.closed:
@@ -256,10 +331,11 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     # reads it (call_later, asyncio.timeout, each loop iteration); a subclass's or
     # looptime's own time() still wins, as any override does.
     time = time.monotonic
+    _base_grid = 1e6
 
     def __init__(self, tick: float) -> None:
         asyncio.SelectorEventLoop.__init__(self)
-        self._init_timer("asyncio", tick, 1e6)
+        self._init_timer("asyncio", tick, self._base_grid)
 
     def _base_call_at(
         self,
@@ -295,9 +371,11 @@ def _uvloop_loop_class() -> type[Any]:
             ) from exc
 
         class _UvloopWheelLoop(_WheelLoop, uvloop.Loop):  # type: ignore[misc]
+            _base_grid = 1e3  # uvloop's clock: whole milliseconds
+
             def __init__(self, tick: float) -> None:
                 uvloop.Loop.__init__(self)
-                self._init_timer("uvloop", tick, 1e3)  # uvloop's clock: whole ms
+                self._init_timer("uvloop", tick, self._base_grid)
 
             def _base_call_at(
                 self,
@@ -331,20 +409,21 @@ def _check_base(base: object) -> str:
     return str(base)
 
 
-def new_event_loop(*, base: str = "asyncio", tick: float = 0.001) -> asyncio.AbstractEventLoop:
-    """A new event loop: ``base``'s loop with its timers on an aiowheel wheel."""
+def new_event_loop(*, base: str = "asyncio", tick: float = 0.001) -> WheelEventLoop:
+    """A new event loop: ``base``'s loop with its timers on an aiowheel wheel, and that
+    wheel's ``aiowheel.Timer`` as ``loop.timer`` (typed: ``WheelEventLoop``)."""
     name = _check_base(base)
     tick_ = seconds(tick, "tick")
     if not MIN_TICK <= tick_ <= MAX_TICK:
         raise ValueError(f"tick must be from {MIN_TICK} to {MAX_TICK:g} seconds, got {tick!r}")
     if name == "uvloop":
-        loop: asyncio.AbstractEventLoop = _uvloop_loop_class()(tick_)
+        loop: WheelEventLoop = _uvloop_loop_class()(tick_)
     else:
         loop = _AsyncioWheelLoop(tick_)
     return loop
 
 
-def new_uvloop_event_loop(*, tick: float = 0.001) -> asyncio.AbstractEventLoop:
+def new_uvloop_event_loop(*, tick: float = 0.001) -> WheelEventLoop:
     """``new_event_loop(base="uvloop")``, for where only a loop factory's import string
     fits: ``uvicorn.run(app, loop="aiowheel:new_uvloop_event_loop")``."""
     return new_event_loop(base="uvloop", tick=tick)
@@ -369,5 +448,5 @@ class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
             _uvloop_loop_class()
         super().__init__()
 
-    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+    def new_event_loop(self) -> WheelEventLoop:
         return new_event_loop(base=self._aiowheel_base)

@@ -229,3 +229,22 @@ class Timeout:
             seconds_ = seconds(delay)
             if self._state == _CREATED:
                 self._delay = seconds_
+
+
+def _use_with(*args: object) -> NoReturn:
+    # Both sides of the async protocol (``async with`` looks both up before it calls
+    # either): called unbound, compiled, so ``*args`` takes the Timeout or nothing.
+    raise TypeError(
+        "timer.timeout() is a plain context manager: write `with timer.timeout(...):`, "
+        "not `async with` (unlike asyncio.timeout, entering it needs no await)"
+    )
+
+
+# `async with timer.timeout(1)`, the habit from asyncio.timeout, got Python's generic
+# "does not support the asynchronous context manager protocol". Set after the class,
+# not defined in it: type checkers, which read the class body, still report that line
+# as an error, and at run time it raises the hint above, the same on every backend
+# (and on the compiled core, whose class takes attributes set on it, not conditional
+# definitions in its body).
+setattr(Timeout, "__aenter__", _use_with)  # noqa: B010 - hidden from type checkers
+setattr(Timeout, "__aexit__", _use_with)  # noqa: B010

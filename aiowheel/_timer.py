@@ -156,7 +156,9 @@ class TimerStats:
     cancelled: int  #: timers cancelled while pending
     failed: int  #: callbacks that raised
     levels: int  #: wheels in use (overflow wheels are created on demand)
-    lateness_max: float  #: worst start time minus deadline, seconds
+    #: worst start time minus deadline, seconds (``loop.timer``'s: of the drop-in loop's
+    #: ``call_at``/``call_later`` timers too)
+    lateness_max: float
     running: int = 0  #: async callbacks running on workers now
     workers: int = 0  #: worker tasks alive
     wakeups: int = 0  #: driver passes

@@ -105,6 +105,22 @@ async def test_timeout_reset_is_an_idle_timeout() -> None:
         assert len(timer) == 0
 
 
+async def test_async_with_a_timeout_says_to_use_with(unit: float) -> None:
+    # `async with timer.timeout(...)`, the habit from asyncio.timeout: a TypeError that
+    # says what to write, raised before anything is scheduled; the Timeout is still
+    # good for a plain `with`.
+    async with Timer() as timer:
+        t = timer.timeout(unit)
+        with pytest.raises(TypeError, match=r"write `with timer\.timeout\(\.\.\.\):`"):
+            async with t:  # type: ignore[attr-defined]
+                pass  # pragma: no cover
+        assert len(timer) == 0
+        with t:
+            await anyio.lowlevel.checkpoint()
+        assert not t.expired()
+        assert len(timer) == 0
+
+
 async def test_timeout_body_exception_propagates_as_itself(unit: float) -> None:
     async with Timer() as timer:
         with pytest.raises(KeyError), timer.timeout(100 * unit):  # noqa: PT012

@@ -35,8 +35,7 @@ from typing import Any, Final
 
 import anyio
 
-from .. import Timer, TimerClosed, TimerHandle
-from .._loop import loop_timer
+from .. import Timer, TimerClosed, TimerHandle, loop_timer
 
 __all__ = [
     "DEFAULT_TICK",
@@ -287,7 +286,7 @@ def shared_timer_nowait(on_ready: Callable[[Timer | None], None]) -> Timer | Non
         if not slot.alive():  # closed: its owner is on its way out
             slot = None
     if slot is None:
-        timer = loop_timer(key)
+        timer = loop_timer()
         if timer is not None:
             return timer  # aiowheel's drop-in loop: its own timer
     if slot is None:
@@ -309,7 +308,7 @@ async def get_shared_timer() -> Timer:
         timer = slot.running()
         if timer is not None:
             return timer
-    own = loop_timer(key)
+    own = loop_timer()
     if own is not None and (slot is None or not slot.alive()):
         return own  # aiowheel's drop-in loop: its own timer
     # Not running: wait for it (shared_timer_nowait registers the callback before it
@@ -359,7 +358,7 @@ async def shared_timer(timer: Timer | None = None) -> AsyncIterator[Timer]:
     if existing is not None and existing.alive():
         raise RuntimeError("this event loop already has a shared aiowheel timer")
     if timer is None:
-        own = loop_timer(key)  # (not `or`: a Timer with nothing pending is falsy)
+        own = loop_timer()  # (not `or`: a Timer with nothing pending is falsy)
         timer = own if own is not None else Timer(tick=DEFAULT_TICK)
     if timer.closed:
         raise ValueError("shared_timer() needs a new or running Timer, got a closed one")
@@ -383,4 +382,4 @@ def has_shared_timer() -> bool:
     """True when the running event loop has a shared timer (running or starting)."""
     key, _ = _loop_key()
     slot = _slots.get(key)
-    return (slot is not None and slot.alive()) or loop_timer(key) is not None
+    return (slot is not None and slot.alive()) or loop_timer() is not None

@@ -179,6 +179,50 @@ def test_uvicorn_run_with_the_loop_import_string(base: str) -> None:
 
 
 @pytest.mark.parametrize("base", BASES)
+def test_uvicorn_command_line_loop_option(base: str) -> None:
+    # `uvicorn --loop aiowheel:new_event_loop app:app`: uvicorn's command line takes the
+    # import string as it is, and its Config resolves it to the factory uvicorn.run
+    # uses above (the server itself is the test above's).
+    import uvicorn
+    from uvicorn.main import main as uvicorn_cli
+
+    name = "new_event_loop" if base == "asyncio" else "new_uvloop_event_loop"
+    context = uvicorn_cli.make_context("uvicorn", ["--loop", f"aiowheel:{name}", "app:app"])
+    assert context.params["loop"] == f"aiowheel:{name}"
+    config = uvicorn.Config(asgi_app, loop=context.params["loop"])
+    loop_factory = config.get_loop_factory()
+    assert loop_factory is getattr(aiowheel, name)
+    loop = loop_factory()
+    try:
+        assert loop_kind(loop) == wheel_kind(base)
+    finally:
+        loop.close()
+
+
+# Starlette 1.x asks for httpx2 beside httpx; the client is the same for this test.
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+@pytest.mark.parametrize("base", BASES)
+def test_starlette_test_client_with_anyio_loop_factory(base: str) -> None:
+    # FastAPI's TestClient is Starlette's: it runs the app through anyio, on a plain
+    # loop unless anyio's asyncio backend is given the loop factory.
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    async def endpoint(request: object) -> PlainTextResponse:
+        on_wheel = aiowheel.loop_timer() is not None
+        return PlainTextResponse(f"{await probe()} {on_wheel}")
+
+    app = Starlette(routes=[Route("/", endpoint)])
+    options = {"loop_factory": factory(base)}
+    with TestClient(app, backend="asyncio", backend_options=options) as client:
+        assert client.get("/").text == f"{on_time(base)} True"
+    with TestClient(app) as client:  # without it: a plain loop
+        assert client.get("/").text.endswith(" False")
+
+
+@pytest.mark.parametrize("base", BASES)
 def test_aiohttp_run_app_with_the_loop(base: str) -> None:
     # web.run_app(app, loop=aiowheel.new_event_loop(base=...)); run_app closes it.
     assert _serve_in_child("aiohttp", base) == [on_time(base)] * REQUESTS

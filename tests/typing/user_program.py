@@ -7,7 +7,9 @@ else may be. Never run, only checked.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import functools
 from typing import assert_type
 
 import aiowheel
@@ -55,3 +57,50 @@ async def main() -> None:
         timer.schedule_threadsafe(0.1, fetch)  # expect-error
         name: str = await handle.wait()  # expect-error
         print(name)
+        with timer.timeout(1) as t:
+            assert_type(t, aiowheel.Timeout)
+        async with timer.timeout(1):  # expect-error
+            pass
+
+
+# The drop-in loop (docs/loop.md): its type has `timer`, and loop_timer() gives the
+# running loop's, or None on a loop that is not aiowheel's.
+def drop_in_loop() -> None:
+    loop = aiowheel.new_event_loop()
+    assert_type(loop, aiowheel.WheelEventLoop)
+    assert_type(loop.timer, aiowheel.Timer)
+    assert_type(aiowheel.new_uvloop_event_loop().timer, aiowheel.Timer)
+    assert_type(aiowheel.loop_timer(loop), aiowheel.Timer | None)
+    plain: asyncio.AbstractEventLoop = loop  # still an asyncio loop
+    print(plain)
+    with asyncio.Runner(loop_factory=aiowheel.new_event_loop) as runner:
+        runner.run(on_the_loop())
+    uvloop_factory = functools.partial(aiowheel.new_event_loop, base="uvloop")
+    with asyncio.Runner(loop_factory=uvloop_factory) as runner:
+        runner.run(on_the_loop())
+    aiowheel.loop_timer("loop")  # expect-error
+
+
+async def on_the_loop() -> None:
+    timer = aiowheel.loop_timer()
+    assert_type(timer, aiowheel.Timer | None)
+    if timer is not None:
+        assert_type(timer.schedule_nowait(0.5, add, 1, 2), aiowheel.TimerHandle[int])
+        print(len(timer), timer.stats().lateness_max)
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, aiowheel.WheelEventLoop):
+        assert_type(loop.timer.schedule_nowait(0.5, add, 1, 2), aiowheel.TimerHandle[int])
+    asyncio.get_running_loop().timer.schedule_nowait(0.5, add, 1, 2)  # expect-error
+
+
+# docs/loop.md, "Is my timer on the wheel?", as written there.
+async def is_my_timer_on_the_wheel() -> None:
+    timer = aiowheel.loop_timer()  # None: this loop's timers are on its heap
+    print(type(asyncio.get_running_loop()).__name__, timer)
+    if timer is None:
+        return
+    before = timer.stats()
+    for _ in range(50):
+        await asyncio.sleep(0.002)
+    after = timer.stats()
+    print(len(timer), after.fired - before.fired, f"{after.lateness_max * 1000:.2f} ms")
