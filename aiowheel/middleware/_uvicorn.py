@@ -49,10 +49,14 @@ def _request_in_flight(protocol: object) -> bool:
 
 def _cancel_uvicorn_keepalive(protocol: object) -> None:
     # uvicorn internal: connection_lost cancels this only when exc is None, so after a
-    # reset it would keep the protocol alive until it fires.
+    # reset it would keep the protocol alive until it fires. Duck-typed: whatever the
+    # loop's call_later returned (asyncio.TimerHandle, uvloop's TimerHandle, the
+    # drop-in loop's LoopTimerHandle) has a cancel(); checking for asyncio's class left
+    # the handle, and the protocol it refers to, alive on every other loop.
     handle = getattr(protocol, "timeout_keep_alive_task", None)
-    if isinstance(handle, asyncio.TimerHandle):
-        handle.cancel()
+    cancel = getattr(handle, "cancel", None)
+    if callable(cancel):
+        cancel()
         protocol.timeout_keep_alive_task = None  # type: ignore[attr-defined]
 
 

@@ -320,3 +320,55 @@ def test_bases() -> None:
     assert custom.idle_timeout == 2.0  # type: ignore[attr-defined]
     assert custom.header_timeout == 1.0  # type: ignore[attr-defined]
     assert issubclass(uvicorn_protocol(timeout=1, base="h11"), H11Protocol)
+
+
+def _loop_factory(name: str) -> Any:
+    import uvloop
+
+    import aiowheel
+
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    if name == "uvloop":
+        return uvloop.new_event_loop
+    return lambda: aiowheel.new_event_loop(base=name.removeprefix("aiowheel-"))
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop", "aiowheel-asyncio", "aiowheel-uvloop"])
+def test_no_protocol_outlives_a_reset_connection(loop_name: str) -> None:
+    # Issue 28, finding 17: uvicorn's keep-alive handle was cancelled only when it was
+    # an asyncio.TimerHandle; uvloop's handles and the drop-in loop's LoopTimerHandle
+    # are not, so after a reset the handle (and through its callback the protocol)
+    # lived until timeout_keep_alive (30 s here). Plain asyncio is the control.
+    import gc
+    import weakref
+
+    alive: weakref.WeakSet[asyncio.Protocol] = weakref.WeakSet()
+    base = uvicorn_protocol(timeout=30, timer=None)
+
+    class Tracked(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            alive.add(self)
+            super().connection_made(transport)
+
+    async def main() -> None:
+        async with Timer(tick=TICK) as timer:
+            Tracked.idle_timer = timer
+            async with serving(APP, Tracked, timeout_keep_alive=30) as port:
+                writers = []
+                for _ in range(5):
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    assert (await reader.readuntil(b"ok ")).startswith(b"HTTP/1.1 200")
+                    writers.append(writer)
+                assert len(alive) == 5
+                for writer in writers:
+                    reset_on_close(writer)
+                    writer.close()
+                await eventually(lambda: len(timer) == 0, within=5)
+                # The server has seen every reset; nothing but a leaked handle refers
+                # to the protocols now.
+                await eventually(lambda: gc.collect() >= 0 and len(alive) == 0, within=5)
+
+    with asyncio.Runner(loop_factory=_loop_factory(loop_name)) as runner:
+        runner.run(main())
