@@ -30,6 +30,7 @@ import anyio
 
 from .. import Timer, TimerHandle
 from ._shared import (
+    CURRENT_CONNECTION,
     SCOPE_KEY,
     IdleControl,
     IdleTimeoutError,
@@ -278,6 +279,16 @@ class IdleTimeoutMiddleware:
     async def _expired(self, watch: _RequestWatch, send: Send, http: bool) -> None:
         timeout = watch.timeout
         if http and watch.response_started:
+            connection = CURRENT_CONNECTION.get()
+            if connection is not None:
+                # Behind uvicorn_protocol: drop the connection ourselves, now (a
+                # graceful close would wait for a peer that does not read), and say
+                # so in one line; the server sees a client that went away.
+                await connection.abort_connection()
+                logger.warning("aborted a response idle for more than %s s", timeout)
+                return
+            # ASGI has no other way to abort a response: the server drops the
+            # connection when the application raises (and logs the error).
             logger.debug("aborting a response idle for more than %s s", timeout)
             raise IdleTimeoutError(f"response idle for more than {timeout} s: aborted")
         if watch.disconnected:

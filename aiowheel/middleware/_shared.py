@@ -31,7 +31,7 @@ import sys
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 
@@ -63,6 +63,25 @@ SCOPE_KEY: Final = "aiowheel.idle_timeout"
 
 class IdleTimeoutError(TimeoutError):
     """A connection, request or stream was idle for longer than its idle timeout."""
+
+
+class ConnectionAbort(Protocol):
+    """What a connection-level integration (``uvicorn_protocol``) offers the requests
+    it serves: dropping the connection at once."""
+
+    async def abort_connection(self) -> None:
+        """Abort the transport and return once the server has seen the connection
+        lost (so that it counts the response as abandoned, not as the application's
+        error)."""
+
+
+#: The connection serving the running request, when a connection-level integration
+#: set it (``uvicorn_protocol`` does, in each request's own task). ASGI has no way to
+#: abort a response; with this, ``IdleTimeoutMiddleware`` drops the connection itself,
+#: within its timeout and without the server logging an error, instead of raising.
+CURRENT_CONNECTION: contextvars.ContextVar[ConnectionAbort | None] = contextvars.ContextVar(
+    "aiowheel.middleware.connection", default=None
+)
 
 
 def check_timeout(value: object, name: str = "timeout") -> float:

@@ -33,7 +33,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import Timer, TimerClosed, TimerHandle
-from ._shared import check_timeout, check_timer, shared_timer_nowait
+from ._shared import CURRENT_CONNECTION, check_timeout, check_timer, shared_timer_nowait
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -74,6 +74,8 @@ class _ConnectionWatch:
         "_head_started",
         "_header_timeout",
         "_loop",
+        "_lost",
+        "_lost_waiters",
         "_protocol",
         "_stopped",
         "_timeout",
@@ -95,6 +97,8 @@ class _ConnectionWatch:
         self._handle: TimerHandle[Any] | None = None
         self._head_started: float | None = None
         self._stopped = False
+        self._lost = False  # connection_lost was called
+        self._lost_waiters: list[asyncio.Future[None]] = []
         self._deadline = self._loop.time() + timeout
 
     def start(self, timer: Timer | None) -> None:
@@ -150,6 +154,27 @@ class _ConnectionWatch:
             self._handle = None
             handle.cancel()
 
+    def lost(self) -> None:
+        """``connection_lost``: stop timing, and wake ``abort_connection``."""
+        self.stop()
+        self._lost = True
+        waiters, self._lost_waiters = self._lost_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def abort_connection(self) -> None:
+        # CURRENT_CONNECTION's protocol (see _shared.ConnectionAbort).
+        if self._lost:
+            return
+        waiter = self._loop.create_future()
+        self._lost_waiters.append(waiter)
+        self._transport.abort()
+        # abort() calls connection_lost at the loop's next iteration (asyncio and
+        # uvloop alike), which sets uvicorn's cycle.disconnected: the application
+        # returning then is a client gone away, not an error to log.
+        await waiter
+
     def _expire(self) -> None:
         transport = self._transport
         if transport.is_closing():
@@ -194,7 +219,15 @@ class _WatchedTransport(asyncio.Transport):
         self._transport.abort()
 
     def close(self) -> None:
-        self._transport.close()
+        if _request_in_flight(self._watch._protocol):
+            # uvicorn closes with a response under way only when the response is
+            # broken (the application raised, or returned without finishing it): what
+            # is still buffered is worthless, and a graceful close would wait for a
+            # peer that may never read it (a second timeout before the protocol's
+            # timer aborted it). Abort at once.
+            self._transport.abort()
+        else:
+            self._transport.close()
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
@@ -231,6 +264,17 @@ class _WatchedTransport(asyncio.Transport):
         return self._transport.get_write_buffer_limits()
 
 
+def _app_for(app: Any, watch: _ConnectionWatch) -> Any:
+    async def app_on_connection(scope: Any, receive: Any, send: Any) -> None:
+        token = CURRENT_CONNECTION.set(watch)  # in the request's own task
+        try:
+            await app(scope, receive, send)
+        finally:
+            CURRENT_CONNECTION.reset(token)
+
+    return app_on_connection
+
+
 class _IdleProtocolMixin(asyncio.Protocol):
     """Put before uvicorn's protocol class in the bases (see ``uvicorn_protocol``)."""
 
@@ -238,6 +282,7 @@ class _IdleProtocolMixin(asyncio.Protocol):
     header_timeout: ClassVar[float]
     idle_timer: ClassVar[Timer | None] = None
     _aiowheel_watch: _ConnectionWatch | None = None
+    app: Any  # uvicorn's: the ASGI application a request's task runs
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A socket transport (uvloop's are not asyncio.Transport subclasses).
@@ -245,6 +290,10 @@ class _IdleProtocolMixin(asyncio.Protocol):
         watch = _ConnectionWatch(self, transport, self.idle_timeout, self.header_timeout)
         self._aiowheel_watch = watch
         super().connection_made(_WatchedTransport(transport, watch))
+        # Each request's task runs the application through this wrapper, which tells
+        # IdleTimeoutMiddleware (CURRENT_CONNECTION) how to drop this connection.
+        # uvicorn's protocols take `self.app` when they start a request's task.
+        self.app = _app_for(self.app, watch)
         watch.start(self.idle_timer)
 
     def data_received(self, data: bytes) -> None:
@@ -256,7 +305,7 @@ class _IdleProtocolMixin(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         watch = self._aiowheel_watch
         if watch is not None:
-            watch.stop()
+            watch.lost()
         try:
             super().connection_lost(exc)
         finally:

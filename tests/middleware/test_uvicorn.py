@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -253,10 +254,21 @@ async def test_with_the_asgi_middleware_on_the_lifespan_timer() -> None:
     assert seen[0].closed  # closed by the lifespan, with the server
 
 
-async def test_client_that_stops_reading_is_dropped() -> None:
-    # The middleware (timeout 2 T) aborts the stalled response; uvicorn then tries a
-    # graceful close, which the unread output holds up, and the protocol (timeout T),
-    # which found the request in flight when it first expired, aborts that close.
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_client_that_stops_reading_is_dropped_in_one_timeout_and_one_line() -> None:
+    # Issue 28, finding 19: the middleware raised IdleTimeoutError, uvicorn logged a
+    # full traceback for it, then closed the connection gracefully, and that close
+    # waited for the peer to read until the protocol's own timer aborted it: two
+    # timeouts. Now the middleware aborts the connection through the protocol, at
+    # once, and logs one line.
     async def endless(request: Request) -> Response:
         async def chunks() -> AsyncIterator[bytes]:
             while True:
@@ -264,24 +276,36 @@ async def test_client_that_stops_reading_is_dropped() -> None:
 
         return StreamingResponse(chunks())
 
-    async with Timer(tick=TICK) as timer:
-        app = IdleTimeoutMiddleware(
-            Starlette(routes=[Route("/", endless)]), timeout=2 * T, timer=timer
-        )
-        async with serving(app, uvicorn_protocol(timeout=T, timer=timer)) as port:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=65536)
-            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            await reader.readuntil(b"\r\n\r\n")  # the response started; now stop reading
-            await eventually(lambda: len(timer) == 2, within=5)  # connection and request
-            fired = timer.stats().fired
-            # The connection's timer expires while the request is in flight (and looks
-            # again later), the request's after 2 T, the connection's once more at
-            # most T after that.
-            await eventually(lambda: len(timer) == 0, within=3 * T + 3 * TICK + SLACK)
-            assert timer.stats().fired >= fired + 3
-            data = await read_until_closed(reader)  # what was in flight, then the end
-            writer.close()
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "aiowheel.middleware")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        async with Timer(tick=TICK) as timer:
+            app = IdleTimeoutMiddleware(
+                Starlette(routes=[Route("/", endless)]), timeout=T, timer=timer
+            )
+            # The connection's timeout is long: only the middleware can explain a drop.
+            protocol = uvicorn_protocol(timeout=20 * T, timer=timer)
+            async with serving(app, protocol, log_level="warning") as port:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=65536)
+                writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                await reader.readuntil(b"\r\n\r\n")  # the response started; stop reading
+                start = anyio.current_time()  # at most T after this the sends stall
+                await eventually(lambda: len(timer) == 0, within=20 * T)
+                elapsed = anyio.current_time() - start
+                data = await read_until_closed(reader)  # what was in flight, then the end
+                writer.close()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
     assert data.endswith(b"<reset>") or len(data) < 64 * 1024 * 1024
+    assert elapsed < 2 * T + TICK + SLACK / 2, elapsed  # one timeout, not two
+    lines = [(r.name, r.levelno, r.getMessage()) for r in records.records]
+    assert lines == [
+        ("aiowheel.middleware", logging.WARNING, f"aborted a response idle for more than {T} s")
+    ]
+    assert all(r.exc_info is None for r in records.records)
 
 
 @pytest.mark.parametrize(
