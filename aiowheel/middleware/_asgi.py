@@ -313,13 +313,25 @@ class IdleTimeoutMiddleware:
                     }
                 )
                 await send({"type": "http.response.body", "body": body, "more_body": False})
-            else:
-                logger.debug("closing a websocket idle for more than %s s", timeout)
+                return
+            logger.debug("closing a websocket idle for more than %s s", timeout)
+            # Bounded: a peer that stopped reading never lets the close frame out
+            # (the server's send waits for the paused transport for ever).
+            with anyio.move_on_after(timeout if timeout is not None else self._timeout):
                 await send(
                     {"type": "websocket.close", "code": self._close_code, "reason": "idle timeout"}
                 )
+                return
         except Exception as exc:  # the client went away meanwhile: nothing to tell it
             logger.debug("could not send the idle-timeout answer: %r", exc)
+            return
+        # The close frame did not go out within the timeout: drop the connection.
+        connection = CURRENT_CONNECTION.get()
+        if connection is not None:
+            await connection.abort_connection()
+            logger.warning("aborted a websocket whose close was not taken within %s s", timeout)
+            return
+        raise IdleTimeoutError(f"websocket close not sent within {timeout} s: aborted")
 
 
 def _check_overrides(

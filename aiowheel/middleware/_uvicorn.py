@@ -80,6 +80,7 @@ class _ConnectionWatch:
         "_stopped",
         "_timeout",
         "_transport",
+        "_upgraded",
     )
 
     def __init__(
@@ -98,6 +99,7 @@ class _ConnectionWatch:
         self._head_started: float | None = None
         self._stopped = False
         self._lost = False  # connection_lost was called
+        self._upgraded = False  # handed to a websocket protocol
         self._lost_waiters: list[asyncio.Future[None]] = []
         self._deadline = self._loop.time() + timeout
 
@@ -163,9 +165,26 @@ class _ConnectionWatch:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def upgraded(self, protocol: asyncio.BaseProtocol) -> None:
+        """A websocket upgrade: the connection is the websocket protocol's now (it
+        gets the data and connection_lost), no longer ours to time. Its requests can
+        still ask us to drop it (CURRENT_CONNECTION)."""
+        self.stop()
+        self._upgraded = True
+        app = getattr(protocol, "app", None)
+        if app is not None:
+            # uvicorn's websocket protocols take `self.app` when their task first
+            # runs, after this (the upgrade hands the transport over first).
+            protocol.app = _app_for(app, self)  # type: ignore[attr-defined]
+
     async def abort_connection(self) -> None:
         # CURRENT_CONNECTION's protocol (see _shared.ConnectionAbort).
         if self._lost:
+            return
+        if self._upgraded:
+            # connection_lost goes to the websocket protocol, which ends the
+            # application's receive() and send(): nothing for uvicorn to log.
+            self._transport.abort()
             return
         waiter = self._loop.create_future()
         self._lost_waiters.append(waiter)
@@ -248,7 +267,7 @@ class _WatchedTransport(asyncio.Transport):
         if protocol is not self._watch._protocol:
             # A websocket upgrade: the new protocol gets the data and connection_lost,
             # so this connection is no longer ours to time.
-            self._watch.stop()
+            self._watch.upgraded(protocol)
         self._transport.set_protocol(protocol)
 
     def get_protocol(self) -> asyncio.BaseProtocol:

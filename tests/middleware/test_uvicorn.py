@@ -396,3 +396,62 @@ def test_no_protocol_outlives_a_reset_connection(loop_name: str) -> None:
 
     with asyncio.Runner(loop_factory=_loop_factory(loop_name)) as runner:
         runner.run(main())
+
+
+WS_HANDSHAKE = (
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("ws", ["websockets", "websockets-sansio", "wsproto"])
+async def test_websocket_whose_peer_stops_reading_is_aborted(ws: str) -> None:
+    # Issue 28, finding 16: the middleware expired and cancelled the application,
+    # then its own websocket.close waited for the paused transport for ever. The
+    # close is now bounded by the timeout, and the connection aborted after it.
+    async def flood(websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            await websocket.send_bytes(b"x" * 65536)
+
+    records = _Records()
+    logger = logging.getLogger("aiowheel.middleware")
+    logger.addHandler(records)
+    ended = asyncio.Event()
+    try:
+        async with Timer(tick=TICK) as timer:
+            inner = IdleTimeoutMiddleware(
+                Starlette(routes=[WebSocketRoute("/ws", flood)]), timeout=T, timer=timer
+            )
+
+            async def app(scope: Any, receive: Any, send: Any) -> None:
+                try:
+                    await inner(scope, receive, send)
+                finally:
+                    if scope["type"] == "websocket":
+                        ended.set()
+
+            protocol = uvicorn_protocol(timeout=20 * T, timer=timer)
+            async with serving(app, protocol, ws=ws) as port:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=65536)
+                writer.write(WS_HANDSHAKE)
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+                start = anyio.current_time()  # we stop reading here
+                # The server's sends stall within a moment, then the middleware's
+                # timeout, then at most one more for the close frame.
+                with anyio.fail_after(3 * T + SLACK):
+                    await ended.wait()
+                elapsed = anyio.current_time() - start
+                data = await read_until_closed(reader)
+                writer.close()
+                await eventually(lambda: len(timer) == 0, within=2)
+    finally:
+        logger.removeHandler(records)
+    # (No lower bound: the server's sends may have stalled before we read the 101.)
+    assert elapsed < 3 * T + SLACK
+    # Aborted: what was in flight, then a reset (or the end), and no close frame
+    # after it can be read as a clean close; the server side is gone.
+    assert data.endswith(b"<reset>") or len(data) < 64 * 1024 * 1024
+    assert [r.getMessage() for r in records.records if r.levelno >= logging.WARNING] == [
+        f"aborted a websocket whose close was not taken within {T} s"
+    ]
