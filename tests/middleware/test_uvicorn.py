@@ -455,3 +455,36 @@ async def test_websocket_whose_peer_stops_reading_is_aborted(ws: str) -> None:
     assert [r.getMessage() for r in records.records if r.levelno >= logging.WARNING] == [
         f"aborted a websocket whose close was not taken within {T} s"
     ]
+
+
+async def test_trickled_body_is_cut_off_end_to_end() -> None:
+    # Issue 28, finding 15, as slowhttptest -B sends it: a chunked body, one small
+    # chunk every T/2 (activity each time), against a server that reads its body.
+    async def upload(request: Request) -> Response:
+        return PlainTextResponse(f"got {len(await request.body())}")
+
+    async with Timer(tick=TICK) as timer:
+        app = IdleTimeoutMiddleware(
+            Starlette(routes=[Route("/", upload, methods=["POST"])]), timeout=T, timer=timer
+        )
+        async with serving(app, uvicorn_protocol(timeout=T, timer=timer)) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            start = anyio.current_time()  # before the first chunk: precedes the deadline
+
+            async def trickle() -> None:
+                for _ in range(40):  # 20 T of it, if nothing cuts it off
+                    writer.write(b"1\r\nx\r\n")
+                    await asyncio.sleep(T / 2)
+
+            trickler = asyncio.create_task(trickle())
+            with anyio.fail_after(10):
+                # The head first: the trickler's next chunk after the server closed
+                # draws a reset, which would hide what was read before it.
+                head = await reader.readuntil(b"\r\n\r\n")
+            await read_until_closed(reader)
+            elapsed = anyio.current_time() - start
+            trickler.cancel()
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 408 ")
+    assert_idle_window(elapsed, T)
