@@ -58,7 +58,7 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -68,7 +68,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aiowheel import Timer, TimerHandle
+from aiowheel import Timeout, Timer, TimerHandle
 from aiowheel.purgatory import DelayedOperation, Purgatory
 
 __all__ = ["Limits", "LongPollService", "MessageLog", "create_app", "main", "serving"]
@@ -155,6 +155,9 @@ class Limits:
     # What the bodies of one client (peer address) may hold of max_inflight_bytes.
     max_client_inflight_bytes: int = 4 << 20
     body_timeout_ms: int = 30_000
+    # uvicorn (asyncio, uvloop): a request head must be complete within this of its
+    # first byte (slowloris), and a connection that sends nothing is closed after it.
+    header_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -705,6 +708,9 @@ class Fetch(DelayedOperation):
     def try_complete(self) -> bool:
         if self.log.ready(self.topic, self.offset, self.min_bytes):
             return self.force_complete()
+        if self.service.closing:  # the server is stopping: answer with what there is
+            self.expired = True
+            return self.force_complete()
         return False
 
     def on_complete(self) -> None:
@@ -766,6 +772,11 @@ class LongPollService:
         self.publishes_disconnected = 0  # the client left before its body arrived
         self.published = 0
         self.refused: dict[int, int] = {}  # status -> requests refused by a limit
+        # The server is stopping (shut_down): parked polls are answered at once, bodies
+        # still arriving are cut off, so that no request is left for the server to
+        # cancel (a traceback in its log, an empty reply for its client).
+        self.closing = False
+        self._bodies: set[Timeout] = set()  # the deadline of each body being received
 
     @property
     def max_body_bytes(self) -> int:
@@ -782,10 +793,22 @@ class LongPollService:
         self.backend = current_backend()
         if self.mode == "wait_for" and self.backend == "trio":
             raise RuntimeError("--mode wait_for parks polls on asyncio.wait_for: not on trio")
-        # One timer for the polls' timeouts (purgatory mode), the topics' idle times and
-        # the body deadlines.
-        async with Timer(tick=self.tick) as timer:
+        from aiowheel.middleware import shared_timer
+
+        async with AsyncExitStack() as stack:
+            # The connections' idle timer (uvicorn_protocol uses the loop's shared
+            # timer) lives as long as the server too: a wheel of its own, with a 10 ms
+            # tick (connection timeouts are seconds long). Unless this loop has one
+            # already (another server in it), which its connections share then.
+            try:
+                await stack.enter_async_context(shared_timer())
+            except RuntimeError:
+                pass
+            # One timer for the polls' timeouts (purgatory mode), the topics' idle
+            # times and the body deadlines.
+            timer = await stack.enter_async_context(Timer(tick=self.tick))
             self.timer = self.log.timer = timer
+            self.closing = False
             try:
                 if self.mode == "wait_for":
                     yield
@@ -798,6 +821,36 @@ class LongPollService:
                         self.purgatory = None
             finally:
                 self.log.timer = None
+
+    def shut_down(self) -> None:
+        """The HTTP server is stopping: answer every parked poll now with what there
+        is, as at its ``max_wait_ms``, and end the bodies still being received (503).
+        Idempotent. Called by the server's connections as the server begins its
+        graceful shutdown (see ``_uvicorn_config``)."""
+        if self.closing:
+            return
+        self.closing = True
+        purgatory = self.purgatory
+        if purgatory is not None:
+            for topic in list(self.log.waiting):
+                purgatory.check_and_complete(topic)  # Fetch.try_complete: closing
+        events, self._events = self._events, {}
+        for event in events.values():  # wait_for mode: every waiter re-checks
+            event.set()
+        for deadline in list(self._bodies):
+            deadline.reset(0)
+
+    @contextmanager
+    def receiving(self, deadline: Timeout) -> Iterator[None]:
+        """A body is being received under ``deadline`` (a ``timer.timeout``), which
+        ``shut_down`` moves to now."""
+        if self.closing:
+            deadline.reset(0)
+        self._bodies.add(deadline)
+        try:
+            yield
+        finally:
+            self._bodies.discard(deadline)
 
     # -- counters --
 
@@ -979,6 +1032,9 @@ class LongPollService:
         expired = False
         try:
             while not log.ready(topic, offset, min_bytes):
+                if self.closing:  # the server is stopping: answer with what there is
+                    expired = True
+                    break
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     expired = True
@@ -1235,7 +1291,10 @@ def create_app(
             try:
                 # The whole body (waiting for the in-flight budget included) within
                 # body_timeout_ms: a client that trickles cannot hold a reservation.
-                with timer.timeout(limits.body_timeout_ms / 1000):
+                with (
+                    timer.timeout(limits.body_timeout_ms / 1000) as deadline,
+                    service.receiving(deadline),
+                ):
                     async with incoming.receive() as body:
                         if not body:
                             raise BadRequest(
@@ -1251,6 +1310,13 @@ def create_app(
             except TimeoutError:
                 if incoming.oversized:
                     raise incoming.too_large() from None
+                if service.closing:
+                    raise BadRequest(
+                        503,
+                        None,
+                        "the server is shutting down",
+                        headers={"Connection": "close", "Retry-After": "1"},
+                    ) from None
                 raise BadRequest(
                     408,
                     "body",
@@ -1373,10 +1439,27 @@ def _url(sock: socket.socket) -> str:
 def _uvicorn_config(app: Starlette, loop: str) -> Any:
     import uvicorn
 
+    from aiowheel.middleware import uvicorn_protocol
+
+    service: LongPollService = app.state.longpoll
+    seconds = service.limits.header_timeout_ms / 1000
+    # uvicorn alone waits for a request head for ever (slowloris, issue 28): its
+    # connections get aiowheel's connection-level idle timeout, on the loop's shared
+    # timer (the service registers its own timer as that one while it runs).
+    base: Any = uvicorn_protocol(timeout=seconds, header_timeout=seconds, base="h11")
+
+    class LongPollHTTP(base):  # type: ignore[misc]
+        def shutdown(self) -> None:
+            # uvicorn calls this on every connection as its graceful shutdown begins,
+            # before it waits for requests in flight (and cancels what is left):
+            # answer the parked polls now, with what there is.
+            service.shut_down()
+            super().shutdown()
+
     return uvicorn.Config(
         app,
         loop=loop,
-        http="h11",
+        http=LongPollHTTP,
         lifespan="on",
         log_level="warning",
         access_log=False,
@@ -1442,6 +1525,11 @@ LIMIT_FLAGS = (
         "of those, what one client (peer address) may hold",
     ),
     ("--body-timeout-ms", "body_timeout_ms", "time to receive a body; slower clients get 408"),
+    (
+        "--header-timeout-ms",
+        "header_timeout_ms",
+        "time to receive a request head, and to send one at all (uvicorn; slowloris)",
+    ),
 )
 
 

@@ -790,3 +790,96 @@ async def test_silent_uploads_hold_nothing_and_leaving_is_quiet(backend: str) ->
             logger.removeHandler(records)
     errors = [r for r in records.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
+
+
+async def test_a_slowloris_request_head_is_cut_off(backend: str, virtual: bool) -> None:
+    # Issue 28, finding 18: uvicorn alone waits for a request head for ever, so
+    # slowhttptest -H held every connection it opened. The example serves uvicorn
+    # with uvicorn_protocol's header timeout (--header-timeout-ms).
+    if backend == "trio":
+        pytest.skip("hypercorn times request heads itself")
+    timeout = 0.5
+    async with running(header_timeout_ms=int(timeout * 1000)) as s:
+        async with await anyio.connect_tcp(s.host, s.port) as stream:
+            start = anyio.current_time()  # before the first byte: precedes the deadline
+            sent = 0
+
+            async def trickle() -> None:
+                nonlocal sent
+                for byte in b"GET /topics/t?offset=0 HTTP/1.1\r\nHost: t\r\nX-Slow: 1\r\n\r\n":
+                    await stream.send(bytes([byte]))
+                    sent += 1
+                    await anyio.sleep(timeout / 5)
+
+            answer = b""
+            with anyio.fail_after(10 * timeout):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(trickle)
+                    try:
+                        while True:
+                            answer += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        pass
+                    tg.cancel_scope.cancel()
+            elapsed = anyio.current_time() - start
+        assert answer == b""  # never a request: dropped
+        assert 2 <= sent < 20
+        assert timeout - 1e-6 <= elapsed < timeout + (0.05 if virtual else 2.0)
+        # The server goes on serving.
+        assert await s.publish("t", "after") == 0
+
+
+async def test_stopping_the_server_answers_parked_polls(mode: str, backend: str) -> None:
+    # Issue 28, finding 19: uvicorn's graceful shutdown waited for the parked polls,
+    # then cancelled them: one CancelledError traceback each, and an empty reply for
+    # its client. Now the polls get their answer (what there is, as at max_wait_ms)
+    # and a body still arriving a 503, as the shutdown begins.
+    if backend == "trio":
+        pytest.skip("uvicorn's shutdown (hypercorn on trio)")
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "aiowheel.middleware")]
+    for logger in loggers:
+        logger.addHandler(records)
+    answers: dict[str, bytes] = {}
+
+    async def read_all(stream: Any, name: str) -> None:
+        data = b""
+        with anyio.fail_after(10):
+            try:
+                while True:
+                    data += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+        answers[name] = data
+        await stream.aclose()
+
+    try:
+        async with anyio.create_task_group() as tg, running(mode) as s:
+            await s.publish("u", "one")
+            for i in range(5):
+                stream = await anyio.connect_tcp(s.host, s.port)
+                topic, offset = ("t", 0) if i < 4 else ("u", 1)
+                await stream.send(
+                    f"GET /topics/{topic}?offset={offset}&max_wait_ms=30000 HTTP/1.1\r\n"
+                    "Host: t\r\n\r\n".encode()
+                )
+                tg.start_soon(read_all, stream, f"poll{i}")
+            upload = await anyio.connect_tcp(s.host, s.port)
+            await upload.send(b"POST /topics/v HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nab")
+            tg.start_soon(read_all, upload, "upload")
+            await until(lambda: s.parked() == 5 and s.service.inflight.used == 10)
+            service = s.service
+            # The server has stopped: every client got its answer.
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    for i in range(5):
+        status, _, body = parse_response(answers[f"poll{i}"])
+        assert status == 200, answers
+        assert body == {"messages": [], "next_offset": 0 if i < 4 else 1}
+    status, headers, body = parse_response(answers["upload"])
+    assert (status, headers["connection"]) == (503, "close")
+    assert service.expired == 5
+    assert "v" not in service.log.topics
+    errors = [(r.getMessage(), r.exc_info) for r in records.records if r.levelno >= logging.WARNING]
+    assert errors == []
