@@ -158,6 +158,9 @@ class Limits:
     # uvicorn (asyncio, uvloop): a request head must be complete within this of its
     # first byte (slowloris), and a connection that sends nothing is closed after it.
     header_timeout_ms: int = 10_000
+    # A body that holds its reservation must keep pace: it loses it (408) once it is
+    # this far behind a steady arrival over body_timeout_ms (see IncomingBody).
+    body_stall_ms: int = 2_000
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -496,7 +499,9 @@ class ByteBudget:
     client that opens a body and sends nothing holds nothing (issue 20: 33 silent
     chunked uploads each held 1 MiB of the 32 MiB until their deadline). A request
     that waits is not read, so the server reads no more of its body than the HTTP
-    server's own buffer.
+    server's own buffer. A body that holds a reservation must keep pace with it or
+    lose it (IncomingBody's pace rule, --body-stall-ms): one byte and silence holds a
+    reservation for the stall time only.
 
     Waiters are granted in arrival order. A waiter blocked by its own client's share
     does not block the others (only its own client's releases can unblock it); one
@@ -593,13 +598,39 @@ class IncomingBody:
     answer is still 413.
     """
 
-    __slots__ = ("budget", "limit", "oversized", "request")
+    __slots__ = (
+        "budget",
+        "deadline",
+        "limit",
+        "oversized",
+        "request",
+        "stall",
+        "stalled",
+        "timer",
+        "window",
+    )
 
-    def __init__(self, request: Request, limit: int, budget: ByteBudget) -> None:
+    def __init__(
+        self,
+        request: Request,
+        limit: int,
+        budget: ByteBudget,
+        deadline: Timeout | None = None,
+        timer: Timer | None = None,
+        stall: float = 0.0,
+        window: float = 0.0,
+    ) -> None:
         self.request = request
         self.limit = limit
         self.budget = budget
         self.oversized = False
+        # The body's deadline (a timer.timeout around the receiving), which the pace
+        # rule may bring forward: see receive().
+        self.deadline = deadline
+        self.timer = timer
+        self.stall = stall
+        self.window = window
+        self.stalled = False  # the pace rule, not the overall deadline, cut it off
 
     def too_large(self) -> BadRequest:
         # Connection: close, as the rest of the body may still be on its way.
@@ -625,12 +656,17 @@ class IncomingBody:
         peer = client.host if client is not None else ""
         budget = self.budget
         held = 0  # reserved in budget for this body: 0 until its first bytes arrive
+        deadline = self.deadline if self.timer is not None else None
+        end = deadline.deadline if deadline is not None else math.inf
+        granted = 0.0
         try:
             chunks: list[bytes] = []
             size = 0
             async for chunk in self.request.stream():
                 size += len(chunk)
                 if size <= limit:
+                    if held and deadline is not None:
+                        self._keep_pace(deadline, end, granted, size, held)
                     if not held and chunk:
                         # The first bytes arrived: reserve the whole body now (its
                         # Content-Length, or the limit when chunked), not before, so
@@ -642,6 +678,9 @@ class IncomingBody:
                         claim = declared if declared is not None else limit
                         await budget.acquire(peer, claim)
                         held = claim
+                        if deadline is not None:
+                            granted = self._now()
+                            self._keep_pace(deadline, end, granted, size, held)
                     chunks.append(chunk)
                     continue
                 self.oversized = True
@@ -652,11 +691,31 @@ class IncomingBody:
                     break
             if self.oversized:
                 raise self.too_large()
+            if deadline is not None:
+                deadline.reset(max(end - self._now(), 0.0))  # the pace is over
             body = b"".join(chunks)
             chunks.clear()
             yield body
         finally:
             budget.release(peer, held)
+
+    def _keep_pace(
+        self, deadline: Timeout, end: float, granted: float, received: int, claim: int
+    ) -> None:
+        # The pace rule (issue 28): a body that holds a reservation of `claim` bytes,
+        # granted at `granted`, must have received its share by then: the deadline is
+        # granted + stall + window * received / claim, never later than the overall
+        # one (`end`). One byte and silence holds a 1 MiB reservation for `stall`, not
+        # for the whole body timeout, as a body that never sent a byte holds nothing;
+        # a steady upload stays ahead of it; one that sent half holds on for half the
+        # window. Each piece moves it later: an O(1) reset on the wheel.
+        pace = granted + self.stall + self.window * received / claim
+        self.stalled = pace < end
+        deadline.reset(max(min(pace, end) - self._now(), 0.0))
+
+    def _now(self) -> float:
+        assert self.timer is not None
+        return self.timer.time()
 
 
 # -- a poll in the purgatory ---------------------------------------------------------------
@@ -1287,14 +1346,25 @@ def create_app(
             topic = parse_topic(request)
             for name, _ in request.query_params.multi_items():
                 raise BadRequest(400, name, f"unknown query parameter {_shown(name)}")
-            incoming = IncomingBody(request, limits.max_body_bytes, service.inflight)
+            window = limits.body_timeout_ms / 1000
+            incoming = None
             try:
                 # The whole body (waiting for the in-flight budget included) within
-                # body_timeout_ms: a client that trickles cannot hold a reservation.
+                # body_timeout_ms, and once it holds a reservation at a steady pace: a
+                # client that trickles or stalls cannot keep one.
                 with (
-                    timer.timeout(limits.body_timeout_ms / 1000) as deadline,
+                    timer.timeout(window) as deadline,
                     service.receiving(deadline),
                 ):
+                    incoming = IncomingBody(
+                        request,
+                        limits.max_body_bytes,
+                        service.inflight,
+                        deadline,
+                        timer,
+                        limits.body_stall_ms / 1000,
+                        window,
+                    )
                     async with incoming.receive() as body:
                         if not body:
                             raise BadRequest(
@@ -1308,7 +1378,7 @@ def create_app(
                             ) from None
                         offset = service.publish(topic, body)
             except TimeoutError:
-                if incoming.oversized:
+                if incoming is not None and incoming.oversized:
                     raise incoming.too_large() from None
                 if service.closing:
                     raise BadRequest(
@@ -1317,10 +1387,17 @@ def create_app(
                         "the server is shutting down",
                         headers={"Connection": "close", "Retry-After": "1"},
                     ) from None
+                if incoming is not None and incoming.stalled:
+                    message = (
+                        f"the body fell more than {limits.body_stall_ms} ms behind a "
+                        f"steady pace over {limits.body_timeout_ms} ms"
+                    )
+                else:
+                    message = f"the body did not arrive within {limits.body_timeout_ms} ms"
                 raise BadRequest(
                     408,
                     "body",
-                    f"the body did not arrive within {limits.body_timeout_ms} ms",
+                    message,
                     headers={"Connection": "close"},  # the rest of it may still come
                 ) from None
         except BadRequest as error:
@@ -1525,6 +1602,11 @@ LIMIT_FLAGS = (
         "of those, what one client (peer address) may hold",
     ),
     ("--body-timeout-ms", "body_timeout_ms", "time to receive a body; slower clients get 408"),
+    (
+        "--body-stall-ms",
+        "body_stall_ms",
+        "how far a reserved body may fall behind a steady pace; then 408",
+    ),
     (
         "--header-timeout-ms",
         "header_timeout_ms",

@@ -883,3 +883,74 @@ async def test_stopping_the_server_answers_parked_polls(mode: str, backend: str)
     assert "v" not in service.log.topics
     errors = [(r.getMessage(), r.exc_info) for r in records.records if r.levelno >= logging.WARNING]
     assert errors == []
+
+
+async def test_uploads_that_stall_after_a_byte_lose_their_reservation(
+    backend: str, virtual: bool
+) -> None:
+    # Issue 28, finding 13: a body that sent one byte and stalled kept its reservation
+    # until its 30 s deadline, so 33 chunked POSTs from 33 addresses took the whole
+    # 32 MiB and an honest producer timed out (also Content-Length + 1 byte, and from
+    # the producer's own address). Now a reserved body must keep pace
+    # (--body-stall-ms): one byte and silence holds its reservation for the stall
+    # time only. The attackers here re-open as soon as they are cut off.
+    stall = 0.2
+    async with running(
+        max_body_bytes=100,
+        max_inflight_bytes=400,
+        max_client_inflight_bytes=200,
+        body_stall_ms=int(stall * 1000),
+        # 2 s, not 30: with 100-byte bodies, 1 byte is 1 % of one and buys 1 % of
+        # this (with 1 MiB bodies, 30 s buys a byte 30 µs).
+        body_timeout_ms=2000,
+    ) as s:
+        service = s.service
+        cut_off: dict[str, int] = {}
+
+        async def attack(local: str, head: bytes) -> None:
+            for _ in range(200):
+                async with await anyio.connect_tcp(s.host, s.port, local_host=local) as stream:
+                    await stream.send(head)
+                    answer = b""
+                    try:
+                        while True:
+                            answer += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        pass
+                status = parse_response(answer)[0] if answer else 0
+                cut_off[local] = cut_off.get(local, 0) + (status == 408)
+
+        chunked = (
+            b"POST /topics/a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n"
+        )
+        declared = b"POST /topics/a HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nx"
+        async with anyio.create_task_group() as tg:
+            for i in range(6):  # 600 bytes of reservations wanted, 400 in the budget
+                tg.start_soon(attack, f"127.0.0.{10 + i}", chunked)
+            for _ in range(2):  # the producer's own address: its whole share
+                tg.start_soon(attack, "127.0.0.2", declared)
+            await until(lambda: service.inflight.used == 400 and service.inflight.waiting() >= 2)
+            # The honest producer, from 127.0.0.2 too, with a 1 s client timeout.
+            for i in range(12):
+                with anyio.fail_after(1.0):
+                    async with await anyio.connect_tcp(
+                        s.host, s.port, local_host="127.0.0.2"
+                    ) as honest:
+                        await honest.send(
+                            b"POST /topics/honest HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                            b"Content-Length: 5\r\n\r\nhello"
+                        )
+                        answer = b""
+                        try:
+                            while True:
+                                answer += await honest.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            pass
+                assert parse_response(answer)[:1] == (200,), (i, answer)
+                await anyio.sleep(0.1)
+            tg.cancel_scope.cancel()
+        assert service.log.topics["honest"].count == 12
+        assert "a" not in service.log.topics  # no attacker ever completed a body
+        assert sum(cut_off.values()) >= 8  # each was cut off and came back
+        await until(lambda: service.inflight.used == 0)
+        assert service.inflight.clients == {}
