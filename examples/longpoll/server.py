@@ -199,16 +199,28 @@ class Limits:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    @property
+    def max_answer_bytes(self) -> int:
+        """The most an answer holds of the log's messages: ``max_fetch_bytes``, or one
+        message of up to ``max_body_bytes`` (an answer has at least one)."""
+        return max(self.max_fetch_bytes, self.max_body_bytes)
+
     def memory_bound(self, connections: int = 0) -> int:
         """How much the server's memory (RSS) can grow, in bytes, whatever its clients
-        send, with ``connections`` connections open besides the parked polls
-        (docs/longpoll.md, "The memory bound")."""
+        send, with ``connections`` connections open besides the parked polls (a
+        parked poll that is answered counts as one of them from then on):
+        docs/longpoll.md, "The memory bound".
+
+        Each such connection may be writing an answer whose messages retention has
+        dropped meanwhile: the answer keeps them alive (``max_answer_bytes``) until
+        its client has read it, or has gone (issue 28: 1,000 clients that asked for
+        a 1 MiB message each and never read grew the server by 1.1 GiB)."""
         return (
             self.total_retention_bytes
             + self.max_topics * TOPIC_OVERHEAD
             + 2 * self.max_inflight_bytes
             + self.max_waiters * WAITER_OVERHEAD
-            + connections * CONNECTION_BUFFER
+            + connections * (CONNECTION_BUFFER + self.max_answer_bytes)
             + FIXED_OVERHEAD
         )
 
