@@ -600,6 +600,12 @@ class IncomingBody:
     A 413 is raised as soon as the body is known to exceed ``limit``: at once when
     Content-Length says so, or when the streamed size passes it.
 
+    Given its ``deadline`` (the ``timer.timeout`` the body is received under), a body
+    that holds its reservation must keep pace with it: the deadline is brought
+    forward to ``stall`` after the grant plus the share of ``window`` that the bytes
+    received are of the bytes reserved (``_keep_pace``); ``stalled`` says that this,
+    not the overall deadline, ended it.
+
     An answer sent while the client is still sending its body is often lost: the
     server closes a connection that has unread data, the kernel resets it, and the
     client's kernel drops the answer the client has not read yet ("server disconnected
