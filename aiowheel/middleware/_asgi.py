@@ -31,7 +31,6 @@ import anyio
 
 from .. import Timer, TimerClosed, TimerHandle
 from ._shared import (
-    CURRENT_CONNECTION,
     SCOPE_KEY,
     IdleControl,
     IdleTimeoutError,
@@ -41,6 +40,7 @@ from ._shared import (
     has_shared_timer,
     logger,
     schedule_idle,
+    scope_connection,
     shared_timer,
 )
 
@@ -380,12 +380,12 @@ class IdleTimeoutMiddleware:
             finally:
                 watch.stop()
         if watch.expired and not watch.complete:
-            await self._expired(watch, send, http)
+            await self._expired(watch, scope, send, http)
 
-    async def _expired(self, watch: _RequestWatch, send: Send, http: bool) -> None:
+    async def _expired(self, watch: _RequestWatch, scope: Scope, send: Send, http: bool) -> None:
         timeout = watch.timeout
         if http and watch.response_started:
-            connection = CURRENT_CONNECTION.get()
+            connection = scope_connection(scope)
             if connection is not None:
                 # Behind uvicorn_protocol: drop the connection ourselves, now (a
                 # graceful close would wait for a peer that does not read), and say
@@ -432,7 +432,7 @@ class IdleTimeoutMiddleware:
             logger.debug("could not send the idle-timeout answer: %r", exc)
             return
         # The close frame did not go out within the timeout: drop the connection.
-        connection = CURRENT_CONNECTION.get()
+        connection = scope_connection(scope)
         if connection is not None:
             await connection.abort_connection()
             logger.warning("aborted a websocket whose close was not taken within %s s", timeout)

@@ -75,13 +75,18 @@ class ConnectionAbort(Protocol):
         error)."""
 
 
-#: The connection serving the running request, when a connection-level integration
-#: set it (``uvicorn_protocol`` does, in each request's own task). ASGI has no way to
+#: The ASGI scope key under which a connection-level integration (``uvicorn_protocol``)
+#: puts the connection serving the request (a ``ConnectionAbort``). ASGI has no way to
 #: abort a response; with this, ``IdleTimeoutMiddleware`` drops the connection itself,
-#: within its timeout and without the server logging an error, instead of raising.
-CURRENT_CONNECTION: contextvars.ContextVar[ConnectionAbort | None] = contextvars.ContextVar(
-    "aiowheel.middleware.connection", default=None
-)
+#: within its timeout and without the server logging an error, instead of raising. A
+#: scope key, not a context variable: an application that calls another ASGI
+#: application in-process (a new scope) must not abort its own client's connection.
+CONNECTION_KEY: Final = "aiowheel.connection"
+
+
+def scope_connection(scope: Mapping[str, Any]) -> ConnectionAbort | None:
+    connection = scope.get(CONNECTION_KEY)
+    return connection if callable(getattr(connection, "abort_connection", None)) else None
 
 
 def check_timeout(value: object, name: str = "timeout") -> float:

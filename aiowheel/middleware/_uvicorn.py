@@ -33,7 +33,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import Timer, TimerClosed, TimerHandle
-from ._shared import CURRENT_CONNECTION, check_timeout, check_timer, shared_timer_nowait
+from ._shared import CONNECTION_KEY, check_timeout, check_timer, shared_timer_nowait
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -168,7 +168,7 @@ class _ConnectionWatch:
     def upgraded(self, protocol: asyncio.BaseProtocol) -> None:
         """A websocket upgrade: the connection is the websocket protocol's now (it
         gets the data and connection_lost), no longer ours to time. Its requests can
-        still ask us to drop it (CURRENT_CONNECTION)."""
+        still ask us to drop it (CONNECTION_KEY)."""
         self.stop()
         self._upgraded = True
         app = getattr(protocol, "app", None)
@@ -178,7 +178,7 @@ class _ConnectionWatch:
             protocol.app = _app_for(app, self)  # type: ignore[attr-defined]
 
     async def abort_connection(self) -> None:
-        # CURRENT_CONNECTION's protocol (see _shared.ConnectionAbort).
+        # CONNECTION_KEY's protocol (see _shared.ConnectionAbort).
         if self._lost:
             return
         if self._upgraded:
@@ -285,11 +285,9 @@ class _WatchedTransport(asyncio.Transport):
 
 def _app_for(app: Any, watch: _ConnectionWatch) -> Any:
     async def app_on_connection(scope: Any, receive: Any, send: Any) -> None:
-        token = CURRENT_CONNECTION.set(watch)  # in the request's own task
-        try:
-            await app(scope, receive, send)
-        finally:
-            CURRENT_CONNECTION.reset(token)
+        scope = dict(scope)  # ASGI: copy the scope before changing it
+        scope[CONNECTION_KEY] = watch
+        await app(scope, receive, send)
 
     return app_on_connection
 
@@ -310,7 +308,7 @@ class _IdleProtocolMixin(asyncio.Protocol):
         self._aiowheel_watch = watch
         super().connection_made(_WatchedTransport(transport, watch))
         # Each request's task runs the application through this wrapper, which tells
-        # IdleTimeoutMiddleware (CURRENT_CONNECTION) how to drop this connection.
+        # IdleTimeoutMiddleware (CONNECTION_KEY in the scope) how to drop this connection.
         # uvicorn's protocols take `self.app` when they start a request's task.
         self.app = _app_for(self.app, watch)
         watch.start(self.idle_timer)

@@ -360,3 +360,34 @@ async def test_body_timeout_settings(virtual: bool) -> None:
         IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_timeout=0)
     with pytest.raises(TypeError, match="body_min_rate"):
         IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_min_rate="fast")  # type: ignore[arg-type]
+
+
+async def test_stalled_response_behind_a_connection_is_aborted_quietly(virtual: bool) -> None:
+    # Issue 28, finding 19: a connection-level integration (uvicorn_protocol) puts the
+    # connection in the scope; the middleware drops it rather than raising (which the
+    # server logs with a traceback). A scope without it (another server, or an ASGI
+    # application called in-process) still gets IdleTimeoutError: see
+    # test_stalled_response_is_aborted.
+    from aiowheel.middleware._shared import CONNECTION_KEY
+
+    class Connection:
+        aborted: list[float] = []
+
+        async def abort_connection(self) -> None:
+            self.aborted.append(timer.time())
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"1", "more_body": True})
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        start = timer.time()
+        connection = Connection()
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            {**http_scope(), CONNECTION_KEY: connection}, peer.receive, peer.send
+        )
+        assert len(timer) == 0
+    assert len(connection.aborted) == 1
+    assert_at_deadline(connection.aborted[0], start, virtual)
