@@ -299,6 +299,7 @@ async def read_body_then_respond(scope: Any, receive: Any, send: Any) -> None:
     await respond(send, str(size).encode())
 
 
+@pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
 async def test_a_trickled_body_gets_408_at_its_deadline(virtual: bool) -> None:
     # Issue 28, finding 15 (slowhttptest -B): a piece every 0.4 T is activity, so the
     # idle timeout never fires; the body deadline (body_timeout, default: timeout,
@@ -317,6 +318,7 @@ async def test_a_trickled_body_gets_408_at_its_deadline(virtual: bool) -> None:
     assert_at_deadline(when, start, virtual, T + 2 / 500)
 
 
+@pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
 async def test_a_steady_upload_outlives_the_body_timeout(virtual: bool) -> None:
     # 10 T in all, but 1,000 bytes every 0.5 T is far above the minimum rate.
     async with Timer(tick=TICK) as timer:
@@ -329,6 +331,7 @@ async def test_a_steady_upload_outlives_the_body_timeout(virtual: bool) -> None:
     assert client.sent[1][1]["body"] == b"20000"
 
 
+@pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
 async def test_body_timeout_settings(virtual: bool) -> None:
     # No minimum rate: the whole body within body_timeout. None: no body deadline.
     async with Timer(tick=TICK) as timer:
