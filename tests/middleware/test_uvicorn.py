@@ -406,6 +406,7 @@ WS_HANDSHAKE = (
 
 # uvicorn's "websockets" implementation is the legacy one, deprecated by websockets.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The `websockets` implementation is deprecated")
 @pytest.mark.parametrize("ws", ["websockets", "websockets-sansio", "wsproto"])
 async def test_websocket_whose_peer_stops_reading_is_aborted(ws: str) -> None:
     # Issue 28, finding 16: the middleware expired and cancelled the application,
