@@ -6,7 +6,8 @@ it). When it fires, the callback cancels the application's cancel scope; the
 middleware then answers what can still be answered:
 
 * HTTP, no response started: ``408 Request Timeout`` when the application was waiting
-  for the request body (the client stalled), else ``503 Service Unavailable`` (the
+  for the request body (the client stalled) or the body missed its deadline (a
+  trickle: see ``body_timeout``), else ``503 Service Unavailable`` (the
   application itself did nothing: no read, no write);
 * HTTP, response started: the response is aborted by raising ``IdleTimeoutError``
   (ASGI has no other way to abort; servers drop the connection);
@@ -28,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from .. import Timer, TimerHandle
+from .. import Timer, TimerClosed, TimerHandle
 from ._shared import (
     SCOPE_KEY,
     IdleControl,
@@ -39,6 +40,7 @@ from ._shared import (
     has_shared_timer,
     logger,
     schedule_idle,
+    scope_connection,
     shared_timer,
 )
 
@@ -72,6 +74,16 @@ def _check_close_code(code: object) -> int:
     return code
 
 
+class _Default:
+    """The type of ``body_timeout``'s default: the idle ``timeout``."""
+
+    def __repr__(self) -> str:
+        return "<timeout>"
+
+
+_DEFAULT = _Default()
+
+
 class _RequestWatch(IdleControl):
     """The idle timer of one HTTP request or one websocket.
 
@@ -82,9 +94,14 @@ class _RequestWatch(IdleControl):
     """
 
     __slots__ = (
+        "_body_deadline",
+        "_body_handle",
+        "_body_rate",
+        "_body_timeout",
         "_cancel_scope",
         "_parent",
         "body_complete",
+        "body_expired",
         "complete",
         "disconnected",
         "expired",
@@ -99,9 +116,15 @@ class _RequestWatch(IdleControl):
         timeout: float | None,
         cancel_scope: anyio.CancelScope,
         parent: IdleControl | None,
+        body_timeout: float | None = None,
+        body_rate: float | None = None,
     ) -> None:
         self._timer = timer
         self._timeout = timeout
+        self._body_timeout = body_timeout
+        self._body_rate = body_rate
+        self._body_handle: TimerHandle[Any] | None = None
+        self._body_deadline = 0.0
         self._cancel_scope = cancel_scope
         self._parent = parent
         self._handle: TimerHandle[Any] | None = None
@@ -110,6 +133,7 @@ class _RequestWatch(IdleControl):
         self.disconnected = False
         self.receiving = 0  # receive() calls in progress
         self.body_complete = False
+        self.body_expired = False  # expired by the body deadline, not by idleness
         self.response_started = False
         self.stalled_body = False  # at expiry: the application was waiting for the body
 
@@ -128,6 +152,58 @@ class _RequestWatch(IdleControl):
 
     def _timing(self) -> bool:
         return not (self.complete or self.expired)
+
+    # -- the body deadline: a separate handle, so that it neither depends on nor
+    # changes how activity re-arms the idle one (touch) --
+
+    def body_wanted(self) -> None:
+        """The application asks for the body: start its deadline (once)."""
+        if (
+            self._body_handle is None
+            and self._body_timeout is not None
+            and not self.body_complete
+            and self._handle is not None  # timed at all (not opted out, not over)
+        ):
+            self._body_deadline = self._timer.time() + self._body_timeout
+            self._body_handle = schedule_idle(self._timer, self._body_timeout, self._body_expire)
+
+    def body_received(self, size: int, more: bool) -> None:
+        handle = self._body_handle
+        if handle is None:
+            return
+        if not more:
+            self._body_handle = None
+            handle.cancel()
+        elif size and self._body_rate is not None:
+            # Progress buys time at the minimum rate (mod_reqtimeout's MinRate): a
+            # steady upload is never cut, a trickle gets almost nothing.
+            self._body_deadline += size / self._body_rate
+            try:
+                handle.reset_at(self._body_deadline)
+            except TimerClosed:
+                self._body_handle = None
+
+    def stop(self) -> None:
+        super().stop()
+        handle = self._body_handle
+        if handle is not None:
+            self._body_handle = None
+            handle.cancel()
+
+    def _body_expire(self) -> None:
+        # The body is not complete by its deadline, however it trickled: the
+        # client's doing (408), whether or not the application was in receive().
+        self._body_handle = None
+        if not self._timing():
+            return
+        handle = self._handle
+        self._handle = None
+        if handle is not None:
+            handle.cancel()
+        self.expired = True
+        self.body_expired = True
+        self.stalled_body = True
+        self._cancel_scope.cancel()
 
     def _expire(self) -> None:
         # Runs on the timer's driver. The handle has fired: forget it so that messages
@@ -151,6 +227,11 @@ class IdleTimeoutMiddleware:
     whole path segments (``"/poll"`` matches ``/poll`` and ``/poll/x``, not
     ``/polling``). ``close_code``: the websocket close code sent on expiry.
 
+    ``body_timeout``: seconds a request body may take from the application's first
+    ``receive()`` (default: ``timeout``; ``None``: no body deadline), extended by one
+    second per ``body_min_rate`` bytes received (default 500; ``None``: not extended),
+    so that a body trickled a byte at a time gets 408 however active it looks.
+
     Bad configuration raises ``TypeError``/``ValueError`` here, not on a request.
     """
 
@@ -167,11 +248,23 @@ class IdleTimeoutMiddleware:
         timer: Timer | None = None,
         overrides: Mapping[str, float | None] | None = None,
         close_code: int = 1001,
+        body_timeout: float | _Default | None = _DEFAULT,
+        body_min_rate: float | None = 500.0,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI application (a callable), got {app!r}")
         self.app = app
         self._timeout = check_timeout(timeout)
+        self._body_timeout = (
+            self._timeout
+            if isinstance(body_timeout, _Default)
+            else None
+            if body_timeout is None
+            else check_timeout(body_timeout, "body_timeout")
+        )
+        self._body_rate = (
+            None if body_min_rate is None else check_timeout(body_min_rate, "body_min_rate")
+        )
         self._timer = check_timer(timer)
         self._overrides = _check_overrides(overrides)
         self._close_code = _check_close_code(close_code)
@@ -183,6 +276,14 @@ class IdleTimeoutMiddleware:
     @property
     def close_code(self) -> int:
         return self._close_code
+
+    @property
+    def body_timeout(self) -> float | None:
+        return self._body_timeout
+
+    @property
+    def body_min_rate(self) -> float | None:
+        return self._body_rate
 
     def timeout_for(self, path: str) -> float | None:
         """The idle timeout a request for ``path`` starts with."""
@@ -231,12 +332,15 @@ class IdleTimeoutMiddleware:
                 self.timeout_for(scope.get("path", "")),
                 cancel_scope,
                 parent if isinstance(parent, IdleControl) else None,
+                self._body_timeout if http else None,
+                self._body_rate,
             )
             # ASGI: copy the scope before changing it for the inner application.
             scope = dict(scope)
             scope[SCOPE_KEY] = watch
 
             async def watched_receive() -> Message:
+                watch.body_wanted()
                 watch.receiving += 1
                 try:
                     message = await receive()
@@ -245,12 +349,15 @@ class IdleTimeoutMiddleware:
                 watch.touch()
                 kind = message.get("type")
                 if kind == "http.request":
-                    if not message.get("more_body", False):
+                    more = bool(message.get("more_body", False))
+                    if not more:
                         watch.body_complete = True
+                    watch.body_received(len(message.get("body", b"")), more)
                 elif kind == "http.disconnect" or kind == "websocket.disconnect":
                     # Keep timing: an application that ignores the disconnect is
                     # still cancelled after the timeout; there is nobody to answer.
                     watch.disconnected = True
+                    watch.body_received(0, False)  # no body to wait for any more
                 return message
 
             async def watched_send(message: Message) -> None:
@@ -273,11 +380,21 @@ class IdleTimeoutMiddleware:
             finally:
                 watch.stop()
         if watch.expired and not watch.complete:
-            await self._expired(watch, send, http)
+            await self._expired(watch, scope, send, http)
 
-    async def _expired(self, watch: _RequestWatch, send: Send, http: bool) -> None:
+    async def _expired(self, watch: _RequestWatch, scope: Scope, send: Send, http: bool) -> None:
         timeout = watch.timeout
         if http and watch.response_started:
+            connection = scope_connection(scope)
+            if connection is not None:
+                # Behind uvicorn_protocol: drop the connection ourselves, now (a
+                # graceful close would wait for a peer that does not read), and say
+                # so in one line; the server sees a client that went away.
+                await connection.abort_connection()
+                logger.warning("aborted a response idle for more than %s s", timeout)
+                return
+            # ASGI has no other way to abort a response: the server drops the
+            # connection when the application raises (and logs the error).
             logger.debug("aborting a response idle for more than %s s", timeout)
             raise IdleTimeoutError(f"response idle for more than {timeout} s: aborted")
         if watch.disconnected:
@@ -302,13 +419,25 @@ class IdleTimeoutMiddleware:
                     }
                 )
                 await send({"type": "http.response.body", "body": body, "more_body": False})
-            else:
-                logger.debug("closing a websocket idle for more than %s s", timeout)
+                return
+            logger.debug("closing a websocket idle for more than %s s", timeout)
+            # Bounded: a peer that stopped reading never lets the close frame out
+            # (the server's send waits for the paused transport for ever).
+            with anyio.move_on_after(timeout if timeout is not None else self._timeout):
                 await send(
                     {"type": "websocket.close", "code": self._close_code, "reason": "idle timeout"}
                 )
+                return
         except Exception as exc:  # the client went away meanwhile: nothing to tell it
             logger.debug("could not send the idle-timeout answer: %r", exc)
+            return
+        # The close frame did not go out within the timeout: drop the connection.
+        connection = scope_connection(scope)
+        if connection is not None:
+            await connection.abort_connection()
+            logger.warning("aborted a websocket whose close was not taken within %s s", timeout)
+            return
+        raise IdleTimeoutError(f"websocket close not sent within {timeout} s: aborted")
 
 
 def _check_overrides(

@@ -31,7 +31,7 @@ import sys
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 
@@ -62,6 +62,30 @@ SCOPE_KEY: Final = "aiowheel.idle_timeout"
 
 class IdleTimeoutError(TimeoutError):
     """A connection, request or stream was idle for longer than its idle timeout."""
+
+
+class ConnectionAbort(Protocol):
+    """What a connection-level integration (``uvicorn_protocol``) offers the requests
+    it serves: dropping the connection at once."""
+
+    async def abort_connection(self) -> None:
+        """Abort the transport and return once the server has seen the connection
+        lost (so that it counts the response as abandoned, not as the application's
+        error)."""
+
+
+#: The ASGI scope key under which a connection-level integration (``uvicorn_protocol``)
+#: puts the connection serving the request (a ``ConnectionAbort``). ASGI has no way to
+#: abort a response; with this, ``IdleTimeoutMiddleware`` drops the connection itself,
+#: within its timeout and without the server logging an error, instead of raising. A
+#: scope key, not a context variable: an application that calls another ASGI
+#: application in-process (a new scope) must not abort its own client's connection.
+CONNECTION_KEY: Final = "aiowheel.connection"
+
+
+def scope_connection(scope: Mapping[str, Any]) -> ConnectionAbort | None:
+    connection = scope.get(CONNECTION_KEY)
+    return connection if callable(getattr(connection, "abort_connection", None)) else None
 
 
 def check_timeout(value: object, name: str = "timeout") -> float:

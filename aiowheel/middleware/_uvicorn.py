@@ -33,7 +33,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import Timer, TimerClosed, TimerHandle
-from ._shared import check_timeout, check_timer, shared_timer_nowait
+from ._shared import CONNECTION_KEY, check_timeout, check_timer, shared_timer_nowait
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -49,10 +49,14 @@ def _request_in_flight(protocol: object) -> bool:
 
 def _cancel_uvicorn_keepalive(protocol: object) -> None:
     # uvicorn internal: connection_lost cancels this only when exc is None, so after a
-    # reset it would keep the protocol alive until it fires.
+    # reset it would keep the protocol alive until it fires. Duck-typed: whatever the
+    # loop's call_later returned (asyncio.TimerHandle, uvloop's TimerHandle, the
+    # drop-in loop's LoopTimerHandle) has a cancel(); checking for asyncio's class left
+    # the handle, and the protocol it refers to, alive on every other loop.
     handle = getattr(protocol, "timeout_keep_alive_task", None)
-    if isinstance(handle, asyncio.TimerHandle):
-        handle.cancel()
+    cancel = getattr(handle, "cancel", None)
+    if callable(cancel):
+        cancel()
         protocol.timeout_keep_alive_task = None  # type: ignore[attr-defined]
 
 
@@ -70,10 +74,13 @@ class _ConnectionWatch:
         "_head_started",
         "_header_timeout",
         "_loop",
+        "_lost",
+        "_lost_waiters",
         "_protocol",
         "_stopped",
         "_timeout",
         "_transport",
+        "_upgraded",
     )
 
     def __init__(
@@ -91,6 +98,9 @@ class _ConnectionWatch:
         self._handle: TimerHandle[Any] | None = None
         self._head_started: float | None = None
         self._stopped = False
+        self._lost = False  # connection_lost was called
+        self._upgraded = False  # handed to a websocket protocol
+        self._lost_waiters: list[asyncio.Future[None]] = []
         self._deadline = self._loop.time() + timeout
 
     def start(self, timer: Timer | None) -> None:
@@ -146,6 +156,44 @@ class _ConnectionWatch:
             self._handle = None
             handle.cancel()
 
+    def lost(self) -> None:
+        """``connection_lost``: stop timing, and wake ``abort_connection``."""
+        self.stop()
+        self._lost = True
+        waiters, self._lost_waiters = self._lost_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def upgraded(self, protocol: asyncio.BaseProtocol) -> None:
+        """A websocket upgrade: the connection is the websocket protocol's now (it
+        gets the data and connection_lost), no longer ours to time. Its requests can
+        still ask us to drop it (CONNECTION_KEY)."""
+        self.stop()
+        self._upgraded = True
+        app = getattr(protocol, "app", None)
+        if app is not None:
+            # uvicorn's websocket protocols take `self.app` when their task first
+            # runs, after this (the upgrade hands the transport over first).
+            protocol.app = _app_for(app, self)  # type: ignore[attr-defined]
+
+    async def abort_connection(self) -> None:
+        # CONNECTION_KEY's protocol (see _shared.ConnectionAbort).
+        if self._lost:
+            return
+        if self._upgraded:
+            # connection_lost goes to the websocket protocol, which ends the
+            # application's receive() and send(): nothing for uvicorn to log.
+            self._transport.abort()
+            return
+        waiter = self._loop.create_future()
+        self._lost_waiters.append(waiter)
+        self._transport.abort()
+        # abort() calls connection_lost at the loop's next iteration (asyncio and
+        # uvloop alike), which sets uvicorn's cycle.disconnected: the application
+        # returning then is a client gone away, not an error to log.
+        await waiter
+
     def _expire(self) -> None:
         transport = self._transport
         if transport.is_closing():
@@ -190,7 +238,15 @@ class _WatchedTransport(asyncio.Transport):
         self._transport.abort()
 
     def close(self) -> None:
-        self._transport.close()
+        if _request_in_flight(self._watch._protocol):
+            # uvicorn closes with a response under way only when the response is
+            # broken (the application raised, or returned without finishing it): what
+            # is still buffered is worthless, and a graceful close would wait for a
+            # peer that may never read it (a second timeout before the protocol's
+            # timer aborted it). Abort at once.
+            self._transport.abort()
+        else:
+            self._transport.close()
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
@@ -211,7 +267,7 @@ class _WatchedTransport(asyncio.Transport):
         if protocol is not self._watch._protocol:
             # A websocket upgrade: the new protocol gets the data and connection_lost,
             # so this connection is no longer ours to time.
-            self._watch.stop()
+            self._watch.upgraded(protocol)
         self._transport.set_protocol(protocol)
 
     def get_protocol(self) -> asyncio.BaseProtocol:
@@ -227,6 +283,15 @@ class _WatchedTransport(asyncio.Transport):
         return self._transport.get_write_buffer_limits()
 
 
+def _app_for(app: Any, watch: _ConnectionWatch) -> Any:
+    async def app_on_connection(scope: Any, receive: Any, send: Any) -> None:
+        scope = dict(scope)  # ASGI: copy the scope before changing it
+        scope[CONNECTION_KEY] = watch
+        await app(scope, receive, send)
+
+    return app_on_connection
+
+
 class _IdleProtocolMixin(asyncio.Protocol):
     """Put before uvicorn's protocol class in the bases (see ``uvicorn_protocol``)."""
 
@@ -234,6 +299,7 @@ class _IdleProtocolMixin(asyncio.Protocol):
     header_timeout: ClassVar[float]
     idle_timer: ClassVar[Timer | None] = None
     _aiowheel_watch: _ConnectionWatch | None = None
+    app: Any  # uvicorn's: the ASGI application a request's task runs
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A socket transport (uvloop's are not asyncio.Transport subclasses).
@@ -241,6 +307,10 @@ class _IdleProtocolMixin(asyncio.Protocol):
         watch = _ConnectionWatch(self, transport, self.idle_timeout, self.header_timeout)
         self._aiowheel_watch = watch
         super().connection_made(_WatchedTransport(transport, watch))
+        # Each request's task runs the application through this wrapper, which tells
+        # IdleTimeoutMiddleware (CONNECTION_KEY in the scope) how to drop this connection.
+        # uvicorn's protocols take `self.app` when they start a request's task.
+        self.app = _app_for(self.app, watch)
         watch.start(self.idle_timer)
 
     def data_received(self, data: bytes) -> None:
@@ -252,7 +322,7 @@ class _IdleProtocolMixin(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         watch = self._aiowheel_watch
         if watch is not None:
-            watch.stop()
+            watch.lost()
         try:
             super().connection_lost(exc)
         finally:

@@ -58,7 +58,7 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -68,7 +68,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aiowheel import Timer, TimerHandle
+from aiowheel import Timeout, Timer, TimerHandle
 from aiowheel.purgatory import DelayedOperation, Purgatory
 
 __all__ = ["Limits", "LongPollService", "MessageLog", "create_app", "main", "serving"]
@@ -155,6 +155,12 @@ class Limits:
     # What the bodies of one client (peer address) may hold of max_inflight_bytes.
     max_client_inflight_bytes: int = 4 << 20
     body_timeout_ms: int = 30_000
+    # uvicorn (asyncio, uvloop): a request head must be complete within this of its
+    # first byte (slowloris), and a connection that sends nothing is closed after it.
+    header_timeout_ms: int = 10_000
+    # A body that holds its reservation must keep pace: it loses it (408) once it is
+    # this far behind a steady arrival over body_timeout_ms (see IncomingBody).
+    body_stall_ms: int = 2_000
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -193,16 +199,28 @@ class Limits:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    @property
+    def max_answer_bytes(self) -> int:
+        """The most an answer holds of the log's messages: ``max_fetch_bytes``, or one
+        message of up to ``max_body_bytes`` (an answer has at least one)."""
+        return max(self.max_fetch_bytes, self.max_body_bytes)
+
     def memory_bound(self, connections: int = 0) -> int:
         """How much the server's memory (RSS) can grow, in bytes, whatever its clients
-        send, with ``connections`` connections open besides the parked polls
-        (docs/longpoll.md, "The memory bound")."""
+        send, with ``connections`` connections open besides the parked polls (a
+        parked poll that is answered counts as one of them from then on):
+        docs/longpoll.md, "The memory bound".
+
+        Each such connection may be writing an answer whose messages retention has
+        dropped meanwhile: the answer keeps them alive (``max_answer_bytes``) until
+        its client has read it, or has gone (issue 28: 1,000 clients that asked for
+        a 1 MiB message each and never read grew the server by 1.1 GiB)."""
         return (
             self.total_retention_bytes
             + self.max_topics * TOPIC_OVERHEAD
             + 2 * self.max_inflight_bytes
             + self.max_waiters * WAITER_OVERHEAD
-            + connections * CONNECTION_BUFFER
+            + connections * (CONNECTION_BUFFER + self.max_answer_bytes)
             + FIXED_OVERHEAD
         )
 
@@ -493,7 +511,9 @@ class ByteBudget:
     client that opens a body and sends nothing holds nothing (issue 20: 33 silent
     chunked uploads each held 1 MiB of the 32 MiB until their deadline). A request
     that waits is not read, so the server reads no more of its body than the HTTP
-    server's own buffer.
+    server's own buffer. A body that holds a reservation must keep pace with it or
+    lose it (IncomingBody's pace rule, --body-stall-ms): one byte and silence holds a
+    reservation for the stall time only.
 
     Waiters are granted in arrival order. A waiter blocked by its own client's share
     does not block the others (only its own client's releases can unblock it); one
@@ -580,6 +600,12 @@ class IncomingBody:
     A 413 is raised as soon as the body is known to exceed ``limit``: at once when
     Content-Length says so, or when the streamed size passes it.
 
+    Given its ``deadline`` (the ``timer.timeout`` the body is received under), a body
+    that holds its reservation must keep pace with it: the deadline is brought
+    forward to ``stall`` after the grant plus the share of ``window`` that the bytes
+    received are of the bytes reserved (``_keep_pace``); ``stalled`` says that this,
+    not the overall deadline, ended it.
+
     An answer sent while the client is still sending its body is often lost: the
     server closes a connection that has unread data, the kernel resets it, and the
     client's kernel drops the answer the client has not read yet ("server disconnected
@@ -590,13 +616,39 @@ class IncomingBody:
     answer is still 413.
     """
 
-    __slots__ = ("budget", "limit", "oversized", "request")
+    __slots__ = (
+        "budget",
+        "deadline",
+        "limit",
+        "oversized",
+        "request",
+        "stall",
+        "stalled",
+        "timer",
+        "window",
+    )
 
-    def __init__(self, request: Request, limit: int, budget: ByteBudget) -> None:
+    def __init__(
+        self,
+        request: Request,
+        limit: int,
+        budget: ByteBudget,
+        deadline: Timeout | None = None,
+        timer: Timer | None = None,
+        stall: float = 0.0,
+        window: float = 0.0,
+    ) -> None:
         self.request = request
         self.limit = limit
         self.budget = budget
         self.oversized = False
+        # The body's deadline (a timer.timeout around the receiving), which the pace
+        # rule may bring forward: see receive().
+        self.deadline = deadline
+        self.timer = timer
+        self.stall = stall
+        self.window = window
+        self.stalled = False  # the pace rule, not the overall deadline, cut it off
 
     def too_large(self) -> BadRequest:
         # Connection: close, as the rest of the body may still be on its way.
@@ -622,12 +674,17 @@ class IncomingBody:
         peer = client.host if client is not None else ""
         budget = self.budget
         held = 0  # reserved in budget for this body: 0 until its first bytes arrive
+        deadline = self.deadline if self.timer is not None else None
+        end = deadline.deadline if deadline is not None else math.inf
+        granted = 0.0
         try:
             chunks: list[bytes] = []
             size = 0
             async for chunk in self.request.stream():
                 size += len(chunk)
                 if size <= limit:
+                    if held and deadline is not None:
+                        self._keep_pace(deadline, end, granted, size, held)
                     if not held and chunk:
                         # The first bytes arrived: reserve the whole body now (its
                         # Content-Length, or the limit when chunked), not before, so
@@ -639,6 +696,9 @@ class IncomingBody:
                         claim = declared if declared is not None else limit
                         await budget.acquire(peer, claim)
                         held = claim
+                        if deadline is not None:
+                            granted = self._now()
+                            self._keep_pace(deadline, end, granted, size, held)
                     chunks.append(chunk)
                     continue
                 self.oversized = True
@@ -649,11 +709,31 @@ class IncomingBody:
                     break
             if self.oversized:
                 raise self.too_large()
+            if deadline is not None:
+                deadline.reset(max(end - self._now(), 0.0))  # the pace is over
             body = b"".join(chunks)
             chunks.clear()
             yield body
         finally:
             budget.release(peer, held)
+
+    def _keep_pace(
+        self, deadline: Timeout, end: float, granted: float, received: int, claim: int
+    ) -> None:
+        # The pace rule (issue 28): a body that holds a reservation of `claim` bytes,
+        # granted at `granted`, must have received its share by then: the deadline is
+        # granted + stall + window * received / claim, never later than the overall
+        # one (`end`). One byte and silence holds a 1 MiB reservation for `stall`, not
+        # for the whole body timeout, as a body that never sent a byte holds nothing;
+        # a steady upload stays ahead of it; one that sent half holds on for half the
+        # window. Each piece moves it later: an O(1) reset on the wheel.
+        pace = granted + self.stall + self.window * received / claim
+        self.stalled = pace < end
+        deadline.reset(max(min(pace, end) - self._now(), 0.0))
+
+    def _now(self) -> float:
+        assert self.timer is not None
+        return self.timer.time()
 
 
 # -- a poll in the purgatory ---------------------------------------------------------------
@@ -704,6 +784,9 @@ class Fetch(DelayedOperation):
 
     def try_complete(self) -> bool:
         if self.log.ready(self.topic, self.offset, self.min_bytes):
+            return self.force_complete()
+        if self.service.closing:  # the server is stopping: answer with what there is
+            self.expired = True
             return self.force_complete()
         return False
 
@@ -766,6 +849,11 @@ class LongPollService:
         self.publishes_disconnected = 0  # the client left before its body arrived
         self.published = 0
         self.refused: dict[int, int] = {}  # status -> requests refused by a limit
+        # The server is stopping (shut_down): parked polls are answered at once, bodies
+        # still arriving are cut off, so that no request is left for the server to
+        # cancel (a traceback in its log, an empty reply for its client).
+        self.closing = False
+        self._bodies: set[Timeout] = set()  # the deadline of each body being received
 
     @property
     def max_body_bytes(self) -> int:
@@ -782,10 +870,22 @@ class LongPollService:
         self.backend = current_backend()
         if self.mode == "wait_for" and self.backend == "trio":
             raise RuntimeError("--mode wait_for parks polls on asyncio.wait_for: not on trio")
-        # One timer for the polls' timeouts (purgatory mode), the topics' idle times and
-        # the body deadlines.
-        async with Timer(tick=self.tick) as timer:
+        from aiowheel.middleware import shared_timer
+
+        async with AsyncExitStack() as stack:
+            # The connections' idle timer (uvicorn_protocol uses the loop's shared
+            # timer) lives as long as the server too: a wheel of its own, with a 10 ms
+            # tick (connection timeouts are seconds long). Unless this loop has one
+            # already (another server in it), which its connections share then.
+            try:
+                await stack.enter_async_context(shared_timer())
+            except RuntimeError:
+                pass
+            # One timer for the polls' timeouts (purgatory mode), the topics' idle
+            # times and the body deadlines.
+            timer = await stack.enter_async_context(Timer(tick=self.tick))
             self.timer = self.log.timer = timer
+            self.closing = False
             try:
                 if self.mode == "wait_for":
                     yield
@@ -798,6 +898,36 @@ class LongPollService:
                         self.purgatory = None
             finally:
                 self.log.timer = None
+
+    def shut_down(self) -> None:
+        """The HTTP server is stopping: answer every parked poll now with what there
+        is, as at its ``max_wait_ms``, and end the bodies still being received (503).
+        Idempotent. Called by the server's connections as the server begins its
+        graceful shutdown (see ``_uvicorn_config``)."""
+        if self.closing:
+            return
+        self.closing = True
+        purgatory = self.purgatory
+        if purgatory is not None:
+            for topic in list(self.log.waiting):
+                purgatory.check_and_complete(topic)  # Fetch.try_complete: closing
+        events, self._events = self._events, {}
+        for event in events.values():  # wait_for mode: every waiter re-checks
+            event.set()
+        for deadline in list(self._bodies):
+            deadline.reset(0)
+
+    @contextmanager
+    def receiving(self, deadline: Timeout) -> Iterator[None]:
+        """A body is being received under ``deadline`` (a ``timer.timeout``), which
+        ``shut_down`` moves to now."""
+        if self.closing:
+            deadline.reset(0)
+        self._bodies.add(deadline)
+        try:
+            yield
+        finally:
+            self._bodies.discard(deadline)
 
     # -- counters --
 
@@ -979,6 +1109,9 @@ class LongPollService:
         expired = False
         try:
             while not log.ready(topic, offset, min_bytes):
+                if self.closing:  # the server is stopping: answer with what there is
+                    expired = True
+                    break
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     expired = True
@@ -1231,11 +1364,25 @@ def create_app(
             topic = parse_topic(request)
             for name, _ in request.query_params.multi_items():
                 raise BadRequest(400, name, f"unknown query parameter {_shown(name)}")
-            incoming = IncomingBody(request, limits.max_body_bytes, service.inflight)
+            window = limits.body_timeout_ms / 1000
+            incoming = None
             try:
                 # The whole body (waiting for the in-flight budget included) within
-                # body_timeout_ms: a client that trickles cannot hold a reservation.
-                with timer.timeout(limits.body_timeout_ms / 1000):
+                # body_timeout_ms, and once it holds a reservation at a steady pace: a
+                # client that trickles or stalls cannot keep one.
+                with (
+                    timer.timeout(window) as deadline,
+                    service.receiving(deadline),
+                ):
+                    incoming = IncomingBody(
+                        request,
+                        limits.max_body_bytes,
+                        service.inflight,
+                        deadline,
+                        timer,
+                        limits.body_stall_ms / 1000,
+                        window,
+                    )
                     async with incoming.receive() as body:
                         if not body:
                             raise BadRequest(
@@ -1249,12 +1396,26 @@ def create_app(
                             ) from None
                         offset = service.publish(topic, body)
             except TimeoutError:
-                if incoming.oversized:
+                if incoming is not None and incoming.oversized:
                     raise incoming.too_large() from None
+                if service.closing:
+                    raise BadRequest(
+                        503,
+                        None,
+                        "the server is shutting down",
+                        headers={"Connection": "close", "Retry-After": "1"},
+                    ) from None
+                if incoming is not None and incoming.stalled:
+                    message = (
+                        f"the body fell more than {limits.body_stall_ms} ms behind a "
+                        f"steady pace over {limits.body_timeout_ms} ms"
+                    )
+                else:
+                    message = f"the body did not arrive within {limits.body_timeout_ms} ms"
                 raise BadRequest(
                     408,
                     "body",
-                    f"the body did not arrive within {limits.body_timeout_ms} ms",
+                    message,
                     headers={"Connection": "close"},  # the rest of it may still come
                 ) from None
         except BadRequest as error:
@@ -1373,10 +1534,27 @@ def _url(sock: socket.socket) -> str:
 def _uvicorn_config(app: Starlette, loop: str) -> Any:
     import uvicorn
 
+    from aiowheel.middleware import uvicorn_protocol
+
+    service: LongPollService = app.state.longpoll
+    seconds = service.limits.header_timeout_ms / 1000
+    # uvicorn alone waits for a request head for ever (slowloris, issue 28): its
+    # connections get aiowheel's connection-level idle timeout, on the loop's shared
+    # timer (the service registers its own timer as that one while it runs).
+    base: Any = uvicorn_protocol(timeout=seconds, header_timeout=seconds, base="h11")
+
+    class LongPollHTTP(base):  # type: ignore[misc]
+        def shutdown(self) -> None:
+            # uvicorn calls this on every connection as its graceful shutdown begins,
+            # before it waits for requests in flight (and cancels what is left):
+            # answer the parked polls now, with what there is.
+            service.shut_down()
+            super().shutdown()
+
     return uvicorn.Config(
         app,
         loop=loop,
-        http="h11",
+        http=LongPollHTTP,
         lifespan="on",
         log_level="warning",
         access_log=False,
@@ -1442,6 +1620,16 @@ LIMIT_FLAGS = (
         "of those, what one client (peer address) may hold",
     ),
     ("--body-timeout-ms", "body_timeout_ms", "time to receive a body; slower clients get 408"),
+    (
+        "--body-stall-ms",
+        "body_stall_ms",
+        "how far a reserved body may fall behind a steady pace; then 408",
+    ),
+    (
+        "--header-timeout-ms",
+        "header_timeout_ms",
+        "time to receive a request head, and to send one at all (uvicorn; slowloris)",
+    ),
 )
 
 

@@ -790,3 +790,167 @@ async def test_silent_uploads_hold_nothing_and_leaving_is_quiet(backend: str) ->
             logger.removeHandler(records)
     errors = [r for r in records.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
+
+
+async def test_a_slowloris_request_head_is_cut_off(backend: str, virtual: bool) -> None:
+    # Issue 28, finding 18: uvicorn alone waits for a request head for ever, so
+    # slowhttptest -H held every connection it opened. The example serves uvicorn
+    # with uvicorn_protocol's header timeout (--header-timeout-ms).
+    if backend == "trio":
+        pytest.skip("hypercorn times request heads itself")
+    timeout = 0.5
+    async with running(header_timeout_ms=int(timeout * 1000)) as s:
+        async with await anyio.connect_tcp(s.host, s.port) as stream:
+            start = anyio.current_time()  # before the first byte: precedes the deadline
+            sent = 0
+
+            async def trickle() -> None:
+                nonlocal sent
+                for byte in b"GET /topics/t?offset=0 HTTP/1.1\r\nHost: t\r\nX-Slow: 1\r\n\r\n":
+                    await stream.send(bytes([byte]))
+                    sent += 1
+                    await anyio.sleep(timeout / 5)
+
+            answer = b""
+            with anyio.fail_after(10 * timeout):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(trickle)
+                    try:
+                        while True:
+                            answer += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        pass
+                    tg.cancel_scope.cancel()
+            elapsed = anyio.current_time() - start
+        assert answer == b""  # never a request: dropped
+        assert 2 <= sent < 20
+        assert timeout - 1e-6 <= elapsed < timeout + (0.05 if virtual else 2.0)
+        # The server goes on serving.
+        assert await s.publish("t", "after") == 0
+
+
+async def test_stopping_the_server_answers_parked_polls(mode: str, backend: str) -> None:
+    # Issue 28, finding 19: uvicorn's graceful shutdown waited for the parked polls,
+    # then cancelled them: one CancelledError traceback each, and an empty reply for
+    # its client. Now the polls get their answer (what there is, as at max_wait_ms)
+    # and a body still arriving a 503, as the shutdown begins.
+    if backend == "trio":
+        pytest.skip("uvicorn's shutdown (hypercorn on trio)")
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "aiowheel.middleware")]
+    for logger in loggers:
+        logger.addHandler(records)
+    answers: dict[str, bytes] = {}
+
+    async def read_all(stream: Any, name: str) -> None:
+        data = b""
+        with anyio.fail_after(10):
+            try:
+                while True:
+                    data += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+        answers[name] = data
+        await stream.aclose()
+
+    try:
+        async with anyio.create_task_group() as tg, running(mode) as s:
+            await s.publish("u", "one")
+            for i in range(5):
+                stream = await anyio.connect_tcp(s.host, s.port)
+                topic, offset = ("t", 0) if i < 4 else ("u", 1)
+                await stream.send(
+                    f"GET /topics/{topic}?offset={offset}&max_wait_ms=30000 HTTP/1.1\r\n"
+                    "Host: t\r\n\r\n".encode()
+                )
+                tg.start_soon(read_all, stream, f"poll{i}")
+            upload = await anyio.connect_tcp(s.host, s.port)
+            await upload.send(b"POST /topics/v HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nab")
+            tg.start_soon(read_all, upload, "upload")
+            await until(lambda: s.parked() == 5 and s.service.inflight.used == 10)
+            service = s.service
+            # The server has stopped: every client got its answer.
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    for i in range(5):
+        status, _, body = parse_response(answers[f"poll{i}"])
+        assert status == 200, answers
+        assert body == {"messages": [], "next_offset": 0 if i < 4 else 1}
+    status, headers, body = parse_response(answers["upload"])
+    assert (status, headers["connection"]) == (503, "close")
+    assert service.expired == 5
+    assert "v" not in service.log.topics
+    errors = [(r.getMessage(), r.exc_info) for r in records.records if r.levelno >= logging.WARNING]
+    assert errors == []
+
+
+async def test_uploads_that_stall_after_a_byte_lose_their_reservation(
+    backend: str, virtual: bool
+) -> None:
+    # Issue 28, finding 13: a body that sent one byte and stalled kept its reservation
+    # until its 30 s deadline, so 33 chunked POSTs from 33 addresses took the whole
+    # 32 MiB and an honest producer timed out (also Content-Length + 1 byte, and from
+    # the producer's own address). Now a reserved body must keep pace
+    # (--body-stall-ms): one byte and silence holds its reservation for the stall
+    # time only. The attackers here re-open as soon as they are cut off.
+    stall = 0.2
+    async with running(
+        max_body_bytes=100,
+        max_inflight_bytes=400,
+        max_client_inflight_bytes=200,
+        body_stall_ms=int(stall * 1000),
+        # 2 s, not 30: with 100-byte bodies, 1 byte is 1 % of one and buys 1 % of
+        # this (with 1 MiB bodies, 30 s buys a byte 30 µs).
+        body_timeout_ms=2000,
+    ) as s:
+        service = s.service
+        cut_off: dict[str, int] = {}
+
+        async def attack(local: str, head: bytes) -> None:
+            for _ in range(200):
+                async with await anyio.connect_tcp(s.host, s.port, local_host=local) as stream:
+                    await stream.send(head)
+                    answer = b""
+                    try:
+                        while True:
+                            answer += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        pass
+                status = parse_response(answer)[0] if answer else 0
+                cut_off[local] = cut_off.get(local, 0) + (status == 408)
+
+        chunked = (
+            b"POST /topics/a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n"
+        )
+        declared = b"POST /topics/a HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nx"
+        async with anyio.create_task_group() as tg:
+            for i in range(6):  # 600 bytes of reservations wanted, 400 in the budget
+                tg.start_soon(attack, f"127.0.0.{10 + i}", chunked)
+            for _ in range(2):  # the producer's own address: its whole share
+                tg.start_soon(attack, "127.0.0.2", declared)
+            await until(lambda: service.inflight.used == 400 and service.inflight.waiting() >= 2)
+            # The honest producer, from 127.0.0.2 too, with a 1 s client timeout.
+            for i in range(12):
+                with anyio.fail_after(1.0):
+                    async with await anyio.connect_tcp(
+                        s.host, s.port, local_host="127.0.0.2"
+                    ) as honest:
+                        await honest.send(
+                            b"POST /topics/honest HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                            b"Content-Length: 5\r\n\r\nhello"
+                        )
+                        answer = b""
+                        try:
+                            while True:
+                                answer += await honest.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            pass
+                assert parse_response(answer)[:1] == (200,), (i, answer)
+                await anyio.sleep(0.1)
+            tg.cancel_scope.cancel()
+        assert service.log.topics["honest"].count == 12
+        assert "a" not in service.log.topics  # no attacker ever completed a body
+        assert sum(cut_off.values()) >= 8  # each was cut off and came back
+        await until(lambda: service.inflight.used == 0)
+        assert service.inflight.clients == {}

@@ -15,7 +15,9 @@ small limits, and the attack comes over 16 keep-alive connections:
 The growth of VmRSS from the warmed-up server to the end must stay within the bound
 docs/longpoll.md states, ``Limits.memory_bound(connections)``: total retention, the
 topics' overhead, twice the bodies received at once, the parked polls' overhead,
-192 KiB per other open connection and a fixed 32 MiB.
+192 KiB plus the messages of one answer per other open connection, and a fixed 32 MiB.
+The last test here shows why the messages of an answer count: unread answers keep
+the messages retention dropped (issue 28).
 """
 
 from __future__ import annotations
@@ -266,4 +268,65 @@ def test_rss_of_answered_polls_stays_within_the_documented_bound(
         f"{backend}, {'expired' if expire else 'completed'}: {polls} polls of 1 MiB answers, "
         f"VmRSS grew by {growth / MiB:.1f} MiB; the bound is {bound / MiB:.1f} MiB"
     )
+    assert growth <= bound, (growth / MiB, bound / MiB)
+
+
+# Issue 28, finding 14: answers that keep messages retention dropped. Each client asks
+# for the 1 MiB message just published and never reads; retention (4 MiB a topic)
+# drops each message four publishes later, but its answer keeps it alive.
+PINNED = 150
+
+
+async def pinned_answers(pid: int, url: str) -> tuple[int, int]:
+    host, _, port_text = url.removeprefix("http://").rpartition(":")
+    port = int(port_text)
+    warm = [("/topics/warm", b"w" * 1000)] * (4 * CONNECTIONS)
+    assert await publish_all(host, port, warm) == {200: len(warm)}
+    before = rss(pid)
+    # Control characters: a 6 MiB answer once JSON escapes them, more than the
+    # kernel's socket buffers take in, so the answer is still being written.
+    body = b"\x01" * MiB
+    readers = []
+    try:
+        for offset in range(PINNED):
+            assert await publish_all(host, port, [("/topics/pin", body)]) == {200: 1}
+            readers.append(await unread_poll(host, port, f"/topics/pin?offset={offset}"))
+            # Answered (and being written) before the next publish drops its message;
+            # the server's counter says so, there is no event a client could await.
+            while get_json(f"{url}/stats")["immediate"] <= offset:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        stats = get_json(f"{url}/stats")
+        assert stats["evicted_messages"] >= PINNED - 4  # dropped, but still held
+        after = rss(pid)
+    finally:
+        for writer in readers:
+            writer.transport.abort()
+    return before, after
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_rss_of_unread_answers_of_dropped_messages_stays_within_the_bound(backend: str) -> None:
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in LIMITS.items()]
+    command = [sys.executable, str(EXAMPLE / "server.py"), "--port=0", f"--backend={backend}"]
+    process = subprocess.Popen(
+        [*command, *flags], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("listening on http://"), line
+        url = line.split()[-1]
+        before, after = asyncio.run(asyncio.wait_for(pinned_answers(process.pid, url), 120))
+    finally:
+        process.terminate()
+        process.wait(30)
+    bound = server.Limits(**LIMITS).memory_bound(connections=CONNECTIONS + PINNED)
+    growth = after - before
+    print(
+        f"{backend}: {PINNED} unread answers of dropped 1 MiB messages, VmRSS grew by "
+        f"{growth / MiB:.1f} MiB; the bound is {bound / MiB:.1f} MiB"
+    )
+    # Each unread answer held its message: the bound has to count them.
+    assert growth > PINNED * MiB * 3 // 4, growth / MiB
     assert growth <= bound, (growth / MiB, bound / MiB)

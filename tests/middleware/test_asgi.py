@@ -282,14 +282,18 @@ async def test_clients_that_keep_talking_or_opted_out_are_not_dropped(backend: s
             assert len(ports) == 1, "the idle middleware must not drop a talking client"
 
         async def trickled_body() -> None:
-            # Activity re-arms: a byte every T/2 for 2.5 T is slow but not idle.
+            # Activity re-arms: a piece every T/2 for 2.5 T is slow but not idle, and
+            # 200 bytes a piece is above the body deadline's minimum rate (500 B/s
+            # buys 0.4 s a piece), so the body deadline keeps moving too.
             async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-                await stream.send(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+                await stream.send(
+                    b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+                )
                 for byte in b"hello":
                     await anyio.sleep(T / 2)
-                    await stream.send(bytes([byte]))
+                    await stream.send(bytes([byte]) * 200)
                 answer = b""
-                while b"got 5" not in answer:
+                while b"got 1000" not in answer:
                     answer += await stream.receive()
             assert answer.startswith(b"HTTP/1.1 200 "), answer
 
@@ -451,7 +455,8 @@ async def test_client_reset_mid_request_leaves_no_pending_timer(backend: str) ->
     async with app_server(backend) as (port, timer):
         stream = await anyio.connect_tcp("127.0.0.1", port)
         await stream.send(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab")
-        await eventually(lambda: len(timer) == 1, within=5)  # it reached the middleware
+        # It reached the middleware: the request's idle timer and its body deadline.
+        await eventually(lambda: len(timer) == 2, within=5)
         sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         await stream.aclose()  # SO_LINGER 0: the close sends a RST

@@ -268,3 +268,129 @@ async def test_lifespan_owns_the_shared_timer() -> None:
     assert shutdown_sent.is_set()
     assert seen[0].closed
     assert await get_shared_timer() is not seen[0]  # later users get a lazy one
+
+
+class Trickle:
+    """A client that sends its body in ``chunk``-byte pieces every ``gap`` seconds."""
+
+    def __init__(self, timer: Timer, chunk: int, gap: float, pieces: int) -> None:
+        self.timer = timer
+        self.chunk = chunk
+        self.gap = gap
+        self.left = pieces
+        self.sent: list[tuple[float, Message]] = []
+
+    async def receive(self) -> Message:
+        await anyio.sleep(self.gap)
+        self.left -= 1
+        return {"type": "http.request", "body": b"b" * self.chunk, "more_body": self.left > 0}
+
+    async def send(self, message: Message) -> None:
+        self.sent.append((self.timer.time(), message))
+
+
+async def read_body_then_respond(scope: Any, receive: Any, send: Any) -> None:
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    await respond(send, str(size).encode())
+
+
+@pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
+async def test_a_trickled_body_gets_408_at_its_deadline(virtual: bool) -> None:
+    # Issue 28, finding 15 (slowhttptest -B): a piece every 0.4 T is activity, so the
+    # idle timeout never fires; the body deadline (body_timeout, default: timeout,
+    # plus a second per body_min_rate bytes) does.
+    async with Timer(tick=TICK) as timer:
+        client = Trickle(timer, chunk=1, gap=0.4 * T, pieces=1000)
+        start = timer.time()
+        await IdleTimeoutMiddleware(read_body_then_respond, timeout=T, timer=timer)(
+            {**http_scope(), "method": "POST"}, client.receive, client.send
+        )
+        assert len(timer) == 0
+    when, head = client.sent[0]
+    assert head["status"] == 408
+    assert (b"connection", b"close") in head["headers"]
+    # T, plus the 2 bytes that came before it at 500 bytes a second.
+    assert_at_deadline(when, start, virtual, T + 2 / 500)
+
+
+@pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
+async def test_a_steady_upload_outlives_the_body_timeout(virtual: bool) -> None:
+    # 10 T in all, but 1,000 bytes every 0.5 T is far above the minimum rate.
+    async with Timer(tick=TICK) as timer:
+        client = Trickle(timer, chunk=1000, gap=0.5 * T, pieces=20)
+        await IdleTimeoutMiddleware(
+            read_body_then_respond, timeout=T, timer=timer, body_min_rate=1000
+        )(http_scope(), client.receive, client.send)
+        assert len(timer) == 0
+    assert client.sent[0][1]["status"] == 200
+    assert client.sent[1][1]["body"] == b"20000"
+
+
+@pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
+async def test_body_timeout_settings(virtual: bool) -> None:
+    # No minimum rate: the whole body within body_timeout. None: no body deadline.
+    async with Timer(tick=TICK) as timer:
+        client = Trickle(timer, chunk=10_000, gap=0.5 * T, pieces=20)
+        start = timer.time()
+        await IdleTimeoutMiddleware(
+            read_body_then_respond, timeout=T, timer=timer, body_timeout=3 * T, body_min_rate=None
+        )(http_scope(), client.receive, client.send)
+        assert client.sent[0][1]["status"] == 408
+        assert_at_deadline(client.sent[0][0], start, virtual, 3 * T)
+        client = Trickle(timer, chunk=1, gap=0.5 * T, pieces=20)
+        await IdleTimeoutMiddleware(
+            read_body_then_respond, timeout=T, timer=timer, body_timeout=None
+        )(http_scope(), client.receive, client.send)
+        assert client.sent[0][1]["status"] == 200
+        # An endpoint that opts out of its idle timeout opts out of the body deadline.
+        client = Trickle(timer, chunk=1, gap=0.5 * T, pieces=20)
+
+        async def opted_out(scope: Any, receive: Any, send: Any) -> None:
+            set_idle_timeout(scope, None)
+            await read_body_then_respond(scope, receive, send)
+
+        await IdleTimeoutMiddleware(opted_out, timeout=T, timer=timer)(
+            http_scope(), client.receive, client.send
+        )
+        assert client.sent[0][1]["status"] == 200
+        assert len(timer) == 0
+    with pytest.raises(ValueError, match="body_timeout"):
+        IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_timeout=0)
+    with pytest.raises(TypeError, match="body_min_rate"):
+        IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_min_rate="fast")  # type: ignore[arg-type]
+
+
+async def test_stalled_response_behind_a_connection_is_aborted_quietly(virtual: bool) -> None:
+    # Issue 28, finding 19: a connection-level integration (uvicorn_protocol) puts the
+    # connection in the scope; the middleware drops it rather than raising (which the
+    # server logs with a traceback). A scope without it (another server, or an ASGI
+    # application called in-process) still gets IdleTimeoutError: see
+    # test_stalled_response_is_aborted.
+    from aiowheel.middleware._shared import CONNECTION_KEY
+
+    class Connection:
+        aborted: list[float] = []
+
+        async def abort_connection(self) -> None:
+            self.aborted.append(timer.time())
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"1", "more_body": True})
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        start = timer.time()
+        connection = Connection()
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            {**http_scope(), CONNECTION_KEY: connection}, peer.receive, peer.send
+        )
+        assert len(timer) == 0
+    assert len(connection.aborted) == 1
+    assert_at_deadline(connection.aborted[0], start, virtual)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -253,10 +254,21 @@ async def test_with_the_asgi_middleware_on_the_lifespan_timer() -> None:
     assert seen[0].closed  # closed by the lifespan, with the server
 
 
-async def test_client_that_stops_reading_is_dropped() -> None:
-    # The middleware (timeout 2 T) aborts the stalled response; uvicorn then tries a
-    # graceful close, which the unread output holds up, and the protocol (timeout T),
-    # which found the request in flight when it first expired, aborts that close.
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_client_that_stops_reading_is_dropped_in_one_timeout_and_one_line() -> None:
+    # Issue 28, finding 19: the middleware raised IdleTimeoutError, uvicorn logged a
+    # full traceback for it, then closed the connection gracefully, and that close
+    # waited for the peer to read until the protocol's own timer aborted it: two
+    # timeouts. Now the middleware aborts the connection through the protocol, at
+    # once, and logs one line.
     async def endless(request: Request) -> Response:
         async def chunks() -> AsyncIterator[bytes]:
             while True:
@@ -264,24 +276,36 @@ async def test_client_that_stops_reading_is_dropped() -> None:
 
         return StreamingResponse(chunks())
 
-    async with Timer(tick=TICK) as timer:
-        app = IdleTimeoutMiddleware(
-            Starlette(routes=[Route("/", endless)]), timeout=2 * T, timer=timer
-        )
-        async with serving(app, uvicorn_protocol(timeout=T, timer=timer)) as port:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=65536)
-            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            await reader.readuntil(b"\r\n\r\n")  # the response started; now stop reading
-            await eventually(lambda: len(timer) == 2, within=5)  # connection and request
-            fired = timer.stats().fired
-            # The connection's timer expires while the request is in flight (and looks
-            # again later), the request's after 2 T, the connection's once more at
-            # most T after that.
-            await eventually(lambda: len(timer) == 0, within=3 * T + 3 * TICK + SLACK)
-            assert timer.stats().fired >= fired + 3
-            data = await read_until_closed(reader)  # what was in flight, then the end
-            writer.close()
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "aiowheel.middleware")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        async with Timer(tick=TICK) as timer:
+            app = IdleTimeoutMiddleware(
+                Starlette(routes=[Route("/", endless)]), timeout=T, timer=timer
+            )
+            # The connection's timeout is long: only the middleware can explain a drop.
+            protocol = uvicorn_protocol(timeout=20 * T, timer=timer)
+            async with serving(app, protocol, log_level="warning") as port:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=65536)
+                writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                await reader.readuntil(b"\r\n\r\n")  # the response started; stop reading
+                start = anyio.current_time()  # at most T after this the sends stall
+                await eventually(lambda: len(timer) == 0, within=20 * T)
+                elapsed = anyio.current_time() - start
+                data = await read_until_closed(reader)  # what was in flight, then the end
+                writer.close()
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
     assert data.endswith(b"<reset>") or len(data) < 64 * 1024 * 1024
+    assert elapsed < 2 * T + TICK + SLACK / 2, elapsed  # one timeout, not two
+    lines = [(r.name, r.levelno, r.getMessage()) for r in records.records]
+    assert lines == [
+        ("aiowheel.middleware", logging.WARNING, f"aborted a response idle for more than {T} s")
+    ]
+    assert all(r.exc_info is None for r in records.records)
 
 
 @pytest.mark.parametrize(
@@ -320,3 +344,150 @@ def test_bases() -> None:
     assert custom.idle_timeout == 2.0  # type: ignore[attr-defined]
     assert custom.header_timeout == 1.0  # type: ignore[attr-defined]
     assert issubclass(uvicorn_protocol(timeout=1, base="h11"), H11Protocol)
+
+
+def _loop_factory(name: str) -> Any:
+    import uvloop
+
+    import aiowheel
+
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    if name == "uvloop":
+        return uvloop.new_event_loop
+    return lambda: aiowheel.new_event_loop(base=name.removeprefix("aiowheel-"))
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop", "aiowheel-asyncio", "aiowheel-uvloop"])
+def test_no_protocol_outlives_a_reset_connection(loop_name: str) -> None:
+    # Issue 28, finding 17: uvicorn's keep-alive handle was cancelled only when it was
+    # an asyncio.TimerHandle; uvloop's handles and the drop-in loop's LoopTimerHandle
+    # are not, so after a reset the handle (and through its callback the protocol)
+    # lived until timeout_keep_alive (30 s here). Plain asyncio is the control.
+    import gc
+    import weakref
+
+    alive: weakref.WeakSet[asyncio.Protocol] = weakref.WeakSet()
+    base = uvicorn_protocol(timeout=30, timer=None)
+
+    class Tracked(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            alive.add(self)
+            super().connection_made(transport)
+
+    async def main() -> None:
+        async with Timer(tick=TICK) as timer:
+            Tracked.idle_timer = timer
+            async with serving(APP, Tracked, timeout_keep_alive=30) as port:
+                writers = []
+                for _ in range(5):
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    assert (await reader.readuntil(b"ok ")).startswith(b"HTTP/1.1 200")
+                    writers.append(writer)
+                assert len(alive) == 5
+                for writer in writers:
+                    reset_on_close(writer)
+                    writer.close()
+                await eventually(lambda: len(timer) == 0, within=5)
+                # The server has seen every reset; nothing but a leaked handle refers
+                # to the protocols now.
+                await eventually(lambda: gc.collect() >= 0 and len(alive) == 0, within=5)
+
+    with asyncio.Runner(loop_factory=_loop_factory(loop_name)) as runner:
+        runner.run(main())
+
+
+WS_HANDSHAKE = (
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+# uvicorn's "websockets" implementation is the legacy one, deprecated by websockets.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The `websockets` implementation is deprecated")
+@pytest.mark.parametrize("ws", ["websockets", "websockets-sansio", "wsproto"])
+async def test_websocket_whose_peer_stops_reading_is_aborted(ws: str) -> None:
+    # Issue 28, finding 16: the middleware expired and cancelled the application,
+    # then its own websocket.close waited for the paused transport for ever. The
+    # close is now bounded by the timeout, and the connection aborted after it.
+    async def flood(websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            await websocket.send_bytes(b"x" * 65536)
+
+    records = _Records()
+    logger = logging.getLogger("aiowheel.middleware")
+    logger.addHandler(records)
+    ended = asyncio.Event()
+    try:
+        async with Timer(tick=TICK) as timer:
+            inner = IdleTimeoutMiddleware(
+                Starlette(routes=[WebSocketRoute("/ws", flood)]), timeout=T, timer=timer
+            )
+
+            async def app(scope: Any, receive: Any, send: Any) -> None:
+                try:
+                    await inner(scope, receive, send)
+                finally:
+                    if scope["type"] == "websocket":
+                        ended.set()
+
+            protocol = uvicorn_protocol(timeout=20 * T, timer=timer)
+            async with serving(app, protocol, ws=ws) as port:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=65536)
+                writer.write(WS_HANDSHAKE)
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+                start = anyio.current_time()  # we stop reading here
+                # The server's sends stall within a moment, then the middleware's
+                # timeout, then at most one more for the close frame.
+                with anyio.fail_after(3 * T + SLACK):
+                    await ended.wait()
+                elapsed = anyio.current_time() - start
+                data = await read_until_closed(reader)
+                writer.close()
+                await eventually(lambda: len(timer) == 0, within=2)
+    finally:
+        logger.removeHandler(records)
+    # (No lower bound: the server's sends may have stalled before we read the 101.)
+    assert elapsed < 3 * T + SLACK
+    # Aborted: what was in flight, then a reset (or the end), and no close frame
+    # after it can be read as a clean close; the server side is gone.
+    assert data.endswith(b"<reset>") or len(data) < 64 * 1024 * 1024
+    assert [r.getMessage() for r in records.records if r.levelno >= logging.WARNING] == [
+        f"aborted a websocket whose close was not taken within {T} s"
+    ]
+
+
+async def test_trickled_body_is_cut_off_end_to_end() -> None:
+    # Issue 28, finding 15, as slowhttptest -B sends it: a chunked body, one small
+    # chunk every T/2 (activity each time), against a server that reads its body.
+    async def upload(request: Request) -> Response:
+        return PlainTextResponse(f"got {len(await request.body())}")
+
+    async with Timer(tick=TICK) as timer:
+        app = IdleTimeoutMiddleware(
+            Starlette(routes=[Route("/", upload, methods=["POST"])]), timeout=T, timer=timer
+        )
+        async with serving(app, uvicorn_protocol(timeout=T, timer=timer)) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+            start = anyio.current_time()  # before the first chunk: precedes the deadline
+
+            async def trickle() -> None:
+                for _ in range(40):  # 20 T of it, if nothing cuts it off
+                    writer.write(b"1\r\nx\r\n")
+                    await asyncio.sleep(T / 2)
+
+            trickler = asyncio.create_task(trickle())
+            with anyio.fail_after(10):
+                # The head first: the trickler's next chunk after the server closed
+                # draws a reset, which would hide what was read before it.
+                head = await reader.readuntil(b"\r\n\r\n")
+            await read_until_closed(reader)
+            elapsed = anyio.current_time() - start
+            trickler.cancel()
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 408 ")
+    assert_idle_window(elapsed, T)
