@@ -43,6 +43,7 @@ import asyncio.format_helpers as _format_helpers
 import math
 import sys
 import time
+from _thread import get_ident as _get_ident
 from collections.abc import Callable, Coroutine
 from contextvars import Context
 from types import FrameType, MethodType
@@ -72,7 +73,7 @@ def _guard_internals() -> None:
     for name in ("_format_callback_source", "extract_stack"):
         if not hasattr(_format_helpers, name):
             raise ImportError(f"aiowheel's loop: asyncio.format_helpers lost {name}")
-    for name in ("_check_thread", "_check_callback", "_check_closed"):
+    for name in ("_check_thread", "_check_callback", "_check_closed", "_check_running"):
         if not hasattr(asyncio.BaseEventLoop, name):
             raise ImportError(f"aiowheel's loop: asyncio.BaseEventLoop lost {name}")
 
@@ -166,9 +167,9 @@ class _WheelLoop:
             raise RuntimeError("Event loop is closed")
         engine = self._engine
         if loop.get_debug():
-            check_thread = getattr(loop, "_check_thread", None)
-            if check_thread is not None:
-                check_thread()
+            # Before filing: a foreign thread's call is refused as the base loop refuses
+            # it, and nothing is filed (issue 28, finding 4).
+            self._check_loop_thread()
             check_callback = getattr(loop, "_check_callback", None)
             if check_callback is not None:
                 check_callback(callback, "call_at")
@@ -192,12 +193,26 @@ class _WheelLoop:
             loop: Any = self
             engine.loop_debug = bool(loop.get_debug())
 
+    def _check_loop_thread(self) -> None:
+        """Debug mode's thread check, as the base loop's ``_check_thread``: a call
+        from a thread other than the one running the loop raises ``RuntimeError``."""
+        raise NotImplementedError  # each base's class
+
     # -- lifecycle ----------------------------------------------------------------------
 
+    def _check_can_run(self) -> None:
+        """The base loop's own refusals of ``run_forever`` (closed, already running,
+        another loop running in this thread), made before ``_bind_timer`` changes
+        anything: a refused call must leave ``loop.timer`` with the thread that runs
+        the loop (issue 28, finding 7)."""
+        raise NotImplementedError  # each base's class
+
     def _bind_timer(self) -> None:
-        # run_forever: loop.timer belongs to the thread that runs the loop.
-        self.timer._bind_thread()
+        # run_forever, once the base loop's checks passed (_check_can_run): loop.timer
+        # belongs to the thread that runs the loop. The clock first: a refusal there
+        # must not move the timer either.
         self._follow_clock()
+        self.timer._bind_thread()
 
     def _follow_clock(self) -> None:
         # A patch that swaps the loop's class after the loop was made (looptime's
@@ -270,7 +285,18 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     ) -> asyncio.TimerHandle:
         return asyncio.SelectorEventLoop.call_at(self, when, callback, *args, context=context)
 
+    def _check_loop_thread(self) -> None:
+        base: Any = asyncio.SelectorEventLoop
+        base._check_thread(self)  # private, checked at import (_guard_internals)
+
+    def _check_can_run(self) -> None:
+        # run_forever's own checks (BaseEventLoop._check_closed, _check_running).
+        base: Any = asyncio.SelectorEventLoop
+        base._check_closed(self)
+        base._check_running(self)
+
     def run_forever(self) -> None:
+        self._check_can_run()
         self._bind_timer()
         asyncio.SelectorEventLoop.run_forever(self)
 
@@ -307,12 +333,38 @@ def _uvloop_loop_class() -> type[Any]:
                 context: Context | None = None,
             ) -> asyncio.TimerHandle:
                 # uvloop's call_at goes through self.call_later (our override): call
-                # the base class's call_later directly, with its delay.
+                # the base class's call_later directly, with the delay uvloop's own
+                # call_at computes. Unclamped: uvloop makes a negative delay 0 and
+                # refuses NaN with ValueError itself (max(0.0, nan) would be 0.0: a
+                # NaN timer firing at once, issue 28, finding 10).
                 return uvloop.Loop.call_later(
-                    self, max(0.0, when - self.time()), callback, *args, context=context
+                    self, when - self.time(), callback, *args, context=context
                 )
 
+            def _check_loop_thread(self) -> None:
+                # uvloop's _check_thread is not reachable from Python, and its
+                # _thread_id is not readable: the running loop's thread is the one
+                # run_forever bound loop.timer to (_bind_timer).
+                if self.is_running() and _get_ident() != self._engine.affinity.thread:
+                    raise RuntimeError(
+                        "Non-thread-safe operation invoked on an event loop other "
+                        "than the current one"
+                    )
+
+            def _check_can_run(self) -> None:
+                # uvloop.Loop.run_forever's own checks, with its messages (its
+                # _check_closed is not reachable from Python).
+                if self.is_closed():
+                    raise RuntimeError("Event loop is closed")
+                if self.is_running():
+                    raise RuntimeError("this event loop is already running.")
+                if asyncio._get_running_loop() is not None:
+                    raise RuntimeError(
+                        "Cannot run the event loop while another loop is running"
+                    )
+
             def run_forever(self) -> None:
+                self._check_can_run()
                 self._bind_timer()
                 uvloop.Loop.run_forever(self)
 

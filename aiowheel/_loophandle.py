@@ -106,12 +106,27 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         args = self._args
         if args is None:
             return
-        if self._engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
+        engine = self._engine
+        if engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
             # As Handle.cancel: keep the callback in the repr of a cancelled handle.
             cached = self._format(True)
             if self._args is None:
                 return  # the repr's user code cancelled it meanwhile
             self._repr = cached
+            if engine.loop_foreign():
+                # From a thread other than the running loop's (debug mode tells them
+                # apart; the base loops' cancel() never raises there, issue 28,
+                # finding 6): cancelled now, as asyncio's Handle.cancel is; the wheel
+                # belongs to the loop's thread, so the unlink and its counts are done
+                # there. A pass that meets the handle first skips it (cancelled).
+                callback = self._callback
+                self._args = None
+                self._callback = None
+                if self._bucket is not None:
+                    engine.unlink_soon(self)
+                release(callback)
+                release(args)
+                return
         callback = self._callback
         self._args = None
         self._callback = None

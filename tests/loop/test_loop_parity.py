@@ -1,0 +1,233 @@
+"""The drop-in loop behaves as the base loop it wraps (issue 28, findings 4-12).
+
+Each test runs on both bases; where a plain loop is the reference, it runs on the
+plain loop too (asyncio's default loop, ``uvloop.Loop``) and the two are compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import uvloop
+
+import aiowheel
+from aiowheel.middleware import get_shared_timer
+
+BASES = ["asyncio", "uvloop"]
+
+
+def wheel_loop(base: str) -> asyncio.AbstractEventLoop:
+    return aiowheel.new_event_loop(base=base)
+
+
+def plain_loop(base: str) -> asyncio.AbstractEventLoop:
+    return uvloop.new_event_loop() if base == "uvloop" else asyncio.new_event_loop()
+
+
+def run_in(loop: asyncio.AbstractEventLoop, main: Callable[[], Any]) -> Any:
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def in_thread(fn: Callable[[], Any]) -> list[BaseException]:
+    """Run ``fn`` in another thread (the loop's is blocked meanwhile: nothing of the
+    loop runs concurrently); what it raised."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    return raised
+
+
+# -- finding 4: debug mode's thread check, and an arming that fails ----------------------
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_call_later_from_another_thread_is_refused_before_filing(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        loop.set_debug(True)
+        # The earliest timer: filing it would arm the base loop, which refuses the
+        # foreign thread (uvloop) after the wheel held it.
+        raised = in_thread(lambda: loop.call_later(0.001, print))
+        assert len(raised) == 1
+        assert isinstance(raised[0], RuntimeError)
+        assert "thread" in str(raised[0]) or "other than the current one" in str(raised[0])
+        assert len(loop.timer) == 0
+        assert loop._engine.wake_at == math.inf  # nothing armed, and none believed in
+        # Later timers fire (the hang of finding 4: wait_for never returned).
+        assert await asyncio.wait_for(asyncio.sleep(0.005, "ok"), 2.0) == "ok"
+
+    run_in(wheel_loop(base), main)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_an_arming_that_fails_changes_nothing(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        engine = loop._engine
+        driver = engine.driver
+        real = driver._call_at
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("refused by the base loop")
+
+        later = loop.call_later(10, print)  # armed for it
+        armed_at = engine.wake_at
+        armed = driver._handle
+        driver._call_at = refuse
+        with pytest.raises(RuntimeError, match="refused"):
+            loop.call_later(0.001, print)  # earlier: arms, and the base loop refuses
+        driver._call_at = real
+        assert engine.wake_at == armed_at  # the engine believes in what is armed
+        assert driver._handle is armed
+        assert not armed.cancelled()
+        assert len(loop.timer) == 1  # the refused timer is not left on the wheel
+        assert engine.scheduled == 1
+        # The next filing arms again, and fires.
+        assert await asyncio.wait_for(asyncio.sleep(0.005, "ok"), 2.0) == "ok"
+        later.cancel()
+        engine.check()
+
+    run_in(wheel_loop(base), main)
+
+
+# -- finding 6: a cancel from another thread in debug mode -------------------------------
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_cancel_from_another_thread_cancels_without_raising(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        loop.set_debug(True)
+        fired: list[str] = []
+        first = loop.call_later(0.05, fired.append, "first")  # the armed bucket
+        assert in_thread(first.cancel) == []  # as the plain loops: no exception
+        assert first.cancelled()
+        assert "cancelled" in repr(first)
+        # Timers keep firing, and re-checks are not latched: a cancel in the loop's
+        # thread that empties the armed bucket re-arms for the next one.
+        second = loop.call_later(0.002, fired.append, "second")
+        loop.call_later(0.004, fired.append, "third")
+        second.cancel()
+        await asyncio.sleep(0.01)
+        assert fired == ["third"]
+        assert loop._engine.driver._recheck is None
+        assert len(loop.timer) == 0  # the cross-thread cancel's unlink ran in the loop
+        engine = loop._engine
+        assert engine.cancelled == 2
+        assert engine.fired >= 1
+        engine.check()
+        # A cross-thread cancel the pass meets first: skipped, counted cancelled.
+        fourth = loop.call_later(0.001, fired.append, "fourth")
+        in_thread(fourth.cancel)
+        await asyncio.sleep(0.005)
+        assert fired == ["third"]
+        engine.check()
+
+    run_in(wheel_loop(base), main)
+
+
+# -- finding 7: run_forever from another thread ------------------------------------------
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_run_forever_from_another_thread_moves_nothing(base: str) -> None:
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        raised = in_thread(loop.run_forever)
+        assert len(raised) == 1
+        assert isinstance(raised[0], RuntimeError)
+        assert "running" in str(raised[0])
+        # loop.timer still belongs to this thread, and the middleware's use of it.
+        fired = loop.create_future()
+        loop.timer.schedule_nowait(0.001, fired.set_result, "fired")
+        assert await fired == "fired"
+        assert await get_shared_timer() is loop.timer
+        handle = (await get_shared_timer()).schedule_nowait(10, print)
+        handle.cancel()
+
+    run_in(wheel_loop(base), main)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_refused_run_forever_on_a_closed_loop_leaves_the_timer(base: str) -> None:
+    loop: Any = wheel_loop(base)
+    thread = loop.timer._loop_thread
+    loop.close()
+    assert in_thread(loop.run_forever) != []
+    assert loop.timer._loop_thread == thread
+
+
+# -- finding 10: NaN, infinities and huge values, against the plain loops -----------------
+
+
+def _outcome(call: Callable[[], Any]) -> str:
+    try:
+        handle = call()
+    except (ValueError, OverflowError, TypeError) as exc:
+        return type(exc).__name__
+    handle.cancel()
+    return "accepted"
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize(
+    "value", [math.nan, math.inf, -math.inf, 1e300, -1e300, 1e18, -1e18, 2**70]
+)
+def test_extreme_times_are_taken_as_the_base_loop_takes_them(base: str, value: float) -> None:
+    outcomes: dict[str, list[str]] = {}
+    for name, make in (("plain", plain_loop), ("wheel", wheel_loop)):
+        loop = make(base)
+        try:
+            outcomes[name] = [
+                _outcome(lambda: loop.call_later(value, print)),  # noqa: B023 - called here
+                _outcome(lambda: loop.call_at(value, print)),  # noqa: B023
+            ]
+        finally:
+            loop.close()
+    assert outcomes["wheel"] == outcomes["plain"]
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 1e300, -1e300])
+def test_sleep_of_extreme_values_as_on_the_base_loop(base: str, value: float) -> None:
+    # What asyncio.sleep(value) does within 50 ms: raise, return, or still sleep.
+    async def main() -> str:
+        try:
+            await asyncio.wait_for(asyncio.sleep(value), 0.05)
+        except TimeoutError:
+            return "still sleeping"
+        except ValueError:
+            return "ValueError"
+        return "returned"
+
+    assert run_in(wheel_loop(base), main) == run_in(plain_loop(base), main)
+
+
+def test_nan_on_the_uvloop_base_raises_at_the_call() -> None:
+    loop = wheel_loop("uvloop")
+    try:
+        for call in (
+            lambda: loop.call_later(math.nan, print),
+            lambda: loop.call_at(math.nan, print),
+        ):
+            with pytest.raises(ValueError, match="NaN"):
+                call()
+        assert len(loop.timer) == 0  # type: ignore[attr-defined]
+    finally:
+        loop.close()
