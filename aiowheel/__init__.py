@@ -16,7 +16,7 @@ COMPILED: bool = _select_core(__name__, _Path(__file__).parent)
 
 from ._exceptions import TimerCancelled, TimerClosed, TimerError, TimerFull
 from ._handle import PeriodicHandle, TimerHandle
-from ._loop import EventLoopPolicy, new_event_loop, new_uvloop_event_loop, run
+from ._loop import EventLoopPolicy, loop_base, new_event_loop, new_uvloop_event_loop, run
 from ._timeout import Timeout
 from ._timer import Timer, TimerStats
 from .purgatory import DelayedOperation, Purgatory
@@ -40,6 +40,7 @@ __all__ = [
     "TimerStats",
     "TraceRecorder",
     "__version__",
+    "loop_base",
     "new_event_loop",
     "new_uvloop_event_loop",
     "run",

@@ -87,6 +87,11 @@ def backend_name() -> str:
     except RuntimeError:
         pass
     else:
+        # aiowheel's drop-in loop says which base it wraps (aiowheel/_loop.py,
+        # loop_base): its class lives in aiowheel, not in uvloop's module.
+        base = getattr(type(loop), "_aiowheel_base", None)
+        if isinstance(base, str):
+            return base
         return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
     trio = sys.modules.get("trio")
     if trio is not None:

@@ -52,13 +52,20 @@ from typing import Any, TypeVar
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
 from ._engine import Engine
-from ._loophandle import LoopCalls, LoopTimerHandle, when_of
+from ._loophandle import IntWhenHandle, LoopCalls, LoopTimerHandle, when_of
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
 from ._wheel import Wheel
 
-__all__ = ["EventLoopPolicy", "loop_timer", "new_event_loop", "new_uvloop_event_loop", "run"]
+__all__ = [
+    "EventLoopPolicy",
+    "loop_base",
+    "loop_timer",
+    "new_event_loop",
+    "new_uvloop_event_loop",
+    "run",
+]
 
 _T = TypeVar("_T")
 _INF = math.inf
@@ -158,11 +165,14 @@ class _WheelLoop:
         if when is None:
             raise TypeError("when cannot be None")
         loop: Any = self
+        given = when
         when = when_of(when)
         if not _isfinite(when):
             # NaN or an infinity: exactly what the base loop does with it (the wheel
             # accepts finite deadlines only, so it never sees one).
             return self._base_call_at(when, callback, *args, context=context)
+        # An int time is kept as given, as asyncio keeps it (IntWhenHandle).
+        make = IntWhenHandle if type(given) is int and when == given else LoopTimerHandle
         if loop.is_closed():
             raise RuntimeError("Event loop is closed")
         engine = self._engine
@@ -173,12 +183,12 @@ class _WheelLoop:
             check_callback = getattr(loop, "_check_callback", None)
             if check_callback is not None:
                 check_callback(callback, "call_at")
-            handle: LoopTimerHandle[Any] = LoopTimerHandle(when, callback, args, engine, context)
+            handle: LoopTimerHandle[Any] = make(when, callback, args, engine, context)
             # From the caller of call_at, as the base loop's (Handle.__init__ drops
             # its own frames and call_at's).
             handle._source_traceback = _format_helpers.extract_stack(_caller(sys._getframe(1)))
         else:
-            handle = LoopTimerHandle(when, callback, args, engine, context)
+            handle = make(when, callback, args, engine, context)
         engine.file_loop(handle, when)
         return handle
 
@@ -253,6 +263,16 @@ def _caller(frame: FrameType) -> FrameType | None:
     return found
 
 
+def loop_base(loop: object) -> str | None:
+    """``"asyncio"`` or ``"uvloop"``: the base of aiowheel's drop-in loop ``loop``;
+    ``None`` for any other loop. The drop-in loop's class is a subclass of the base
+    loop's (``isinstance(loop, uvloop.Loop)`` holds) but lives in this module, so a
+    check of ``type(loop).__module__`` does not see uvloop: ask this instead
+    (docs/loop.md, "Which base")."""
+    base = getattr(type(loop), "_aiowheel_base", None)
+    return base if isinstance(loop, _WheelLoop) and isinstance(base, str) else None
+
+
 def loop_timer(loop: object) -> Timer | None:
     """``loop.timer`` when ``loop`` is aiowheel's drop-in loop and it is open, else None:
     what aiowheel's own integrations (the idle-timeout middleware's shared timer) use
@@ -271,6 +291,8 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     # reads it (call_later, asyncio.timeout, each loop iteration); a subclass's or
     # looptime's own time() still wins, as any override does.
     time = time.monotonic
+    # What loop_base() answers; also read by aiowheel/_driver.py's backend_name().
+    _aiowheel_base = "asyncio"
 
     def __init__(self, tick: float) -> None:
         asyncio.SelectorEventLoop.__init__(self)
@@ -321,6 +343,8 @@ def _uvloop_loop_class() -> type[Any]:
             ) from exc
 
         class _UvloopWheelLoop(_WheelLoop, uvloop.Loop):  # type: ignore[misc]
+            _aiowheel_base = "uvloop"  # loop_base()
+
             def __init__(self, tick: float) -> None:
                 uvloop.Loop.__init__(self)
                 self._init_timer("uvloop", tick, 1e3)  # uvloop's clock: whole ms
@@ -359,9 +383,7 @@ def _uvloop_loop_class() -> type[Any]:
                 if self.is_running():
                     raise RuntimeError("this event loop is already running.")
                 if asyncio._get_running_loop() is not None:
-                    raise RuntimeError(
-                        "Cannot run the event loop while another loop is running"
-                    )
+                    raise RuntimeError("Cannot run the event loop while another loop is running")
 
             def run_forever(self) -> None:
                 self._check_can_run()

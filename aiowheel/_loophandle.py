@@ -36,7 +36,7 @@ from ._wheel import WheelEntry
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["LoopCalls", "LoopTimerHandle", "call_at", "call_later", "when_of"]
+__all__ = ["IntWhenHandle", "LoopCalls", "LoopTimerHandle", "call_at", "call_later", "when_of"]
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
@@ -230,7 +230,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         info = ["TimerHandle"]
         if cancelled:
             info.append("cancelled")
-        info.append(f"when={self._deadline}")
+        info.append(f"when={self.when()}")  # an int as given (IntWhenHandle)
         callback = self._callback
         if callback is not None:
             info.append(_format_callback_source(callback, self._args or ()))
@@ -239,6 +239,23 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
             frame = trace[-1]
             info.append(f"created at {frame[0]}:{frame[1]}")
         return "<{}>".format(" ".join(info))
+
+
+class IntWhenHandle(LoopTimerHandle[T]):
+    """A ``LoopTimerHandle`` for a ``call_at`` given an ``int`` time: ``when()`` (and
+    ``_when``) give that int back, as ``asyncio.TimerHandle`` keeps ``when`` as
+    passed (aiohttp's timeouts pass ``math.ceil(...)`` and their tests check the
+    type). The wheel files the float; the class says it was an int, so a handle costs
+    no slot more (docs/loop.md, "Memory"). Only for ints a float holds exactly."""
+
+    __slots__ = ()
+
+    def when(self) -> Any:  # an int (a float annotation would make mypyc box a float)
+        return int(self._deadline)
+
+    @property
+    def _when(self) -> Any:
+        return int(self._deadline)
 
 
 def _when_of(other: object) -> float:
@@ -295,7 +312,10 @@ def call_at(
         raise TypeError("when cannot be None")
     if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
         return calls.debug_call_at(when, callback, *args, context=context)
-    return _file(calls, when if type(when) is float else when_of(when), callback, args, context)
+    if type(when) is float:
+        return _file(calls, when, callback, args, context, False)
+    number = when_of(when)
+    return _file(calls, number, callback, args, context, type(when) is int and number == when)
 
 
 def when_of(when: Any) -> float:
@@ -320,7 +340,7 @@ def call_later(
         raise TypeError("delay must not be None")
     if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
         return calls.debug_call_later(delay, callback, *args, context=context)
-    return _file(calls, float(calls.loop.time() + delay), callback, args, context)
+    return _file(calls, float(calls.loop.time() + delay), callback, args, context, False)
 
 
 def _file(
@@ -329,6 +349,7 @@ def _file(
     callback: Callable[..., object],
     args: tuple[Any, ...],
     context: Context | None,
+    given_int: bool,
 ) -> Any:
     # The loop's call_at past its argument checks (the Python one in _loop.py is the
     # same rule, for debug mode).
@@ -341,6 +362,10 @@ def _file(
         # loop.close() closes the engine first (an engine closed on its own, after an
         # internal error, raises its own error in file_loop).
         raise RuntimeError("Event loop is closed")
-    handle: LoopTimerHandle[Any] = LoopTimerHandle(when, callback, args, engine, context)
+    handle: LoopTimerHandle[Any]
+    if given_int:
+        handle = IntWhenHandle(when, callback, args, engine, context)
+    else:
+        handle = LoopTimerHandle(when, callback, args, engine, context)
     engine.file_loop(handle, when)
     return handle

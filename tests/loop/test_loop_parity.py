@@ -231,3 +231,53 @@ def test_nan_on_the_uvloop_base_raises_at_the_call() -> None:
         assert len(loop.timer) == 0  # type: ignore[attr-defined]
     finally:
         loop.close()
+
+
+# -- finding 12: an int time, and which base a loop wraps ---------------------------------
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("debug", [False, True])
+def test_call_at_keeps_an_int_time_as_asyncio_does(base: str, debug: bool) -> None:
+    reference = asyncio.new_event_loop()  # uvloop's handles give their own when()
+    loop: Any = wheel_loop(base)
+    try:
+        loop.set_debug(debug)
+        for when in (5, 2**60, 2**70, 5.0, 5.5, True):
+            theirs = reference.call_at(when, print)
+            ours = loop.call_at(when, print)
+            assert ours.when() == theirs.when()
+            if type(when) is not bool:  # asyncio keeps a bool as given; we give a float
+                assert type(ours.when()) is type(theirs.when())
+                assert type(ours._when) is type(theirs._when)
+                assert repr(ours).split()[1] == repr(theirs).split()[1]  # when=5, when=5.5
+            theirs.cancel()
+            ours.cancel()
+        # An int too big for a float to hold exactly: a float, as close as one gets.
+        odd = loop.call_at(2**60 + 1, print)
+        assert odd.when() == float(2**60 + 1)
+        odd.cancel()
+    finally:
+        reference.close()
+        loop.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_loop_base_tells_the_base(base: str) -> None:
+    from aiowheel._driver import backend_name
+
+    loop = wheel_loop(base)
+    plain = plain_loop(base)
+    try:
+        assert aiowheel.loop_base(loop) == base
+        assert aiowheel.loop_base(plain) is None
+        assert aiowheel.loop_base(object()) is None
+        assert isinstance(loop, type(plain))  # a subclass of the base loop's class
+        assert loop.run_until_complete(_async(backend_name)) == base
+    finally:
+        loop.close()
+        plain.close()
+
+
+async def _async(fn: Callable[[], Any]) -> Any:
+    return fn()
