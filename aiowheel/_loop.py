@@ -108,7 +108,7 @@ class _LoopBackend(AsyncioBackend):
         # loop.timer's driver: one base-loop timer entry, armed through the base
         # class's call_at (the override would file the wake-up on the wheel it wakes);
         # the loop need not be running yet.
-        return AsyncioDriver(on_wakeup, loop, self._grid, loop._base_call_at)
+        return AsyncioDriver(on_wakeup, loop, self._grid, loop._base_call_at, loop._wake_soon)
 
 
 class _WheelLoop:
@@ -136,6 +136,7 @@ class _WheelLoop:
                 MethodType(_WheelLoop.call_at, self),
                 MethodType(_WheelLoop.call_later, self),
                 self._base_call_at,
+                self._due_call_soon(),
             )
             self.call_at = MethodType(compiled_call_at, calls)  # type: ignore[method-assign]
             self.call_later = MethodType(compiled_call_later, calls)  # type: ignore[method-assign]
@@ -189,8 +190,23 @@ class _WheelLoop:
             handle._source_traceback = _format_helpers.extract_stack(_caller(sys._getframe(1)))
         else:
             handle = make(when, callback, args, engine, context)
+        call_soon = self._due_call_soon()
+        if call_soon is not None and when <= loop.time():
+            call_soon(handle._run)  # uvloop's rule for a due timer (_loophandle._soon)
+            return handle
         engine.file_loop(handle, when)
         return handle
+
+    def _due_call_soon(self) -> Callable[..., Any] | None:
+        """Where a timer due now goes instead of the wheel: uvloop's ``call_soon``
+        on the uvloop base (uvloop runs a due timer as a call_soon);
+        None on the asyncio base (a due timer joins the next iteration, after what is
+        queued: the wheel's wake-up for "now" is a heap entry, ``_wake_soon``)."""
+        return None
+
+    def _wake_soon(self, callback: Callable[[], None]) -> Any:
+        """The driver's wake-up for "now" (``AsyncioDriver.arm(-inf)``)."""
+        raise NotImplementedError  # each base's class
 
     def set_debug(self, enabled: bool) -> None:
         base: Any = super()
@@ -307,6 +323,14 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     ) -> asyncio.TimerHandle:
         return asyncio.SelectorEventLoop.call_at(self, when, callback, *args, context=context)
 
+    def _wake_soon(self, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        # A heap entry at now, not call_soon: asyncio moves a due timer to the ready
+        # queue at the next iteration, after the callbacks already queued, and so
+        # must the wheel's pass that runs it (issue 28, finding 5: `call_later(0, B);
+        # call_soon(A); call_later(0, C)` ran B C A, asyncio runs A B C).
+        loop: Any = self  # (mypy takes the class's time = time.monotonic for a method)
+        return asyncio.SelectorEventLoop.call_at(self, loop.time(), callback)
+
     def _check_loop_thread(self) -> None:
         base: Any = asyncio.SelectorEventLoop
         base._check_thread(self)  # private, checked at import (_guard_internals)
@@ -364,6 +388,12 @@ def _uvloop_loop_class() -> type[Any]:
                 return uvloop.Loop.call_later(
                     self, when - self.time(), callback, *args, context=context
                 )
+
+            def _due_call_soon(self) -> Callable[..., Any] | None:
+                return MethodType(uvloop.Loop.call_soon, self)
+
+            def _wake_soon(self, callback: Callable[[], None]) -> Any:
+                return uvloop.Loop.call_soon(self, callback)
 
             def _check_loop_thread(self) -> None:
                 # uvloop's _check_thread is not reachable from Python, and its

@@ -83,8 +83,10 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
 
     # -- asyncio.TimerHandle's contract ---------------------------------------------------
 
-    def when(self) -> float:
-        """The absolute time, on the loop's clock, the callback is scheduled for."""
+    def when(self) -> Any:
+        """The absolute time, on the loop's clock, the callback is scheduled for.
+        (``Any``, not ``float``: compiled, a float result would make every caller,
+        ``_format`` included, box IntWhenHandle's int into a float.)"""
         return self._deadline
 
     def get_context(self) -> Context:
@@ -144,7 +146,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         return self._engine.loop
 
     @property
-    def _when(self) -> float:
+    def _when(self) -> Any:
         return self._deadline
 
     @property
@@ -250,7 +252,7 @@ class IntWhenHandle(LoopTimerHandle[T]):
 
     __slots__ = ()
 
-    def when(self) -> Any:  # an int (a float annotation would make mypyc box a float)
+    def when(self) -> Any:
         return int(self._deadline)
 
     @property
@@ -289,6 +291,7 @@ class LoopCalls:
         debug_call_at: Callable[..., Any],
         debug_call_later: Callable[..., Any],
         base_call_at: Callable[..., Any],
+        base_call_soon: Callable[..., Any] | None,
     ) -> None:
         self.loop = loop
         self.engine = engine
@@ -298,6 +301,12 @@ class LoopCalls:
         self.debug_call_later = debug_call_later
         # The base loop's call_at, for NaN and infinite times (as the base loop does).
         self.base_call_at = base_call_at
+        # uvloop's rule for a timer due now (a delay of 0 or less): its
+        # call_soon, at the call, in call order with the other call_soon callbacks
+        # (issue 28, finding 5). None on the asyncio base, where a due timer waits for
+        # the next iteration as asyncio's do (the wheel's wake-up is then on the heap).
+        self.base_call_soon = base_call_soon
+        self.soon_if_due = base_call_soon is not None
 
 
 def call_at(
@@ -313,9 +322,19 @@ def call_at(
     if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
         return calls.debug_call_at(when, callback, *args, context=context)
     if type(when) is float:
-        return _file(calls, when, callback, args, context, False)
-    number = when_of(when)
-    return _file(calls, number, callback, args, context, type(when) is int and number == when)
+        number = when
+        given_int = False
+    else:
+        number = when_of(when)
+        given_int = type(when) is int and number == when
+    # uvloop's call_at: its call_later of when - time(), which runs a timer due now as
+    # a call_soon. (uvloop also runs one up to half a millisecond ahead at once, as it
+    # rounds to whole ones: that one stays on the wheel, never early, docs/loop.md.)
+    # Not NaN or an infinity (finite: number - number == 0), which go to the base loop
+    # unchanged (_file).
+    if calls.soon_if_due and number - number == 0.0 and number <= calls.engine.clock():
+        return _soon(calls, number, callback, args, context, given_int)
+    return _file(calls, number, callback, args, context, given_int)
 
 
 def when_of(when: Any) -> float:
@@ -340,7 +359,36 @@ def call_later(
         raise TypeError("delay must not be None")
     if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
         return calls.debug_call_later(delay, callback, *args, context=context)
-    return _file(calls, float(calls.loop.time() + delay), callback, args, context, False)
+    when = float(calls.loop.time() + delay)
+    if calls.soon_if_due and delay <= 0 and when - when == 0.0:  # due: see call_at
+        return _soon(calls, when, callback, args, context, False)
+    return _file(calls, when, callback, args, context, False)
+
+
+def _soon(
+    calls: LoopCalls,
+    when: float,
+    callback: Callable[..., object],
+    args: tuple[Any, ...],
+    context: Context | None,
+    given_int: bool,
+) -> Any:
+    # A timer due now on the uvloop base: uvloop's call_soon runs it (the handle's
+    # _run: Handle._run's rules), as uvloop runs its own due timers; the wheel never
+    # holds it, so len(loop.timer) does not count it. cancel() marks it cancelled,
+    # and its _run then does nothing.
+    if calls.loop.is_closed():
+        raise RuntimeError("Event loop is closed")  # uvloop's call_soon does not check
+    engine = calls.engine
+    handle: LoopTimerHandle[Any]
+    if given_int:
+        handle = IntWhenHandle(when, callback, args, engine, context)
+    else:
+        handle = LoopTimerHandle(when, callback, args, engine, context)
+    base_call_soon = calls.base_call_soon
+    assert base_call_soon is not None
+    base_call_soon(handle._run)
+    return handle
 
 
 def _file(

@@ -281,3 +281,74 @@ def test_loop_base_tells_the_base(base: str) -> None:
 
 async def _async(fn: Callable[[], Any]) -> Any:
     return fn()
+
+
+# -- finding 5: a timer already due does not jump the callbacks queued before it ----------
+
+# The delays: past, zero, small, and one a few milliseconds out. (uvloop runs a delay
+# below half a millisecond at once, early; the drop-in loop never fires early, so it
+# differs there: test_uvloop_runs_a_tiny_delay_early_the_drop_in_loop_does_not.)
+DELAYS = [-1.0, 0.0, 0.001, 0.003]
+
+
+def _order(loop: asyncio.AbstractEventLoop, program: list[tuple[str, float]]) -> list[str]:
+    """Run ``program`` (("soon", 0) or ("later", delay) steps) from one callback, and
+    return the order the callbacks ran in."""
+    ran: list[str] = []
+
+    async def main() -> list[str]:
+        done = loop.create_future()
+        remaining = [len(program)]
+
+        def record(name: str) -> None:
+            ran.append(name)
+            remaining[0] -= 1
+            if not remaining[0]:
+                done.set_result(None)
+
+        def start() -> None:
+            for i, (kind, delay) in enumerate(program):
+                name = f"{kind}{i}"
+                if kind == "soon":
+                    loop.call_soon(record, name)
+                else:
+                    loop.call_later(delay, record, name)
+
+        loop.call_soon(start)
+        await asyncio.wait_for(done, 5)
+        return ran
+
+    return run_in(loop, main)
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("delay", DELAYS)
+def test_due_timers_keep_their_place_behind_queued_callbacks(base: str, delay: float) -> None:
+    # The finding's own program: call_later(d, B); call_soon(A); call_later(d, C).
+    program = [("later", delay), ("soon", 0.0), ("later", delay)]
+    assert _order(wheel_loop(base), program) == _order(plain_loop(base), program)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_due_timer_order_differs_in_no_program(base: str) -> None:
+    # Every program of four steps over soon and the delays above: the drop-in loop runs
+    # its callbacks in the plain loop's order. (Delays that tie are the same delay, so
+    # a plain loop's order among them is its scheduling order too.)
+    import itertools
+
+    steps = [("soon", 0.0)] + [("later", d) for d in DELAYS]
+    for program in itertools.product(steps, repeat=3):
+        program_ = [*program, ("soon", 0.0)]
+        wheel = _order(wheel_loop(base), program_)
+        plain = _order(plain_loop(base), program_)
+        assert wheel == plain, program_
+
+
+def test_uvloop_runs_a_tiny_delay_early_the_drop_in_loop_does_not() -> None:
+    # The one order the drop-in loop does not copy from uvloop (docs/loop.md): uvloop
+    # rounds a delay to whole milliseconds, and one under half a millisecond becomes a
+    # call_soon, run before its time. The drop-in loop keeps it for its time.
+    program = [("later", 1e-4), ("soon", 0.0), ("later", 1e-4)]
+    assert _order(plain_loop("uvloop"), program) == ["later0", "soon1", "later2"]
+    assert _order(wheel_loop("uvloop"), program) == ["soon1", "later0", "later2"]
+    assert _order(wheel_loop("asyncio"), program) == _order(plain_loop("asyncio"), program)
