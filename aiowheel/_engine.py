@@ -161,6 +161,11 @@ class Engine:
         # loop's compiled call_at and LoopTimerHandle.cancel read one attribute, not a
         # Python method per timer (aiowheel/_loop.py, _WheelLoop.set_debug).
         self.loop_debug = False
+        # In debug mode the pass runs each of the loop's handles through this, the
+        # loop's own (aiowheel/_loop.py, _WheelLoop._debug_run): it measures each, as
+        # the base loop measures its callbacks, so that a slow-callback warning names
+        # the slow timer, not the pass (issue 28, finding 11).
+        self.loop_debug_run: Callable[[LoopTimerHandle[Any]], None] | None = None
 
     # -- the named rules ------------------------------------------------------------
 
@@ -633,7 +638,12 @@ class Engine:
             self.loop_cancelled(bucket)
 
     def run_loop_handle(self, entry: WheelEntry) -> None:
-        cast("LoopTimerHandle[Any]", entry)._run()
+        handle = cast("LoopTimerHandle[Any]", entry)
+        debug_run = self.loop_debug_run
+        if self.loop_debug and debug_run is not None:
+            debug_run(handle)  # measured, as the base loop measures its callbacks
+            return
+        handle._run()
 
     def drop_loop_handles(self) -> list[WheelEntry]:
         """``loop.close()`` (through ``close``, the engine already closed): the loop's

@@ -44,8 +44,10 @@ import math
 import sys
 import time
 from _thread import get_ident as _get_ident
+from asyncio.log import logger as _asyncio_logger
 from collections.abc import Callable, Coroutine
 from contextvars import Context
+from time import monotonic as _monotonic
 from types import FrameType, MethodType
 from typing import Any, TypeVar
 
@@ -108,7 +110,7 @@ class _LoopBackend(AsyncioBackend):
         # loop.timer's driver: one base-loop timer entry, armed through the base
         # class's call_at (the override would file the wake-up on the wheel it wakes);
         # the loop need not be running yet.
-        return AsyncioDriver(on_wakeup, loop, self._grid, loop._base_call_at, loop._wake_soon)
+        return AsyncioDriver(on_wakeup, loop, self._grid, loop._arm_at, loop._wake_soon)
 
 
 class _WheelLoop:
@@ -125,6 +127,7 @@ class _WheelLoop:
         self._wheel = self._engine.wheel
         loop: Any = self
         self._engine.loop_debug = bool(loop.get_debug())
+        self._engine.loop_debug_run = self._debug_run
         cls = type(self)
         if cls.call_at is _WheelLoop.call_at and cls.call_later is _WheelLoop.call_later:
             # The compiled call_at/call_later (aiowheel/_loophandle.py, LoopCalls), set
@@ -196,6 +199,27 @@ class _WheelLoop:
             return handle
         engine.file_loop(handle, when)
         return handle
+
+    # -- debug mode: the slow-callback warning names the slow timer ------------------
+    # The base loop measures each callback it runs and warns about a slow one by name;
+    # the wheel's timers run inside one base-loop callback, the pass, which the base
+    # loop would name instead (AsyncioDriver._wake: issue 28, finding 11). So in debug
+    # mode the pass measures each of the loop's timers itself (Engine.run_loop_handle
+    # calls _debug_run), and the base loop does not warn about the pass
+    # (_measured_pass, armed by _arm_at while debug mode is on).
+
+    def _debug_run(self, handle: LoopTimerHandle[Any]) -> None:
+        loop: Any = self
+        started = _monotonic()
+        handle._run()  # Handle._run's rules: only SystemExit/KeyboardInterrupt leave
+        took = _monotonic() - started
+        if took >= self._slow_callback_limit():
+            _asyncio_logger.warning("Executing %s took %.3f seconds", _format_handle(handle), took)
+        del loop
+
+    def _slow_callback_limit(self) -> float:
+        loop: Any = self
+        return float(loop.slow_callback_duration)
 
     def _due_call_soon(self) -> Callable[..., Any] | None:
         """Where a timer due now goes instead of the wheel: uvloop's ``call_soon``
@@ -279,6 +303,23 @@ def _caller(frame: FrameType) -> FrameType | None:
     return found
 
 
+def _format_handle(handle: LoopTimerHandle[Any]) -> str:
+    # asyncio.base_events._format_handle: a task's step names the task.
+    callback = handle._callback
+    owner = getattr(callback, "__self__", None)
+    if isinstance(owner, asyncio.Task):
+        return repr(owner)
+    return str(handle)
+
+
+class _PassMeasured(Exception):
+    """Raised at the end of a slow debug-mode pass on the uvloop base, whose timers the
+    pass measured itself (``_WheelLoop._debug_run``): uvloop measures a timer callback
+    that returns, not one that raises, and the loop's ``call_exception_handler``
+    drops this one. (uvloop's check reads its own C field: nothing else can keep it
+    from naming the pass.)"""
+
+
 def loop_base(loop: object) -> str | None:
     """``"asyncio"`` or ``"uvloop"``: the base of aiowheel's drop-in loop ``loop``;
     ``None`` for any other loop. The drop-in loop's class is a subclass of the base
@@ -329,7 +370,38 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
         # must the wheel's pass that runs it (issue 28, finding 5: `call_later(0, B);
         # call_soon(A); call_later(0, C)` ran B C A, asyncio runs A B C).
         loop: Any = self  # (mypy takes the class's time = time.monotonic for a method)
-        return asyncio.SelectorEventLoop.call_at(self, loop.time(), callback)
+        return self._arm_at(loop.time(), callback)
+
+    def _arm_at(self, when: float, wake: Callable[[], None]) -> asyncio.TimerHandle:
+        # The driver's wake-up: one heap entry (the base class's call_at).
+        if self._debug:  # type: ignore[attr-defined]
+            return asyncio.SelectorEventLoop.call_at(self, when, self._measured_pass, wake)
+        return asyncio.SelectorEventLoop.call_at(self, when, wake)
+
+    def _measured_pass(self, wake: Callable[[], None]) -> None:
+        wake()
+        if self._debug:  # type: ignore[attr-defined]
+            self._pass_measured = True  # _run_once's next read: no warning for the pass
+
+    # BaseEventLoop._run_once reads slow_callback_duration right after each callback
+    # it runs, in debug mode: after a pass whose timers were measured one by one, that
+    # read is infinite (once), so the pass itself is never named.
+    _pass_measured = False
+    _slow_callback_duration = 0.1
+
+    @property
+    def slow_callback_duration(self) -> float:
+        if self._pass_measured:
+            self._pass_measured = False
+            return math.inf
+        return self._slow_callback_duration
+
+    @slow_callback_duration.setter
+    def slow_callback_duration(self, value: float) -> None:
+        self._slow_callback_duration = value
+
+    def _slow_callback_limit(self) -> float:
+        return self._slow_callback_duration
 
     def _check_loop_thread(self) -> None:
         base: Any = asyncio.SelectorEventLoop
@@ -394,6 +466,27 @@ def _uvloop_loop_class() -> type[Any]:
 
             def _wake_soon(self, callback: Callable[[], None]) -> Any:
                 return uvloop.Loop.call_soon(self, callback)
+
+            def _arm_at(self, when: float, wake: Callable[[], None]) -> Any:
+                # The driver's wake-up, on uvloop's real clock (its time() method may
+                # be patched: the wheel's clock is uvloop's own).
+                delay = when - uvloop.Loop.time(self)
+                if self.get_debug():
+                    return uvloop.Loop.call_later(self, delay, self._measured_pass, wake)
+                return uvloop.Loop.call_later(self, delay, wake)
+
+            def _measured_pass(self, wake: Callable[[], None]) -> None:
+                started = _monotonic()
+                wake()
+                # uvloop would name this pass when it took over its limit (it measures
+                # a little more than this: half the limit is the margin).
+                if self.get_debug() and _monotonic() - started >= self.slow_callback_duration / 2:
+                    raise _PassMeasured
+
+            def call_exception_handler(self, context: dict[str, Any]) -> None:
+                if isinstance(context.get("exception"), _PassMeasured):
+                    return  # not an error: see _PassMeasured
+                uvloop.Loop.call_exception_handler(self, context)
 
             def _check_loop_thread(self) -> None:
                 # uvloop's _check_thread is not reachable from Python, and its

@@ -356,3 +356,60 @@ def test_uvloop_runs_a_tiny_delay_early_the_drop_in_loop_does_not() -> None:
     assert _order(plain_loop("uvloop"), program) == ["later0", "soon1", "later2"]
     assert _order(wheel_loop("uvloop"), program) == ["soon1", "later0", "later2"]
     assert _order(wheel_loop("asyncio"), program) == _order(plain_loop("asyncio"), program)
+
+
+# -- finding 11: debug mode's slow-callback warning names the slow timer ------------------
+
+
+def _slow_warnings(loop: asyncio.AbstractEventLoop, schedule: Callable[[Any], None]) -> list[str]:
+    import logging
+    from unittest import mock
+
+    logger = logging.getLogger("asyncio")
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.05
+
+    async def main() -> None:
+        schedule(asyncio.get_running_loop())
+        await asyncio.sleep(0.03)
+
+    with mock.patch.object(logger, "warning") as warning:
+        run_in(loop, main)
+    return [call.args[0] % call.args[1:] for call in warning.call_args_list]
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_slow_timer_warning_names_the_timer(base: str) -> None:
+    import time
+
+    def slow_timer_callback() -> None:
+        time.sleep(0.08)
+
+    def schedule(loop: Any) -> None:
+        loop.call_later(0.005, slow_timer_callback)
+
+    for make in (wheel_loop, plain_loop):
+        messages = _slow_warnings(make(base), schedule)
+        assert len(messages) == 1, messages
+        assert messages[0].startswith("Executing <TimerHandle"), messages
+        assert "slow_timer_callback" in messages[0]
+        assert "_wake" not in messages[0]
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_a_pass_of_quick_timers_is_not_slow(base: str) -> None:
+    # Each timer is quick; together they take longer than the limit. The plain loops
+    # measure each one: no warning; neither does the drop-in loop (the pass is not a
+    # callback of the program's).
+    import time
+
+    def quick() -> None:
+        time.sleep(0.015)
+
+    def schedule(loop: Any) -> None:
+        when = loop.time() + 0.005
+        for _ in range(5):
+            loop.call_at(when, quick)
+
+    assert _slow_warnings(wheel_loop(base), schedule) == []
+    assert _slow_warnings(plain_loop(base), schedule) == []
