@@ -141,6 +141,7 @@ class _WheelLoop:
                 self._base_call_at,
                 self._due_call_soon(),
             )
+            self._calls = calls
             self.call_at = MethodType(compiled_call_at, calls)  # type: ignore[method-assign]
             self.call_later = MethodType(compiled_call_later, calls)  # type: ignore[method-assign]
 
@@ -171,6 +172,11 @@ class _WheelLoop:
         loop: Any = self
         given = when
         when = when_of(when)
+        if self._time_patched:
+            # loop.time is patched on the instance (mock.patch.object(loop, "time")):
+            # the base loop's own timer, which it runs on the patched clock, exactly
+            # as it would without aiowheel (docs/loop.md, "A patched clock").
+            return self._base_call_at(given, callback, *args, context=context)
         if not _isfinite(when):
             # NaN or an infinity: exactly what the base loop does with it (the wheel
             # accepts finite deadlines only, so it never sees one).
@@ -264,13 +270,47 @@ class _WheelLoop:
         self._follow_clock()
         self.timer._bind_thread()
 
+    # -- a patched clock: mock.patch.object(loop, "time", ...) --------------------------
+    # Followed, not refused (issue 28, finding 8: aiohttp's own tests patch it and
+    # expect their timers to fire on it). While time() is patched on the instance, new
+    # timers go to the base loop, which reads its clock through self.time(), so they
+    # fire as on the base loop; the wheel keeps its own clock (never early on it, never
+    # moving backwards), and its wake-up is armed on the patched clock the same
+    # distance ahead (_arm_at), so a patched clock that stands still holds the wheel's
+    # timers as it holds the base loop's. Told by __setattr__/__delattr__ of "time".
+
+    _time_patched = False
+    _calls: LoopCalls | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "time":
+            self._clock_patched(True)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        if name == "time":
+            self._clock_patched("time" in self.__dict__)
+
+    def _clock_patched(self, patched: bool) -> None:
+        object.__setattr__(self, "_time_patched", patched)
+        calls = self._calls
+        if calls is not None:
+            calls.patched = patched
+        engine: Engine | None = getattr(self, "_engine", None)
+        if engine is not None and not patched:
+            # The wake-up again, on the real clock (_arm_at). Not when the patch
+            # begins: the new time() is often configured only after it is set (a
+            # Mock's return_value); the next arming follows it.
+            engine.sync_wakeup_unless_passing()
+
     def _follow_clock(self) -> None:
         # A patch that swaps the loop's class after the loop was made (looptime's
         # patch_event_loop: virtual time) changes its clock under the wheel, which was
         # made on the old one and keeps it: a deadline read on the new clock and fired
         # on the old could fire early. Refuse to run rather than break the never-early
         # rule (docs/loop.md, "What differs").
-        if loop_clock(self) != self._engine.clock:  # type: ignore[arg-type]
+        if not self._time_patched and loop_clock(self) != self._engine.clock:  # type: ignore[arg-type]
             raise RuntimeError(
                 "the event loop's clock was changed after the loop was made (a patch "
                 "such as looptime.patch_event_loop): aiowheel's drop-in loop keeps the "
@@ -350,8 +390,18 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     time = time.monotonic
     # What loop_base() answers; also read by aiowheel/_driver.py's backend_name().
     _aiowheel_base = "asyncio"
+    # The drop-in loop's own attributes live in slots, not in the loop's __dict__: on
+    # CPython 3.11 an instance keeps its attributes inline only up to 30 names per
+    # class, and past that every attribute access of the loop's own methods takes the
+    # slower dict path (docs/loop.md, "Task steps on the asyncio base";
+    # tests/test_loop_affinity.py).
+    __slots__ = ("_calls", "_pass_measured", "_slow_callback_duration", "_time_patched")
 
     def __init__(self, tick: float) -> None:
+        self._calls = None
+        self._time_patched = False
+        self._pass_measured = False
+        self._slow_callback_duration = 0.1  # BaseEventLoop.__init__ sets it (the setter)
         asyncio.SelectorEventLoop.__init__(self)
         self._init_timer("asyncio", tick, 1e6)
 
@@ -369,11 +419,16 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
         # queue at the next iteration, after the callbacks already queued, and so
         # must the wheel's pass that runs it (issue 28, finding 5: `call_later(0, B);
         # call_soon(A); call_later(0, C)` ran B C A, asyncio runs A B C).
-        loop: Any = self  # (mypy takes the class's time = time.monotonic for a method)
-        return self._arm_at(loop.time(), callback)
+        return self._arm_at(self._engine.clock(), callback)
 
     def _arm_at(self, when: float, wake: Callable[[], None]) -> asyncio.TimerHandle:
-        # The driver's wake-up: one heap entry (the base class's call_at).
+        # The driver's wake-up (`when` on the wheel's clock): one heap entry (the base
+        # class's call_at), which the base loop compares with self.time().
+        if self._time_patched:
+            loop: Any = self
+            patched_now = loop.time()
+            if isinstance(patched_now, (int, float)):
+                when = patched_now + (when - self._engine.clock())  # as far ahead
         if self._debug:  # type: ignore[attr-defined]
             return asyncio.SelectorEventLoop.call_at(self, when, self._measured_pass, wake)
         return asyncio.SelectorEventLoop.call_at(self, when, wake)
@@ -386,8 +441,6 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     # BaseEventLoop._run_once reads slow_callback_duration right after each callback
     # it runs, in debug mode: after a pass whose timers were measured one by one, that
     # read is infinite (once), so the pass itself is never named.
-    _pass_measured = False
-    _slow_callback_duration = 0.1
 
     @property
     def slow_callback_duration(self) -> float:

@@ -307,6 +307,10 @@ class LoopCalls:
         # the next iteration as asyncio's do (the wheel's wake-up is then on the heap).
         self.base_call_soon = base_call_soon
         self.soon_if_due = base_call_soon is not None
+        # True while the loop's time() is patched on the instance (mock.patch.object):
+        # the Python methods then hand every new timer to the base loop, which follows
+        # the patched clock (aiowheel/_loop.py, _WheelLoop._clock_patched).
+        self.patched = False
 
 
 def call_at(
@@ -319,7 +323,7 @@ def call_at(
     """The drop-in loop's ``call_at``, bound to the loop's ``LoopCalls``."""
     if when is None:
         raise TypeError("when cannot be None")
-    if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
+    if calls.engine.loop_debug or calls.patched:  # debug mode, or loop.time patched
         return calls.debug_call_at(when, callback, *args, context=context)
     if type(when) is float:
         number = when
@@ -357,7 +361,7 @@ def call_later(
     """The drop-in loop's ``call_later``, bound to the loop's ``LoopCalls``."""
     if delay is None:
         raise TypeError("delay must not be None")
-    if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
+    if calls.engine.loop_debug or calls.patched:  # debug mode, or loop.time patched
         return calls.debug_call_later(delay, callback, *args, context=context)
     when = float(calls.loop.time() + delay)
     if calls.soon_if_due and delay <= 0 and when - when == 0.0:  # due: see call_at

@@ -413,3 +413,87 @@ def test_debug_a_pass_of_quick_timers_is_not_slow(base: str) -> None:
 
     assert _slow_warnings(wheel_loop(base), schedule) == []
     assert _slow_warnings(plain_loop(base), schedule) == []
+
+
+# -- finding 8: mock.patch.object(loop, "time") is followed -------------------------------
+
+
+def _keepalive_like(loop: asyncio.AbstractEventLoop) -> tuple[list[str], list[str], bool]:
+    """aiohttp's test_keepalive_expires_on_time: time() patched to stand still, a timer
+    filed on it, then time() moved to that timer's deadline; two loop iterations."""
+    from unittest import mock
+
+    async def main() -> tuple[list[str], list[str], bool]:
+        loop: Any = asyncio.get_running_loop()
+        now = loop.time()
+        fired: list[str] = []
+        loop.call_later(0.01, fired.append, "before")  # filed before the patch
+        with mock.patch.object(loop, "time") as patched:
+            patched.return_value = now
+            handle = loop.call_at(now + 15, fired.append, "keepalive")
+            patched.return_value = now + 15
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            during = [name for name in fired if name == "keepalive"]
+        await asyncio.sleep(0.03)
+        # After the patch, new timers are the loop's own again.
+        after = loop.call_later(0.001, fired.append, "after")
+        on_wheel = aiowheel.loop_base(loop) is None or len(loop.timer) >= 1
+        await asyncio.sleep(0.01)
+        handle.cancel()
+        del after
+        return during, fired, on_wheel
+
+    return run_in(loop, main)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_patched_time_is_followed_as_on_the_base_loop(base: str) -> None:
+    during, fired, on_wheel = _keepalive_like(wheel_loop(base))
+    plain_during, plain_fired, _ = _keepalive_like(plain_loop(base))
+    assert during == plain_during  # asyncio: the keepalive fired; uvloop: not (libuv)
+    assert on_wheel
+    # Every timer ran, the one filed before the patch too (on the real clock).
+    assert sorted(fired) == sorted(plain_fired)
+    assert "before" in fired
+    assert "after" in fired
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_the_wheel_keeps_its_clock_under_a_patched_time(base: str) -> None:
+    from unittest import mock
+
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        real = loop._engine.clock
+        ran: list[float] = []
+        when = real() + 0.02
+        handle = loop.call_at(when, lambda: ran.append(real()))
+        assert handle in list(loop._wheel)  # on the wheel
+        with mock.patch.object(loop, "time", return_value=loop.time() + 3600):
+            base_timer = loop.call_later(0.001, print)  # the base loop's, on its clock
+            assert not hasattr(base_timer, "_engine")
+            await asyncio.sleep(0)  # the patched clock is an hour ahead: the wake-up
+            await asyncio.sleep(0)  # comes, and the wheel does not fire early
+            assert ran == []
+            base_timer.cancel()
+        await asyncio.sleep(0.04)
+        assert len(ran) == 1
+        assert ran[0] >= when  # never early, on the wheel's own clock
+        assert not loop._time_patched
+        assert loop._calls is None or not loop._calls.patched
+        loop._engine.check()
+
+    run_in(wheel_loop(base), main)
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_time_patched_before_the_loop_runs_is_followed(base: str) -> None:
+    from unittest import mock
+
+    loop: Any = wheel_loop(base)
+    try:
+        with mock.patch.object(loop, "time", wraps=loop.time):
+            assert loop.run_until_complete(asyncio.sleep(0.001, "slept")) == "slept"
+    finally:
+        loop.close()
