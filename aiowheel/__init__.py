@@ -19,6 +19,7 @@ from ._handle import PeriodicHandle, TimerHandle
 from ._loop import (
     EventLoopPolicy,
     WheelEventLoop,
+    loop_base,
     loop_timer,
     new_event_loop,
     new_uvloop_event_loop,
@@ -48,6 +49,7 @@ __all__ = [
     "TraceRecorder",
     "WheelEventLoop",
     "__version__",
+    "loop_base",
     "loop_timer",
     "new_event_loop",
     "new_uvloop_event_loop",

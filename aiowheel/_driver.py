@@ -87,6 +87,11 @@ def backend_name() -> str:
     except RuntimeError:
         pass
     else:
+        # aiowheel's drop-in loop says which base it wraps (aiowheel/_loop.py,
+        # loop_base): its class lives in aiowheel, not in uvloop's module.
+        base = getattr(type(loop), "_aiowheel_base", None)
+        if isinstance(base, str):
+            return base
         return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
     trio = sys.modules.get("trio")
     if trio is not None:
@@ -132,7 +137,7 @@ class Driver(Protocol):
 class AsyncioDriver:
     """Wakes the timer with a single ``call_at`` handle on the running loop."""
 
-    __slots__ = ("_call_at", "_grid", "_handle", "_loop", "_on_wakeup", "_recheck")
+    __slots__ = ("_call_at", "_call_soon", "_grid", "_handle", "_loop", "_on_wakeup", "_recheck")
 
     def __init__(
         self,
@@ -140,10 +145,12 @@ class AsyncioDriver:
         loop: asyncio.AbstractEventLoop | None = None,
         grid: float | None = None,
         call_at: Callable[..., asyncio.Handle] | None = None,
+        call_soon: Callable[[Callable[[], None]], asyncio.Handle] | None = None,
     ) -> None:
-        # By default the running loop, its grid and its call_at; the drop-in loop
-        # (aiowheel/_loop.py) gives its own, before it runs, with its base class's
-        # call_at (its override would file the wake-up on the wheel it wakes).
+        # By default the running loop, its grid, its call_at and its call_soon (the
+        # wake-up for "now"); the drop-in loop (aiowheel/_loop.py) gives its own,
+        # before it runs, with its base class's call_at (its override would file the
+        # wake-up on the wheel it wakes) and its own rule for "now".
         self._loop = loop if loop is not None else asyncio.get_running_loop()
         self._on_wakeup = on_wakeup
         self._handle: asyncio.Handle | None = None
@@ -153,13 +160,21 @@ class AsyncioDriver:
             grid = 1e3 if backend_name() == "uvloop" else 1e6
         self._grid = grid
         self._call_at = call_at if call_at is not None else self._loop.call_at
+        self._call_soon = call_soon if call_soon is not None else self._loop.call_soon
         self._recheck: Callable[[], None] | None = None
 
     def recheck(self, check: Callable[[], None]) -> None:
         """Run ``check`` once, early in the next loop iteration (coalesced)."""
         if self._recheck is None:
             self._recheck = check
-            self._loop.call_soon(self._run_recheck)
+            try:
+                self._loop.call_soon(self._run_recheck)
+            except BaseException:
+                # Not queued (a closed loop, debug mode's thread check): not latched
+                # either, or every later re-check would be dropped (issue 28,
+                # finding 6).
+                self._recheck = None
+                raise
 
     def _run_recheck(self) -> None:
         check = self._recheck
@@ -174,11 +189,14 @@ class AsyncioDriver:
         self.disarm()
 
     def arm(self, when: float) -> None:
-        handle = self._handle
-        if handle is not None:
-            handle.cancel()
+        # The new wake-up first, the old one cancelled once it exists: an arm that
+        # raises (the base loop refused the call) leaves the previous arming in place,
+        # which the engine's wake_at still describes (issue 28, finding 4).
+        old = self._handle
         if when == -_INF:
-            self._handle = self._loop.call_soon(self._wake)
+            self._handle = self._call_soon(self._wake)
+            if old is not None:
+                old.cancel()
             return
         if when < _ROUNDING_LIMIT:
             # Round the wake-up *up* to the loop clock's grid. A bucket's time,
@@ -192,6 +210,8 @@ class AsyncioDriver:
             # (on uvloop its clock's own resolution), and never early.
             when = round_up(when, self._grid)
         self._handle = self._call_at(when, self._wake)
+        if old is not None:
+            old.cancel()
 
     def disarm(self) -> None:
         if self._handle is not None:

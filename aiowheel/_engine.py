@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from _thread import get_ident
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, final
 
@@ -160,6 +161,11 @@ class Engine:
         # loop's compiled call_at and LoopTimerHandle.cancel read one attribute, not a
         # Python method per timer (aiowheel/_loop.py, _WheelLoop.set_debug).
         self.loop_debug = False
+        # In debug mode the pass runs each of the loop's handles through this, the
+        # loop's own (aiowheel/_loop.py, _WheelLoop._debug_run): it measures each, as
+        # the base loop measures its callbacks, so that a slow-callback warning names
+        # the slow timer, not the pass (issue 28, finding 11).
+        self.loop_debug_run: Callable[[LoopTimerHandle[Any]], None] | None = None
 
     # -- the named rules ------------------------------------------------------------
 
@@ -172,9 +178,16 @@ class Engine:
     def arm_if_earlier(self, when: float) -> None:
         """Arm-if-earlier: a bucket that comes due before the armed wake-up moves it.
         (Inline copy, tagged: ``Timer.schedule_nowait``.)"""
-        if when < self.wake_at:
+        armed = self.wake_at
+        if when < armed:
             self.wake_at = when
-            self.driver.arm(when)
+            try:
+                self.driver.arm(when)
+            except BaseException:
+                # The driver kept its previous arming (AsyncioDriver.arm): so does
+                # wake_at, and the next filing arms again (issue 28, finding 4).
+                self.wake_at = armed
+                raise
 
     def pending_fell(self) -> None:
         """Fewer timers pending: wake tasks waiting for room, and the drain (which
@@ -341,8 +354,13 @@ class Engine:
             self.wake_at = _INF
             self.driver.disarm()
         else:
+            armed = self.wake_at
             self.wake_at = when
-            self.driver.arm(when)
+            try:
+                self.driver.arm(when)
+            except BaseException:
+                self.wake_at = armed  # the driver kept that arming (see arm_if_earlier)
+                raise
 
     def sync_wakeup_unless_passing(self) -> None:
         # The deferred re-check after a cancel emptied the armed bucket; a pass in
@@ -425,6 +443,11 @@ class Engine:
                         # A drop-in loop's call_at handle: Handle._run's rules. Its
                         # lateness counts as a timer's (stats().lateness_max).
                         self.pending -= 1
+                        if cast("LoopTimerHandle[Any]", entry)._args is None:
+                            # Cancelled from another thread, its unlink still queued
+                            # (LoopTimerHandle.cancel): counted as the cancel it is.
+                            self.cancelled += 1
+                            continue
                         fired += 1
                         lateness = now - entry._deadline  # inline copy of note_lateness
                         if lateness > lateness_max:
@@ -555,9 +578,21 @@ class Engine:
             self.loop_closed_while_filing(handle)
         self.pending += 1
         self.scheduled += 1
-        if at < self.wake_at:  # arm-if-earlier
+        armed = self.wake_at
+        if at < armed:  # arm-if-earlier
             self.wake_at = at
-            self.driver.arm(at)
+            try:
+                self.driver.arm(at)
+            except BaseException:
+                # The base loop refused the wake-up: the call fails and changes
+                # nothing. The driver kept its previous arming, wake_at says so again,
+                # and the handle leaves the wheel uncounted (issue 28, finding 4: the
+                # engine believed in an arming that failed, and no later timer fired).
+                self.wake_at = armed
+                self.wheel.remove(handle)
+                self.pending -= 1
+                self.scheduled -= 1
+                raise
 
     def loop_closed_while_filing(self, handle: LoopTimerHandle[Any]) -> NoReturn:
         """*Closed while filing*, for ``file_loop``: an allocation of the insert (a
@@ -579,8 +614,40 @@ class Engine:
         if self.notify_cancel:
             self.pending_fell()
 
+    def loop_foreign(self) -> bool:
+        """True in a thread other than the one running the drop-in loop (debug mode
+        asks, for ``LoopTimerHandle.cancel``; the thread is the one ``run_forever``
+        bound, ``Timer._bind_thread``)."""
+        loop = self.loop
+        return loop is not None and loop.is_running() and get_ident() != self.affinity.thread
+
+    def unlink_soon(self, handle: LoopTimerHandle[Any]) -> None:
+        """A loop handle cancelled from another thread: take it off the wheel in the
+        loop's thread (``unlink_cancelled``). A loop closed meanwhile has dropped
+        its timers: nothing is left to do, and cancel() does not raise."""
+        loop = self.loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self.unlink_cancelled, handle)
+        except RuntimeError:
+            pass  # closed: the close dropped the handle with the rest
+
+    def unlink_cancelled(self, handle: LoopTimerHandle[Any]) -> None:
+        """In the loop's thread: the rest of a cross-thread ``cancel()``, unless a pass
+        met the handle first (it counted it cancelled then: ``run_due``)."""
+        bucket = handle._bucket
+        if bucket is not None:
+            bucket.remove(handle)
+            self.loop_cancelled(bucket)
+
     def run_loop_handle(self, entry: WheelEntry) -> None:
-        cast("LoopTimerHandle[Any]", entry)._run()
+        handle = cast("LoopTimerHandle[Any]", entry)
+        debug_run = self.loop_debug_run
+        if self.loop_debug and debug_run is not None:
+            debug_run(handle)  # measured, as the base loop measures its callbacks
+            return
+        handle._run()
 
     def drop_loop_handles(self) -> list[WheelEntry]:
         """``loop.close()`` (through ``close``, the engine already closed): the loop's

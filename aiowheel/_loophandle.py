@@ -36,7 +36,7 @@ from ._wheel import WheelEntry
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["LoopCalls", "LoopTimerHandle", "call_at", "call_later", "when_of"]
+__all__ = ["IntWhenHandle", "LoopCalls", "LoopTimerHandle", "call_at", "call_later", "when_of"]
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
@@ -83,8 +83,10 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
 
     # -- asyncio.TimerHandle's contract ---------------------------------------------------
 
-    def when(self) -> float:
-        """The absolute time, on the loop's clock, the callback is scheduled for."""
+    def when(self) -> Any:
+        """The absolute time, on the loop's clock, the callback is scheduled for.
+        (``Any``, not ``float``: compiled, a float result would make every caller,
+        ``_format`` included, box IntWhenHandle's int into a float.)"""
         return self._deadline
 
     def get_context(self) -> Context:
@@ -106,12 +108,27 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         args = self._args
         if args is None:
             return
-        if self._engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
+        engine = self._engine
+        if engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
             # As Handle.cancel: keep the callback in the repr of a cancelled handle.
             cached = self._format(True)
             if self._args is None:
                 return  # the repr's user code cancelled it meanwhile
             self._repr = cached
+            if engine.loop_foreign():
+                # From a thread other than the running loop's (debug mode tells them
+                # apart; the base loops' cancel() never raises there, issue 28,
+                # finding 6): cancelled now, as asyncio's Handle.cancel is; the wheel
+                # belongs to the loop's thread, so the unlink and its counts are done
+                # there. A pass that meets the handle first skips it (cancelled).
+                callback = self._callback
+                self._args = None
+                self._callback = None
+                if self._bucket is not None:
+                    engine.unlink_soon(self)
+                release(callback)
+                release(args)
+                return
         callback = self._callback
         self._args = None
         self._callback = None
@@ -129,7 +146,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         return self._engine.loop
 
     @property
-    def _when(self) -> float:
+    def _when(self) -> Any:
         return self._deadline
 
     @property
@@ -215,7 +232,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         info = ["TimerHandle"]
         if cancelled:
             info.append("cancelled")
-        info.append(f"when={self._deadline}")
+        info.append(f"when={self.when()}")  # an int as given (IntWhenHandle)
         callback = self._callback
         if callback is not None:
             info.append(_format_callback_source(callback, self._args or ()))
@@ -224,6 +241,23 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
             frame = trace[-1]
             info.append(f"created at {frame[0]}:{frame[1]}")
         return "<{}>".format(" ".join(info))
+
+
+class IntWhenHandle(LoopTimerHandle[T]):
+    """A ``LoopTimerHandle`` for a ``call_at`` given an ``int`` time: ``when()`` (and
+    ``_when``) give that int back, as ``asyncio.TimerHandle`` keeps ``when`` as
+    passed (aiohttp's timeouts pass ``math.ceil(...)`` and their tests check the
+    type). The wheel files the float; the class says it was an int, so a handle costs
+    no slot more (docs/loop.md, "Memory"). Only for ints a float holds exactly."""
+
+    __slots__ = ()
+
+    def when(self) -> Any:
+        return int(self._deadline)
+
+    @property
+    def _when(self) -> Any:
+        return int(self._deadline)
 
 
 def _when_of(other: object) -> float:
@@ -257,6 +291,7 @@ class LoopCalls:
         debug_call_at: Callable[..., Any],
         debug_call_later: Callable[..., Any],
         base_call_at: Callable[..., Any],
+        base_call_soon: Callable[..., Any] | None,
     ) -> None:
         self.loop = loop
         self.engine = engine
@@ -266,6 +301,16 @@ class LoopCalls:
         self.debug_call_later = debug_call_later
         # The base loop's call_at, for NaN and infinite times (as the base loop does).
         self.base_call_at = base_call_at
+        # uvloop's rule for a timer due now (a delay of 0 or less): its
+        # call_soon, at the call, in call order with the other call_soon callbacks
+        # (issue 28, finding 5). None on the asyncio base, where a due timer waits for
+        # the next iteration as asyncio's do (the wheel's wake-up is then on the heap).
+        self.base_call_soon = base_call_soon
+        self.soon_if_due = base_call_soon is not None
+        # True while the loop's time() is patched on the instance (mock.patch.object):
+        # the Python methods then hand every new timer to the base loop, which follows
+        # the patched clock (aiowheel/_loop.py, _WheelLoop._clock_patched).
+        self.patched = False
 
 
 def call_at(
@@ -278,9 +323,22 @@ def call_at(
     """The drop-in loop's ``call_at``, bound to the loop's ``LoopCalls``."""
     if when is None:
         raise TypeError("when cannot be None")
-    if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
+    if calls.engine.loop_debug or calls.patched:  # debug mode, or loop.time patched
         return calls.debug_call_at(when, callback, *args, context=context)
-    return _file(calls, when if type(when) is float else when_of(when), callback, args, context)
+    if type(when) is float:
+        number = when
+        given_int = False
+    else:
+        number = when_of(when)
+        given_int = type(when) is int and number == when
+    # uvloop's call_at: its call_later of when - time(), which runs a timer due now as
+    # a call_soon. (uvloop also runs one up to half a millisecond ahead at once, as it
+    # rounds to whole ones: that one stays on the wheel, never early, docs/loop.md.)
+    # Not NaN or an infinity (finite: number - number == 0), which go to the base loop
+    # unchanged (_file).
+    if calls.soon_if_due and number - number == 0.0 and number <= calls.engine.clock():
+        return _soon(calls, number, callback, args, context, given_int)
+    return _file(calls, number, callback, args, context, given_int)
 
 
 def when_of(when: Any) -> float:
@@ -303,9 +361,38 @@ def call_later(
     """The drop-in loop's ``call_later``, bound to the loop's ``LoopCalls``."""
     if delay is None:
         raise TypeError("delay must not be None")
-    if calls.engine.loop_debug:  # the loop's get_debug(), kept by its set_debug
+    if calls.engine.loop_debug or calls.patched:  # debug mode, or loop.time patched
         return calls.debug_call_later(delay, callback, *args, context=context)
-    return _file(calls, float(calls.loop.time() + delay), callback, args, context)
+    when = float(calls.loop.time() + delay)
+    if calls.soon_if_due and delay <= 0 and when - when == 0.0:  # due: see call_at
+        return _soon(calls, when, callback, args, context, False)
+    return _file(calls, when, callback, args, context, False)
+
+
+def _soon(
+    calls: LoopCalls,
+    when: float,
+    callback: Callable[..., object],
+    args: tuple[Any, ...],
+    context: Context | None,
+    given_int: bool,
+) -> Any:
+    # A timer due now on the uvloop base: uvloop's call_soon runs it (the handle's
+    # _run: Handle._run's rules), as uvloop runs its own due timers; the wheel never
+    # holds it, so len(loop.timer) does not count it. cancel() marks it cancelled,
+    # and its _run then does nothing.
+    if calls.loop.is_closed():
+        raise RuntimeError("Event loop is closed")  # uvloop's call_soon does not check
+    engine = calls.engine
+    handle: LoopTimerHandle[Any]
+    if given_int:
+        handle = IntWhenHandle(when, callback, args, engine, context)
+    else:
+        handle = LoopTimerHandle(when, callback, args, engine, context)
+    base_call_soon = calls.base_call_soon
+    assert base_call_soon is not None
+    base_call_soon(handle._run)
+    return handle
 
 
 def _file(
@@ -314,6 +401,7 @@ def _file(
     callback: Callable[..., object],
     args: tuple[Any, ...],
     context: Context | None,
+    given_int: bool,
 ) -> Any:
     # The loop's call_at past its argument checks (the Python one in _loop.py is the
     # same rule, for debug mode).
@@ -326,6 +414,10 @@ def _file(
         # loop.close() closes the engine first (an engine closed on its own, after an
         # internal error, raises its own error in file_loop).
         raise RuntimeError("Event loop is closed")
-    handle: LoopTimerHandle[Any] = LoopTimerHandle(when, callback, args, engine, context)
+    handle: LoopTimerHandle[Any]
+    if given_int:
+        handle = IntWhenHandle(when, callback, args, engine, context)
+    else:
+        handle = LoopTimerHandle(when, callback, args, engine, context)
     engine.file_loop(handle, when)
     return handle

@@ -114,13 +114,21 @@ class Bucket:
     Invariant: ``entry._bucket is self`` exactly for the entries linked here, and an
     entry in no bucket has ``_prev`` and ``_next`` ``None`` (a handle a user keeps must
     not keep its old neighbours alive).
+
+    Ties (equal deadlines) are in filing order, across levels too: the entries a
+    cascade brings down (``add_cascaded``) are a prefix of the list, ``_cascaded``
+    its last entry. For one deadline the level the wheel picks only moves down as
+    its clock moves on, so an entry that comes down from a coarser level was filed
+    before every entry filed here directly, and after those of earlier cascades
+    (coarser buckets cascade first: ``Wheel.advance``).
     """
 
-    __slots__ = ("_first", "_last", "level", "tick", "time")
+    __slots__ = ("_cascaded", "_first", "_last", "level", "tick", "time")
 
     def __init__(self, level: int = 0) -> None:
         self._first: WheelEntry | None = None
         self._last: WheelEntry | None = None
+        self._cascaded: WheelEntry | None = None
         self.level = level
         self.tick: int | None = None
         self.time = _INF
@@ -143,10 +151,32 @@ class Bucket:
         self._last = entry
         entry._bucket = self
 
+    def add_cascaded(self, entry: WheelEntry) -> None:
+        """Link ``entry`` (in no bucket) at the end of the cascaded prefix: after the
+        entries earlier cascades brought, before those filed here directly."""
+        if entry._bucket is not None:
+            raise RuntimeError(f"{entry!r} is already filed in {entry._bucket!r}")
+        before = self._cascaded
+        after = self._first if before is None else before._next
+        entry._prev = before
+        entry._next = after
+        if before is None:
+            self._first = entry
+        else:
+            before._next = entry
+        if after is None:
+            self._last = entry
+        else:
+            after._prev = entry
+        self._cascaded = entry
+        entry._bucket = self
+
     def remove(self, entry: WheelEntry) -> None:
         """Unlink ``entry``, which is in this bucket."""
         before = entry._prev
         after = entry._next
+        if entry is self._cascaded:
+            self._cascaded = before  # the prefix ends one entry earlier
         if before is None:
             self._first = after
         else:
@@ -176,7 +206,7 @@ class Bucket:
             entry._bucket = None
             entries.append(entry)
             entry = after
-        self._first = self._last = None
+        self._first = self._last = self._cascaded = None
         return entries
 
     def empty(self) -> bool:
@@ -362,12 +392,17 @@ class Wheel:
         ticks = Fraction(deadline) - Fraction(self.origin)
         return math.ceil(ticks / Fraction(self.tick))
 
-    def _file(self, entry: WheelEntry, e: int) -> float:
+    def _file(self, entry: WheelEntry, e: int, cascaded: bool = False) -> float:
         # The hot path of every schedule: kept flat on purpose (each Python-level call
         # or attribute lookup here is a measurable share of a ~1 us schedule).
+        # `cascaded`: the entry comes down from a coarser level (or the far bucket),
+        # so it goes before the ties filed directly (Bucket.add_cascaded).
         if e < self._limit0:
             if e <= self._now:
-                self._due.add(entry)
+                if cascaded:
+                    self._due.add_cascaded(entry)
+                else:
+                    self._due.add(entry)
                 return -_INF
             bucket = self._wheel0[e % self._size]
             start = e
@@ -386,7 +421,7 @@ class Wheel:
                     # earliest entry is within the horizon. Levels stay bounded.
                     return self._file_far(entry, e)
                 self._add_level()
-                return self._file(entry, e)
+                return self._file(entry, e, cascaded)
         if bucket.tick != start:
             # First entry of this bucket in this revolution: schedule the bucket.
             # Link first, allocate (the heap's tuple) last: an allocation may run the
@@ -395,10 +430,18 @@ class Wheel:
             when = self.origin + start * self.tick
             bucket.tick = start
             bucket.time = when
-            bucket.add(entry)
-            _heappush(self._heap, (start, bucket.level, when, bucket))
+            if cascaded:
+                bucket.add_cascaded(entry)
+            else:
+                bucket.add(entry)
+            # Keyed (tick, -level): of the buckets due at one tick, the coarser ones
+            # cascade first, so their entries (filed earlier) go out ahead of ties.
+            _heappush(self._heap, (start, -bucket.level, when, bucket))
             return when
-        bucket.add(entry)
+        if cascaded:
+            bucket.add_cascaded(entry)
+        else:
+            bucket.add(entry)
         return _INF
 
     def _file_far(self, entry: WheelEntry, e: int) -> float:
@@ -441,7 +484,7 @@ class Wheel:
             e = self.due_tick_of(node._deadline)
             if e <= limit:
                 far.remove(node)
-                self._file(node, e)
+                self._file(node, e, True)
             elif earliest < 0 or e < earliest:
                 earliest = e
             node = after
@@ -536,7 +579,8 @@ class Wheel:
         size = self._size
         while heap and heap[0][2] <= now:
             top = heap[0]
-            start, level, when, bucket = top
+            start, _key, when, bucket = top
+            level = bucket.level
             if bucket.tick != start:
                 _heappop(heap)
                 continue  # emptied and already dropped by next_expiry
@@ -591,7 +635,7 @@ class Wheel:
                 # least one level, or expires into the due bucket.
                 cascaded = bucket.pop_first()
                 while cascaded is not None:
-                    self._file(cascaded, self.due_tick_of(cascaded._deadline))
+                    self._file(cascaded, self.due_tick_of(cascaded._deadline), True)
                     cascaded = bucket.pop_first()
                 if self._due._first is not None:
                     fired.append(self._take_due(now))
@@ -636,7 +680,7 @@ class Wheel:
                 after = node._next
                 node._bucket = node._prev = node._next = None
                 node = after
-            bucket._first = bucket._last = None
+            bucket._first = bucket._last = bucket._cascaded = None
         target = buckets[0]
         for entry in entries:
             target.add(entry)
@@ -654,7 +698,8 @@ class Wheel:
                 out.pop()
                 continue
             bucket.remove(entry)
-            self._file(entry, self.due_tick_of(entry._deadline))
+            # Filed before anything filed since: ahead of those ties.
+            self._file(entry, self.due_tick_of(entry._deadline), True)
 
     def _take_due(self, now: float) -> Bucket:
         # The due bucket itself is handed out (its entries stay linked in it), with
@@ -679,7 +724,7 @@ class Wheel:
             if node._deadline < previous:
                 entries = list(taken)  # they stay linked while this allocates
                 entries.sort(key=deadline_of)
-                taken._first = taken._last = None
+                taken._first = taken._last = taken._cascaded = None
                 for entry in entries:
                     entry._bucket = entry._prev = entry._next = None
                 for entry in entries:
@@ -792,3 +837,5 @@ def _check_links(bucket: Bucket) -> None:
         previous = entry
         entry = entry._next
     assert bucket._last is previous, bucket
+    cascaded = bucket._cascaded
+    assert cascaded is None or cascaded._bucket is bucket, f"{bucket!r}: stale cascaded prefix"

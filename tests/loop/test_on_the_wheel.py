@@ -38,6 +38,7 @@ class _VirtualWheelLoop(looptime.LoopTimeEventLoop, _AsyncioWheelLoop):
     """The asyncio base's drop-in loop on looptime's virtual clock, from its start."""
 
     def __init__(self, tick: float, start: float) -> None:
+        self._init_slots()
         asyncio.SelectorEventLoop.__init__(self)
         self.setup_looptime(start=start)
         self._init_timer("asyncio", tick, 1e6)
