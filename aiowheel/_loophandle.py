@@ -50,9 +50,13 @@ def _callback_source(callback: object, args: tuple[Any, ...], debug: bool) -> st
     """``cb(1, 'x') at file.py:12``, as asyncio's handles format their callback: from
     CPython 3.13 the arguments only in debug mode (they may hold secrets), so the
     loop's debug flag is passed, as ``Handle._repr_info`` and ``Handle._run`` do."""
+    # One return per branch: mypy (and mypyc, which checks for the Python it builds
+    # on) would call a statement after a version test that returns unreachable.
     if sys.version_info >= (3, 13):
-        return _format_callback_source(callback, args, debug=debug)
-    return _format_callback_source(callback, args)
+        source: str = _format_callback_source(callback, args, debug=debug)
+    else:
+        source = _format_callback_source(callback, args)
+    return source
 
 
 class LoopTimerHandle(WheelEntry, Generic[T]):
