@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Coroutine
 from contextvars import Context
 from types import FrameType, MethodType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
@@ -107,14 +107,24 @@ class _WheelLoop:
     """Mixed in front of the base loop class; see the module docstring."""
 
     timer: Timer
-    _engine: Engine
-    _wheel: Wheel
     _base_call_at: Callable[..., Any]
+
+    # The engine and its wheel are the timer's, read through it: properties, not
+    # attributes. CPython 3.13 keeps an instance's attributes inline (no dict object)
+    # only up to its class's shared-keys capacity, which the base loop's own 26 nearly
+    # fill: with these two as well the loop's __dict__ became a real dict, and every
+    # attribute access of the loop's own methods slower (tests/test_loop_affinity.py).
+    @property
+    def _engine(self) -> Engine:
+        return cast("Engine", self.timer._engine)
+
+    @property
+    def _wheel(self) -> Wheel:
+        return self._engine.wheel
 
     def _init_timer(self, name: str, tick: float, grid: float) -> None:
         self.timer = Timer(tick=tick)
-        self._engine = self.timer._open_for_loop(_LoopBackend(self, name, grid))
-        self._wheel = self._engine.wheel
+        self.timer._open_for_loop(_LoopBackend(self, name, grid))
         loop: Any = self
         self._engine.loop_debug = bool(loop.get_debug())
         cls = type(self)
