@@ -61,11 +61,11 @@ def _find_interpreters() -> list[str]:
 
 
 MISSING = _find_interpreters()
-if MISSING:
-    print(
-        f"nox: skipping Python {', '.join(MISSING)}: no interpreter on PATH or in pyenv",
-        file=sys.stderr,
-    )
+print(
+    f"nox: Python versions skipped (no interpreter on PATH or in pyenv): "
+    f"{', '.join(MISSING) or 'none'}",
+    file=sys.stderr,
+)
 
 # The compiled core is required (a build that falls back to pure Python fails), and
 # only the installed package is ever imported.
