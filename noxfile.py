@@ -8,8 +8,9 @@ version (install with the compiled core required, check it is what runs, the sui
 then CPython's own asyncio suites) and the wheel checks (build, repair, install where
 no compiler can be found) are code with conditions and loops, not an ini file with
 shell lines. nox finds an interpreter by its name on ``PATH`` (``python3.12``); pyenv
-keeps its versions off ``PATH`` unless selected, so this file puts the bin directory
-of each pyenv version in front of ``PATH`` for the versions ``PATH`` lacks.
+keeps its versions off ``PATH`` unless selected (its shims are there, and fail), so
+this file puts the bin directory of each pyenv version in front of ``PATH`` for the
+versions ``PATH`` has none that runs.
 
 Each session installs the project into its own virtualenv (not editable: the
 compiled core lands in that virtualenv, one per Python, where an editable install
@@ -39,13 +40,24 @@ nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
 
 
+def _runs(name: str) -> bool:
+    # Found is not enough: pyenv's shim for a version not selected is on PATH, and fails.
+    found = shutil.which(name)
+    if found is None:
+        return False
+    try:
+        return subprocess.run([found, "-c", ""], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _find_interpreters() -> list[str]:
     """Put pyenv's interpreters on PATH where PATH has none of that version; return the
     versions found nowhere (their sessions are skipped)."""
     root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
     missing = []
     for version in PYTHONS:
-        if shutil.which(f"python{version}"):
+        if _runs(f"python{version}"):
             continue
         # The newest patch release of that version pyenv has (3.12.1 before 3.12.0).
         candidates = sorted(
