@@ -105,6 +105,7 @@ def weakref_safe(target_dir: str) -> None:
     for path in sources:
         with open(path, encoding="utf-8") as f:
             texts[path] = f.read()
+    originals = dict(texts)
     for text in texts.values():
         for struct in re.findall(
             r'\{"__weakref__", T_OBJECT_EX, sizeof\((\w+)\) \+ sizeof\(PyObject \*\), 0, NULL\}',
@@ -119,7 +120,6 @@ def weakref_safe(target_dir: str) -> None:
         structs[struct] = f"*((PyObject **)((char *)self + sizeof({struct})))"
     done: set[str] = set()
     for path, text in texts.items():
-        original = text
         for struct, slot in structs.items():
             text = text.replace(f"Py_VISIT({slot});", f"{_MARK} /* not visited */")
             text = text.replace(f"Py_CLEAR({slot});", f"{_MARK} /* not cleared */")
@@ -141,12 +141,15 @@ def weakref_safe(target_dir: str) -> None:
                     f".tp_basicsize = sizeof({struct}) + sizeof(PyObject *), {_MARK}\n"
                     f"    .tp_weaklistoffset = sizeof({struct}),",
                 )
-        if text != original:
+        texts[path] = text
+    managed = managed_weakrefs(texts)
+    for path, text in texts.items():
+        if text != originals[path]:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-            texts[path] = text
     every = "\n".join(texts.values())
     missing = [s for s in structs if s not in done]
+    missing += [s for s in managed if s not in every]
     missing += [s for s in WEAKREF_STRUCTS if f".tp_weaklistoffset = sizeof({s})," not in every]
     unsafe = re.search(
         r"Py_CLEAR\(\*\(\(PyObject \*\*\)\(\(char \*\)self \+ sizeof\(PyObject \*\) "
@@ -155,6 +158,61 @@ def weakref_safe(target_dir: str) -> None:
     )
     if missing or unsafe:
         raise RuntimeError(f"mypyc's C changed shape; cannot make weak references safe: {missing}")
+
+
+_MANAGED_TEMPLATE = re.compile(r"static PyTypeObject \w+_template_ = \{(.*?)\n\s*\};", re.S)
+
+
+def managed_weakrefs(texts: dict[str, str]) -> list[str]:
+    """CPython 3.12+: give the classes with a Python base their weak references.
+
+    On 3.12 and later this mypyc gives such a class (``TimerHandle``,
+    ``LoopTimerHandle``) a ``__dict__`` managed by the interpreter
+    (``Py_TPFLAGS_MANAGED_DICT``) and no weak-reference slot at all: no
+    ``__weakref__`` member, no ``tp_weaklistoffset``, so ``weakref.ref(handle)``
+    raises TypeError ("cannot create weak reference to 'LoopTimerHandle' object").
+    The managed dict already allocates the interpreter's two-pointer pre-header,
+    whose second pointer is the weak-reference list of ``Py_TPFLAGS_MANAGED_WEAKREF``
+    (PyType_Ready then sets ``tp_weaklistoffset`` itself): the flag costs no memory.
+    As for a heap type of CPython's own, the deallocator must clear the weak
+    references first (``subtype_dealloc`` does; ``PyObject_ClearWeakRefs`` tests the
+    list itself, so no test here). Patches ``texts`` in place (the caller writes
+    them) and returns the structs of the classes patched.
+    """
+    patched: list[str] = []
+    for path, text in texts.items():
+        for body in _MANAGED_TEMPLATE.findall(text):
+            if "Py_TPFLAGS_MANAGED_DICT" not in body:
+                continue
+            size = re.search(r"\.tp_basicsize = sizeof\((\w+)\),", body)
+            if size is None:
+                raise RuntimeError("mypyc's C changed shape: a type with no tp_basicsize")
+            struct = size[1]
+            flagged = re.sub(
+                r"(\.tp_flags = [^,]*\bPy_TPFLAGS_MANAGED_DICT)"
+                r"(?!\s*\| Py_TPFLAGS_MANAGED_WEAKREF)",
+                r"\1 | Py_TPFLAGS_MANAGED_WEAKREF",
+                body,
+            )
+            text = text.replace(body, flagged)
+            dealloc = re.compile(
+                r"(_dealloc\(" + struct + r" \*self\)\s*\{\s*PyObject_GC_UnTrack\(self\);)"
+                r"(?!\s*/\* aiowheel)"
+            )
+            text = dealloc.sub(
+                lambda m: f"{m[1]}\n    {_MARK}\n    PyObject_ClearWeakRefs((PyObject *)self);",
+                text,
+            )
+            if f"{struct} *self)" in text and re.search(
+                r"_dealloc\(" + struct + r" \*self\)\s*\{\s*PyObject_GC_UnTrack\(self\);"
+                r"\s*/\* aiowheel setup.py: weakref-safe \*/\s*PyObject_ClearWeakRefs",
+                text,
+            ):
+                patched.append(struct)
+            else:
+                raise RuntimeError(f"mypyc's C changed shape: no deallocator for {struct}")
+        texts[path] = text
+    return patched
 
 
 class build_core(build_ext):

@@ -50,7 +50,7 @@ from collections.abc import Callable, Coroutine
 from contextvars import Context
 from time import monotonic as _monotonic
 from types import FrameType, MethodType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
@@ -140,8 +140,6 @@ class _LoopBackend(AsyncioBackend):
 class _WheelLoop(WheelEventLoop):
     """Mixed in front of the base loop class; see the module docstring."""
 
-    _engine: Engine
-    _wheel: Wheel
     _base_call_at: Callable[..., Any]
     # The base clock's grid (aiowheel/_driver.py, AsyncioDriver.arm), a class attribute
     # of each base's loop: one more instance attribute would pass CPython's limit of
@@ -149,11 +147,23 @@ class _WheelLoop(WheelEventLoop):
     # attribute access of its methods (tests/test_loop_affinity.py).
     _base_grid: float
 
+    # The engine and its wheel are the timer's, read through it: properties, not
+    # attributes. CPython 3.13 keeps an instance's attributes inline (no dict object)
+    # only up to its class's shared-keys capacity, which the base loop's own 26 nearly
+    # fill: with these two as well the loop's __dict__ became a real dict, and every
+    # attribute access of the loop's own methods slower (tests/test_loop_affinity.py).
+    @property
+    def _engine(self) -> Engine:
+        return cast("Engine", self.timer._engine)
+
+    @property
+    def _wheel(self) -> Wheel:
+        return self._engine.wheel
+
     def _init_timer(self, name: str, tick: float, grid: float) -> None:
         _import_anyio_backend()
         self.timer = Timer(tick=tick)
-        self._engine = self.timer._open_for_loop(_LoopBackend(self, name, grid))
-        self._wheel = self._engine.wheel
+        self.timer._open_for_loop(_LoopBackend(self, name, grid))
         loop: Any = self
         self._engine.loop_debug = bool(loop.get_debug())
         self._engine.loop_debug_run = self._debug_run

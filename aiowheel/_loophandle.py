@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.format_helpers as _format_helpers
+import sys
 from collections.abc import Callable
 from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
@@ -43,6 +44,19 @@ _EXIT: Final = (SystemExit, KeyboardInterrupt)
 _copy_context: Final = copy_context
 _format_callback_source: Final = _format_helpers._format_callback_source
 _AsyncioTimerHandle: Final = asyncio.TimerHandle
+
+
+def _callback_source(callback: object, args: tuple[Any, ...], debug: bool) -> str:
+    """``cb(1, 'x') at file.py:12``, as asyncio's handles format their callback: from
+    CPython 3.13 the arguments only in debug mode (they may hold secrets), so the
+    loop's debug flag is passed, as ``Handle._repr_info`` and ``Handle._run`` do."""
+    # One return per branch: mypy (and mypyc, which checks for the Python it builds
+    # on) would call a statement after a version test that returns unreachable.
+    if sys.version_info >= (3, 13):
+        source: str = _format_callback_source(callback, args, debug=debug)
+    else:
+        source = _format_callback_source(callback, args)
+    return source
 
 
 class LoopTimerHandle(WheelEntry, Generic[T]):
@@ -173,7 +187,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         except _EXIT:
             raise
         except BaseException as exc:
-            cb = _format_callback_source(callback, args)
+            cb = _callback_source(callback, args, self._engine.loop_debug)
             context: dict[str, Any] = {
                 "message": f"Exception in callback {cb}",
                 "exception": exc,
@@ -235,7 +249,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         info.append(f"when={self.when()}")  # an int as given (IntWhenHandle)
         callback = self._callback
         if callback is not None:
-            info.append(_format_callback_source(callback, self._args or ()))
+            info.append(_callback_source(callback, self._args or (), self._engine.loop_debug))
         trace = self._source_traceback
         if trace:
             frame = trace[-1]

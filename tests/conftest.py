@@ -25,7 +25,19 @@ BACKENDS = ["asyncio", "uvloop", "trio"]
 
 def _looptime_loop() -> asyncio.AbstractEventLoop:
     # start=1000.0: a non-zero epoch catches code that assumes the clock starts at 0.
-    return looptime.new_event_loop(start=1000.0)
+    loop = looptime.new_event_loop(start=1000.0)
+    join = loop.shutdown_default_executor
+
+    async def shutdown_default_executor(timeout: float | None = None) -> None:  # noqa: ASYNC109 (asyncio's signature)
+        # From Python 3.12 the runner joins the default executor's threads (anyio's
+        # connect_tcp resolves names there) under a 300 s timeout. Joining takes real
+        # time, and virtual time jumps the 300 s at once while the loop waits: the test
+        # then failed with "The executor did not finish joining its threads within
+        # 300 seconds". So no timeout here: pytest-timeout bounds a stuck join.
+        await join()
+
+    loop.shutdown_default_executor = shutdown_default_executor  # type: ignore[method-assign]
+    return loop
 
 
 @pytest.fixture(params=BACKENDS)

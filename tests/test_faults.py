@@ -945,6 +945,12 @@ async def in_thread(backend: str, fn: Callable[[], Any]) -> Any:
     looptime would jump) over the timers while the thread works. On trio, virtual
     time is frozen meanwhile (autojump off, rate 0); looptime tracks
     ``run_in_executor`` futures and moves in step with real time while one is pending.
+
+    On asyncio the thread is a pool of the call's own, joined before it returns, never
+    the loop's default executor: from Python 3.12 the runner ends by joining that
+    executor under a 300 s timeout (``shutdown_default_executor``), a future looptime
+    does not follow, so virtual time jumped the 300 s while the threads were joined
+    and the test failed with "The executor did not finish joining its threads".
     """
     if backend == "trio":
         clock: Any = trio.lowlevel.current_clock()
@@ -954,7 +960,8 @@ async def in_thread(backend: str, fn: Callable[[], Any]) -> Any:
             return await trio.to_thread.run_sync(fn)
         finally:
             clock.autojump_threshold = saved
-    return await asyncio.get_running_loop().run_in_executor(None, fn)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn)
 
 
 def _outcome(call: Callable[[], object]) -> str:

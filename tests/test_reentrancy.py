@@ -156,7 +156,10 @@ async def test_the_collector_re_enters_while_a_reset_creates_levels(what: str) -
             await handle.wait()
         assert timer.stats().levels == 1
 
+        filed = [False]  # whether the reset had filed the handle when the hook ran
+
         def act() -> None:
+            filed[0] = handle._bucket is not None
             if what == "reset":
                 handle.reset(0.01)
             else:
@@ -168,8 +171,15 @@ async def test_the_collector_re_enters_while_a_reset_creates_levels(what: str) -
             handle.reset(100.0)
         assert hooked, "the collector did not run"
         check(timer, [handle])
-        assert len(timer) == 1
-        assert handle.pending()
+        # Up to CPython 3.11 the collection runs inside the allocation, before the
+        # handle is filed: the reset that was filing it wins. From 3.12 it runs at the
+        # interpreter's next check of its eval breaker, which compiled code never makes:
+        # on the compiled core that is the first Python the reset calls after filing the
+        # handle (the driver's arm, aiowheel/_driver.py), so a cancel made there comes
+        # last, and stands. Either way the handle is in one bucket or none.
+        cancelled_last = what == "cancel" and filed[0]
+        assert len(timer) == (0 if cancelled_last else 1)
+        assert handle.pending() is not cancelled_last
         handle.cancel()
         check(timer, [handle])
         assert len(timer) == 0

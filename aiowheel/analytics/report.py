@@ -683,14 +683,27 @@ def run_report(
     )
 
 
+def _resolve_strictly(target: Path) -> Path:
+    """``target.resolve()`` that raises on a symbolic link loop on every Python.
+
+    From CPython 3.13 a non-strict ``resolve()`` no longer raises on a loop: it returns
+    a path through it, and making the directory then failed with "File exists". So the
+    part of ``target`` that exists is resolved strictly (an OSError on a loop), and the
+    part not made yet, which can hold no link, is appended as given."""
+    existing = target
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    return existing.resolve(strict=True) / target.relative_to(existing)
+
+
 def _check_target(target: Path, traces: Sequence[str], files: TraceFiles) -> None:
     """DIR must be a directory (or nothing yet), and not where traces are read from:
     a report among the traces would be read as a trace by the next report."""
     if target.exists() and not target.is_dir():
         raise ReportError(f"{target}: exists and is not a directory")
     try:
-        resolved = target.resolve()
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop
+        resolved = _resolve_strictly(target)
+    except (OSError, RuntimeError) as exc:  # a symbolic link loop: RuntimeError up to 3.12
         raise ReportError(f"--out {target}: cannot be resolved ({first_line(exc)})") from None
     for raw in traces:
         if is_remote(raw):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import io
 import os
 import shutil
@@ -23,6 +24,14 @@ from aiowheel.trace import ParquetRecorder, trace_schema
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
+
+# The report looks for pyspark before it reads its arguments: these tests need it
+# importable (though not Java). The suite on each Python (noxfile.py) installs no
+# pyspark, so they run where the whole suite does (.ci/run, CPython 3.11).
+needs_pyspark = pytest.mark.skipif(
+    importlib.util.find_spec("pyspark") is None,
+    reason="needs pyspark importable (the analytics extra)",
+)
 
 
 @pytest.fixture
@@ -49,6 +58,7 @@ def _assert_one_line(err: str, *fragments: str) -> None:
         assert fragment in lines[0]
 
 
+@needs_pyspark
 def test_a_path_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
     status, err = _run(capsys, str(tmp_path / "nope.parquet"), "--out", str(out))
@@ -57,6 +67,7 @@ def test_a_path_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixtur
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_a_directory_without_parquet_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -71,6 +82,7 @@ def test_a_directory_without_parquet_files(
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_a_file_that_is_not_parquet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bogus = tmp_path / "bogus.parquet"
     bogus.write_text("run_id,timer_id\nr,1\n")
@@ -81,6 +93,7 @@ def test_a_file_that_is_not_parquet(tmp_path: Path, capsys: pytest.CaptureFixtur
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_missing_columns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], good_rows: list[dict[str, object]]
 ) -> None:
@@ -96,6 +109,7 @@ def test_missing_columns(
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_wrong_types(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], good_rows: list[dict[str, object]]
 ) -> None:
@@ -111,6 +125,7 @@ def test_wrong_types(
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_an_empty_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     recorder = ParquetRecorder(tmp_path / "empty.parquet")
     recorder.open(backend="asyncio", clock=0.0)
@@ -122,6 +137,7 @@ def test_an_empty_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_one_bad_file_among_good_ones_is_named(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -138,6 +154,7 @@ def test_one_bad_file_among_good_ones_is_named(
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_out_is_a_file(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -165,6 +182,7 @@ def test_an_existing_report_dir_is_left_alone_on_bad_input(
     assert (out / "summary.csv").read_text() == "old"
 
 
+@needs_pyspark
 def test_no_java_is_one_sentence_and_exit_2(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -184,6 +202,7 @@ def test_no_java_is_one_sentence_and_exit_2(
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_a_java_home_without_java(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     problem = report.java_problem()
@@ -327,6 +346,7 @@ def _spark_must_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report, "_spark_session", refuse)
 
 
+@needs_pyspark
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 @pytest.mark.timeout(60)
 def test_a_fifo_named_parquet_is_refused_not_waited_on(
@@ -352,6 +372,7 @@ def test_a_fifo_named_parquet_is_refused_not_waited_on(
         _assert_one_line(err, str(path), "not a regular file (a FIFO)")
 
 
+@needs_pyspark
 def test_a_dangling_symbolic_link_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -363,6 +384,7 @@ def test_a_dangling_symbolic_link_is_named(
     _assert_one_line(err, "gone.parquet", "a symbolic link to nothing")
 
 
+@needs_pyspark
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_out_where_no_directory_can_be_made(
     make_trace: Callable[..., Path],
@@ -399,6 +421,7 @@ def test_out_read_only_parent(
     _assert_one_line(err, "cannot create a directory in", "Permission denied")
 
 
+@needs_pyspark
 def test_out_through_a_symbolic_link_loop(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -413,6 +436,7 @@ def test_out_through_a_symbolic_link_loop(
     _assert_one_line(err, f"--out {loop / 'report'}: cannot be resolved")
 
 
+@needs_pyspark
 def test_out_empty(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -428,6 +452,7 @@ def test_out_empty(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["traces"]
 
 
+@needs_pyspark
 @pytest.mark.parametrize("where", ["the directory", "inside it", "deep inside it"])
 def test_out_in_the_trace_directory(
     where: str,
@@ -450,6 +475,7 @@ def test_out_in_the_trace_directory(
     assert sorted(p.name for p in traces.iterdir()) == ["trace.parquet"]
 
 
+@needs_pyspark
 def test_out_in_the_trace_directory_through_a_symbolic_link(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -465,6 +491,7 @@ def test_out_in_the_trace_directory_through_a_symbolic_link(
     _assert_one_line(err, "inside the trace directory")
 
 
+@needs_pyspark
 def test_out_beside_a_trace_file_given_by_name(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -478,6 +505,7 @@ def test_out_beside_a_trace_file_given_by_name(
     _assert_one_line(err, "is the directory of the trace", str(trace))
 
 
+@needs_pyspark
 def test_a_report_left_among_traces_is_named_as_such(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -494,6 +522,7 @@ def test_a_report_left_among_traces_is_named_as_such(
     _assert_one_line(err, "summary.parquet", "a report's own table")
 
 
+@needs_pyspark
 def test_an_output_name_taken_by_a_directory(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -547,6 +576,7 @@ def test_a_missing_library_from_the_command(
     assert "Traceback" not in done.stderr
 
 
+@needs_pyspark
 def test_bench_results_given_but_bad(
     make_trace: Callable[..., Path],
     tmp_path: Path,
@@ -576,6 +606,7 @@ def test_bench_results_given_but_bad(
     _assert_nothing_written(out)
 
 
+@needs_pyspark
 def test_ctrl_c_ends_in_one_line_and_status_130(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
