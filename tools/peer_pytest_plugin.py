@@ -21,7 +21,9 @@ import pytest
 _SIDE = os.environ.get("AIOWHEEL_PEER_SIDE", "plain")
 _OUT = os.environ.get("AIOWHEEL_PEER_OUT")
 
-if _SIDE == "aiowheel":
+# Not in __main__ (the launcher below): importing aiowheel imports anyio, which pytest
+# must import itself first (`-p anyio`) to rewrite its asserts.
+if _SIDE == "aiowheel" and __name__ != "__main__":
     import uvloop
 
     import aiowheel
@@ -69,3 +71,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     detail: Any = report.longreprtext if report.failed else ""
     with open(_OUT, "a") as f:
         f.write(json.dumps({"id": report.nodeid, "outcome": outcome, "detail": detail}) + "\n")
+
+
+if __name__ == "__main__":
+    # tools/peer_suite.py starts the suite as `python tools/peer_pytest_plugin.py DEPS
+    # ARGS...` (sys.path[0] is then tools/, so `-p peer_pytest_plugin` finds this file),
+    # not `python -c`: anyio's to_process tests need a __main__ with a __file__.
+    import sys
+
+    sys.path.append(sys.argv[1])  # after site-packages: the environment's versions win
+    sys.exit(pytest.main(sys.argv[2:]))
