@@ -313,8 +313,17 @@ def main() -> int:
     args = parser.parse_args()
     if args.jobs < 1 or (args.timeout is not None and not args.timeout > 0):
         parser.error("--jobs and --timeout must be positive")
-    version = installed_version(args.peer)
-    suite, deps = fetch(args.peer, version, args.cache.resolve())
+    try:
+        version = installed_version(args.peer)
+    except importlib.metadata.PackageNotFoundError:
+        parser.error(f"{args.peer} is not installed here: its suite runs against it")
+    try:
+        suite, deps = fetch(args.peer, version, args.cache.resolve())
+    except subprocess.CalledProcessError as exc:
+        print(
+            f"could not fetch {args.peer} {version}'s suite from the index: {exc}", file=sys.stderr
+        )
+        return 2
     if args.peer == "uvloop":
         # A misspelt module would fail the same on both loops, and so pass.
         unknown = [
