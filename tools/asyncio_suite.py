@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from suite_compare import compare, report
+
 MODULES = [
     "test_timeouts",
     "test_waitfor",
@@ -66,7 +68,11 @@ def run_module(base: str, module: str) -> tuple[str, int, dict[str, str], float]
         text=True,
         timeout=600,
     )
-    results = {f"{m[2]}.{m[1]}": m[3].split()[0] for m in _RESULT.finditer(proc.stderr)}
+    # "skipped 'why'" -> "skipped"; the rest are suite_compare's outcomes already.
+    results = {
+        f"{m[2]}.{m[1]}": "skipped" if m[3].startswith("skipped") else m[3]
+        for m in _RESULT.finditer(proc.stderr)
+    }
     return module, proc.returncode, results, time.perf_counter() - start
 
 
@@ -92,11 +98,8 @@ def main() -> int:
                 f"{b:13} {module:22} rc={code} tests={len(results):4} failed={bad:3} {took:5.1f}s"
             )
     if args.compare:
-        ours, ref = outcome[args.base], outcome["plain-uvloop"]
-        worse = sorted(t for t, r in ours.items() if r in ("FAIL", "ERROR") and ref.get(t) == "ok")
-        for test in worse:
-            print("fails only on aiowheel:", test)
-        return 1 if worse else 0
+        verdict = compare(outcome["plain-uvloop"], outcome[args.base])
+        return report(f"test.test_asyncio on {args.base}", verdict)
     failed = [m for m, c in codes[args.base].items() if c != 0]
     print("failed modules:", failed or "none")
     return 1 if failed else 0
