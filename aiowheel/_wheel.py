@@ -545,6 +545,9 @@ class Wheel:
                 bucket.tick = None
                 bucket.time = _INF
                 continue
+            if early is not None and early._first is not None and early._first._deadline < when:
+                self._emit_before(early, when, fired)
+                continue
             if level == -3:
                 # The far bucket: not detached (its entries are not due), only
                 # re-examined against the clock at its tick.
@@ -554,9 +557,13 @@ class Wheel:
                 if start > self._now:
                     self._set_now(start)
                 self._due_far()
-                continue
-            if early is not None and early._first is not None and early._first._deadline < when:
-                self._emit_before(early, when, fired)
+                # Invariant: a pass hands out every entry due at `now`; whatever it
+                # files as due (into `_due`) it takes before it returns. An entry
+                # lazily extended inside the far bucket to the far bucket's own
+                # time is due right here (issue 28: it used to wait in `_due` for
+                # an advance that nothing asked for, and the model lost it).
+                if self._due._first is not None:
+                    fired.append(self._take_due(now))
                 continue
             # Detach: new inserts during this pass must not land in a bucket we return.
             # The replacement first: its allocation may run finalizers that change the
