@@ -62,6 +62,7 @@ Invariants kept here (``Wheel._check`` asserts them; the model test in
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections.abc import Callable, Iterator
@@ -241,9 +242,11 @@ class Wheel:
         "_due",
         "_far",
         "_heap",
+        "_held",
         "_levels",
         "_limit0",
         "_limits",
+        "_moving",
         "_now",
         "_out",
         "_size",
@@ -279,6 +282,11 @@ class Wheel:
         self._out: list[Bucket] = []
         # Entries past the horizon (see _file_far).
         self._far = Bucket(-3)
+        # What a pass holds outside every bucket for a moment, for `recover`: the
+        # entry it is moving from one bucket to another (between the unlink and the
+        # link), and the entries it is re-linking in a new order.
+        self._moving: WheelEntry | None = None
+        self._held: list[WheelEntry] | None = None
 
     # -- clock --------------------------------------------------------------------
 
@@ -440,8 +448,10 @@ class Wheel:
             after = node._next
             e = self.due_tick_of(node._deadline)
             if e <= limit:
+                self._moving = node
                 far.remove(node)
                 self._file(node, e)
+                self._moving = None
             elif earliest < 0 or e < earliest:
                 earliest = e
             node = after
@@ -540,7 +550,7 @@ class Wheel:
             if bucket.tick != start:
                 _heappop(heap)
                 continue  # emptied and already dropped by next_expiry
-            if bucket._first is None:
+            if bucket.empty():  # (not `._first is None`: mypy would keep it narrowed)
                 _heappop(heap)
                 bucket.tick = None
                 bucket.time = _INF
@@ -575,8 +585,9 @@ class Wheel:
                 continue
             _heappop(heap)
             bucket.tick = None
-            self._levels[level][(start // self._widths[level]) % size] = fresh
+            # Listed in _out before it leaves its level: always findable (recover).
             self._out.append(bucket)
+            self._levels[level][(start // self._widths[level]) % size] = fresh
             if start > self._now:
                 self._set_now(start)
             if level == 0:
@@ -587,19 +598,25 @@ class Wheel:
                 while node is not None:
                     after = node._next
                     if node._deadline > when:
-                        bucket.remove(node)
                         e = self.due_tick_of(node._deadline)
+                        self._moving = node  # (for recover; see `_moving`)
+                        bucket.remove(node)
                         self._file(node, e if e > start else start + 1)
                     node = after
+                self._moving = None
                 if not bucket.empty():
                     fired.append(bucket)
             else:
                 # Cascade: re-file against the bucket's start; each entry moves down at
                 # least one level, or expires into the due bucket.
-                cascaded = bucket.pop_first()
+                cascaded = bucket._first
                 while cascaded is not None:
-                    self._file(cascaded, self.due_tick_of(cascaded._deadline))
-                    cascaded = bucket.pop_first()
+                    e = self.due_tick_of(cascaded._deadline)
+                    self._moving = cascaded
+                    bucket.remove(cascaded)
+                    self._file(cascaded, e)
+                    cascaded = bucket._first
+                self._moving = None
                 if self._due._first is not None:
                     fired.append(self._take_due(now))
         if early is not None and early._first is not None:
@@ -637,6 +654,7 @@ class Wheel:
             entries.extend(bucket)
         entries.sort(key=deadline_of)  # stable
         merged = [buckets[0]]
+        self._held = entries  # (for recover: unlinked below until linked again)
         for bucket in buckets:
             node = bucket._first
             while node is not None:
@@ -647,6 +665,7 @@ class Wheel:
         target = buckets[0]
         for entry in entries:
             target.add(entry)
+        self._held = None
         return merged
 
     def release(self) -> None:
@@ -660,8 +679,82 @@ class Wheel:
             if entry is None:
                 out.pop()
                 continue
+            e = self.due_tick_of(entry._deadline)
+            self._moving = entry
             bucket.remove(entry)
+            self._file(entry, e)
+            self._moving = None
+
+    def recover(self) -> None:
+        """Make the wheel whole again after an exception stopped it half-way through
+        ``advance``, ``in_order`` or ``release`` (on the pure core a
+        ``KeyboardInterrupt`` can arrive at any bytecode), and file every pending
+        entry again: nothing is lost, nothing runs twice, nothing fires early.
+
+        It relies on one invariant those methods keep at every bytecode: every
+        pending entry is reachable, by its bucket's forward links (``_first``,
+        ``_next``) from a level's bucket, the due or far bucket or a bucket listed in
+        ``_out``, or it is ``_moving`` (between an unlink and a link) or in
+        ``_held`` (being re-linked in a new order). What else a pass changes (the
+        heap, bucket ticks, the levels' windows, a bucket's back links) is rebuilt
+        here from scratch. O(pending entries + levels * wheel_size): rare.
+
+        The collector is paused meanwhile (its finalizers may call the timer, and
+        must not find an entry between its unlink and its filing). Run it again if
+        it is itself interrupted: it starts from what it holds (``_held``)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._recover()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _recover(self) -> None:
+        buckets: list[Bucket] = [self._due, self._far, *self._out]
+        for wheel in self._levels:
+            buckets.extend(wheel)
+        entries: list[WheelEntry] = []
+        seen: set[int] = set()
+        held = self._held
+        if held is not None:
+            entries.extend(held)
+        moving = self._moving
+        if moving is not None:
+            entries.append(moving)
+        for entry in entries:
+            seen.add(id(entry))
+        for bucket in buckets:
+            node = bucket._first
+            walked: set[int] = set()  # (a list cut half-way is never a cycle; still)
+            while node is not None and id(node) not in walked:
+                walked.add(id(node))
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    entries.append(node)
+                node = node._next
+        # A run that this very method interrupted left its list here: keep it until
+        # every entry is filed again.
+        self._held = entries
+        self._moving = None
+        # Levels: a level added half-way (its buckets listed, its width not yet) is
+        # empty; drop it. Then the windows, for the clock as it stands.
+        count = min(len(self._levels), len(self._widths), len(self._limits))
+        del self._levels[count:]
+        del self._widths[count:]
+        del self._limits[count:]
+        self._set_now(self._now)
+        self._out.clear()
+        self._heap.clear()
+        for bucket in buckets:
+            bucket._first = bucket._last = None
+            bucket.tick = None
+            bucket.time = _INF
+        for entry in entries:
+            entry._bucket = entry._prev = entry._next = None
+        for entry in entries:
             self._file(entry, self.due_tick_of(entry._deadline))
+        self._held = None
 
     def _take_due(self, now: float) -> Bucket:
         # The due bucket itself is handed out (its entries stay linked in it), with
@@ -669,15 +762,17 @@ class Wheel:
         # rounding filed as due a hair after `now` waits for the next tick instead.
         fresh = Bucket(-1)  # allocate before the change
         taken = self._due
+        self._out.append(taken)  # listed before it is replaced (recover)
         self._due = fresh
-        self._out.append(taken)
         node = taken._first
         while node is not None:
             after = node._next
             if node._deadline > now:
+                self._moving = node
                 taken.remove(node)
                 self._file(node, self._now + 1)
             node = after
+        self._moving = None
         # Entries are usually already in order (zero-delay timers, or one tick of a
         # cascade): then this is one comparison each, and no sort.
         previous = -_INF
@@ -686,11 +781,13 @@ class Wheel:
             if node._deadline < previous:
                 entries = list(taken)  # they stay linked while this allocates
                 entries.sort(key=deadline_of)
+                self._held = entries
                 taken._first = taken._last = None
                 for entry in entries:
                     entry._bucket = entry._prev = entry._next = None
                 for entry in entries:
                     taken.add(entry)
+                self._held = None
                 break
             previous = node._deadline
             node = node._next
@@ -703,8 +800,10 @@ class Wheel:
         self._out.append(chunk)
         while early._first is not None and early._first._deadline < when:
             entry = early._first
+            self._moving = entry
             early.remove(entry)
             chunk.add(entry)
+        self._moving = None
         fired.append(chunk)
 
     # -- introspection (not on any hot path) -----------------------------------------
@@ -724,6 +823,15 @@ class Wheel:
     def clear(self) -> list[Any]:
         """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
         entries = self._due.take_all()
+        held: list[WheelEntry] = []
+        if self._held is not None:  # a pass stopped while re-linking them
+            held.extend(e for e in self._held if e._bucket is None)
+        if self._moving is not None and self._moving._bucket is None:
+            held.append(self._moving)  # a pass stopped between unlink and link
+        for entry in held:
+            entry._prev = entry._next = None
+        entries += held
+        self._held = self._moving = None
         for bucket in self._out:  # handed out by an advance that did not finish
             entries += bucket.take_all()
         self._out.clear()
