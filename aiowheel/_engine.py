@@ -211,6 +211,10 @@ class Engine:
         and move the driver's wake-up earlier if its bucket comes due first."""
         wheel = self.wheel
         when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
+        if when != when:
+            # NaN: a finalizer re-armed the handle while this call filed it (Wheel._file);
+            # that later re-arm filed and counted it, and stands.
+            return
         if self.closed:
             self.closed_while_filing(handle, new)
         if new:

@@ -85,6 +85,7 @@ __all__ = ["HORIZON", "Bucket", "Wheel", "WheelEntry", "deadline_of"]
 # math.floor are called directly, which mypyc turns into C (docs/design.md, "Compiled
 # core").
 _INF: Final = math.inf
+_NAN: Final = math.nan
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
 
@@ -310,7 +311,14 @@ class Wheel:
         for level, width in enumerate(self._widths):
             limits[level] = now - now % width + width * size
         self._limit0 = limits[0]
-        self._upper = list(zip(limits[1:], self._widths[1:], self._levels[1:], strict=True))
+        # Allocates: a finalizer may add a level meanwhile (see _add_level); then
+        # build the list again, with it.
+        while True:
+            count = len(self._levels)
+            upper = list(zip(limits[1:], self._widths[1:], self._levels[1:], strict=False))
+            if len(self._levels) == count == len(upper) + 1:
+                break
+        self._upper = upper
 
     def reserve(self, deadline: float) -> None:
         """Create the levels that filing at ``deadline`` needs, ahead of the filing.
@@ -327,13 +335,25 @@ class Wheel:
             self._add_level()
 
     def _add_level(self) -> None:
+        # Every allocation (the buckets, the tuple) comes before the first append:
+        # one may run the collector, whose finalizers may re-arm a timer far enough
+        # to add a level themselves (issue 28, item 3). Then the level built here is
+        # stale (its number, its width): build it again on top of theirs. The
+        # appends allocate nothing the collector tracks, so the four lists always
+        # grow together (a pure-core interrupt between them: `recover`).
         size = self._size
-        width = self._widths[-1] * size
-        level = len(self._levels)
-        self._levels.append([Bucket(level) for _ in range(size)])
+        while True:
+            level = len(self._levels)
+            buckets = [Bucket(level) for _ in range(size)]
+            width = self._widths[-1] * size
+            limit = self._now - self._now % width + width * size
+            upper = (limit, width, buckets)
+            if len(self._levels) == level:
+                break
+        self._levels.append(buckets)
         self._widths.append(width)
-        self._limits.append(self._now - self._now % width + width * size)
-        self._upper.append((self._limits[-1], width, self._levels[-1]))
+        self._limits.append(limit)
+        self._upper.append(upper)
 
     # -- filing -------------------------------------------------------------------
 
@@ -342,7 +362,9 @@ class Wheel:
 
         Returns the time at which the entry's bucket comes due when this insert
         opened that bucket (so the caller can move its wake-up earlier), ``-inf`` when
-        the entry is already due, and ``inf`` when the bucket was already scheduled.
+        the entry is already due, and ``inf`` when the bucket was already scheduled;
+        NaN when it filed nothing because a finalizer, run by an allocation on the
+        way, filed the entry itself (see ``_file``: that later call stands).
         """
         try:
             e = math.ceil((deadline - self.origin) / self.tick)
@@ -382,12 +404,25 @@ class Wheel:
         else:
             # A coarser level: the lowest one whose window holds e. `_upper` is
             # (limit, width, buckets) per level >= 1, rebuilt when the clock moves.
-            for limit, width, buckets in self._upper:
+            # Nothing here allocates an object the collector tracks (an index, not a
+            # `for`, whose list iterator is one; no tuple unpacking, which allocates
+            # an iterator until the interpreter has specialized it): a collection
+            # here runs finalizers between the caller's reading of the entry's state
+            # and the link (issue 28, item 3; the re-check below is the backstop).
+            upper = self._upper
+            index = 0
+            count = len(upper)
+            while index < count:
+                level_window = upper[index]
+                limit = level_window[0]
                 if e < limit:
+                    width = level_window[1]
+                    buckets = level_window[2]
                     number = e // width
                     bucket = buckets[number % self._size]
                     start = number * width
                     break
+                index += 1
             else:
                 if e > self._now + HORIZON:
                     # Past the horizon: the far bucket, which comes due once its
@@ -395,6 +430,13 @@ class Wheel:
                     return self._file_far(entry, e)
                 self._add_level()
                 return self._file(entry, e)
+        if entry._bucket is not None:
+            # Invariant: an entry is linked in one bucket. A finalizer re-armed this
+            # very entry while the call filing it was on its way here (the garbage
+            # collector ran at an allocation; issue 28, item 3: it made this link
+            # raise "already filed"). That later call stands: file nothing and say
+            # so (NaN), and the caller counts nothing (Engine.file).
+            return _NAN
         if bucket.tick != start:
             # First entry of this bucket in this revolution: schedule the bucket.
             # Link first, allocate (the heap's tuple) last: an allocation may run the
