@@ -224,6 +224,10 @@ class Engine:
         and move the driver's wake-up earlier if its bucket comes due first."""
         wheel = self.wheel
         when = wheel.insert_due(handle, deadline) if due else wheel.insert(handle, deadline)
+        if when != when:
+            # NaN: a finalizer re-armed the handle while this call filed it (Wheel._file);
+            # that later re-arm filed and counted it, and stands.
+            return
         if self.closed:
             self.closed_while_filing(handle, new)
         if new:
@@ -392,9 +396,13 @@ class Engine:
         except BaseException as exc:
             self.wake_at = _INF
             self.passing = False
-            self.break_(exc)
             if isinstance(exc, _EXIT):
+                # An interrupt (on the pure core it may arrive at any bytecode of
+                # advance) is not a fault of the wheel: put it back together, re-arm
+                # and let the interrupt go; the timer goes on if the loop does.
+                self.wheel_interrupted()
                 raise
+            self.break_(exc)
             return
         try:
             if buckets:
@@ -406,11 +414,23 @@ class Engine:
                 try:
                     self.wheel.release()  # what the pass did not reach: filed again
                     self.sync_wakeup()
+                except _EXIT:
+                    self.wheel_interrupted()  # as above
+                    raise
                 except BaseException as exc:
                     self.break_(exc)
-                    if isinstance(exc, _EXIT):
-                        raise
             self.pending_fell()
+
+    def wheel_interrupted(self) -> None:
+        """``SystemExit``/``KeyboardInterrupt`` stopped the wheel half-way through a
+        pass (``Wheel.recover``'s invariant lets it find every pending entry): make it
+        whole, file every entry again, re-arm. Only if that fails too is the timer
+        broken (``break_``)."""
+        try:
+            self.wheel.recover()
+            self.sync_wakeup()
+        except BaseException as exc:
+            self.break_(exc)
 
     def run_due(self, buckets: list[Bucket], now: float) -> None:
         """Run every handle of the expired ``buckets``, one at a time off the front: a

@@ -62,6 +62,7 @@ Invariants kept here (``Wheel._check`` asserts them; the model test in
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from collections.abc import Callable, Iterator
@@ -84,6 +85,7 @@ __all__ = ["HORIZON", "Bucket", "Wheel", "WheelEntry", "deadline_of"]
 # math.floor are called directly, which mypyc turns into C (docs/design.md, "Compiled
 # core").
 _INF: Final = math.inf
+_NAN: Final = math.nan
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
 
@@ -271,9 +273,11 @@ class Wheel:
         "_due",
         "_far",
         "_heap",
+        "_held",
         "_levels",
         "_limit0",
         "_limits",
+        "_moving",
         "_now",
         "_out",
         "_size",
@@ -309,6 +313,11 @@ class Wheel:
         self._out: list[Bucket] = []
         # Entries past the horizon (see _file_far).
         self._far = Bucket(-3)
+        # What a pass holds outside every bucket for a moment, for `recover`: the
+        # entry it is moving from one bucket to another (between the unlink and the
+        # link), and the entries it is re-linking in a new order.
+        self._moving: WheelEntry | None = None
+        self._held: list[WheelEntry] | None = None
 
     # -- clock --------------------------------------------------------------------
 
@@ -332,7 +341,14 @@ class Wheel:
         for level, width in enumerate(self._widths):
             limits[level] = now - now % width + width * size
         self._limit0 = limits[0]
-        self._upper = list(zip(limits[1:], self._widths[1:], self._levels[1:], strict=True))
+        # Allocates: a finalizer may add a level meanwhile (see _add_level); then
+        # build the list again, with it.
+        while True:
+            count = len(self._levels)
+            upper = list(zip(limits[1:], self._widths[1:], self._levels[1:], strict=False))
+            if len(self._levels) == count == len(upper) + 1:
+                break
+        self._upper = upper
 
     def reserve(self, deadline: float) -> None:
         """Create the levels that filing at ``deadline`` needs, ahead of the filing.
@@ -349,13 +365,25 @@ class Wheel:
             self._add_level()
 
     def _add_level(self) -> None:
+        # Every allocation (the buckets, the tuple) comes before the first append:
+        # one may run the collector, whose finalizers may re-arm a timer far enough
+        # to add a level themselves (issue 28, item 3). Then the level built here is
+        # stale (its number, its width): build it again on top of theirs. The
+        # appends allocate nothing the collector tracks, so the four lists always
+        # grow together (a pure-core interrupt between them: `recover`).
         size = self._size
-        width = self._widths[-1] * size
-        level = len(self._levels)
-        self._levels.append([Bucket(level) for _ in range(size)])
+        while True:
+            level = len(self._levels)
+            buckets = [Bucket(level) for _ in range(size)]
+            width = self._widths[-1] * size
+            limit = self._now - self._now % width + width * size
+            upper = (limit, width, buckets)
+            if len(self._levels) == level:
+                break
+        self._levels.append(buckets)
         self._widths.append(width)
-        self._limits.append(self._now - self._now % width + width * size)
-        self._upper.append((self._limits[-1], width, self._levels[-1]))
+        self._limits.append(limit)
+        self._upper.append(upper)
 
     # -- filing -------------------------------------------------------------------
 
@@ -364,7 +392,9 @@ class Wheel:
 
         Returns the time at which the entry's bucket comes due when this insert
         opened that bucket (so the caller can move its wake-up earlier), ``-inf`` when
-        the entry is already due, and ``inf`` when the bucket was already scheduled.
+        the entry is already due, and ``inf`` when the bucket was already scheduled;
+        NaN when it filed nothing because a finalizer, run by an allocation on the
+        way, filed the entry itself (see ``_file``: that later call stands).
         """
         try:
             e = math.ceil((deadline - self.origin) / self.tick)
@@ -409,12 +439,25 @@ class Wheel:
         else:
             # A coarser level: the lowest one whose window holds e. `_upper` is
             # (limit, width, buckets) per level >= 1, rebuilt when the clock moves.
-            for limit, width, buckets in self._upper:
+            # Nothing here allocates an object the collector tracks (an index, not a
+            # `for`, whose list iterator is one; no tuple unpacking, which allocates
+            # an iterator until the interpreter has specialized it): a collection
+            # here runs finalizers between the caller's reading of the entry's state
+            # and the link (issue 28, item 3; the re-check below is the backstop).
+            upper = self._upper
+            index = 0
+            count = len(upper)
+            while index < count:
+                level_window = upper[index]
+                limit = level_window[0]
                 if e < limit:
+                    width = level_window[1]
+                    buckets = level_window[2]
                     number = e // width
                     bucket = buckets[number % self._size]
                     start = number * width
                     break
+                index += 1
             else:
                 if e > self._now + HORIZON:
                     # Past the horizon: the far bucket, which comes due once its
@@ -422,6 +465,13 @@ class Wheel:
                     return self._file_far(entry, e)
                 self._add_level()
                 return self._file(entry, e, cascaded)
+        if entry._bucket is not None:
+            # Invariant: an entry is linked in one bucket. A finalizer re-armed this
+            # very entry while the call filing it was on its way here (the garbage
+            # collector ran at an allocation; issue 28, item 3: it made this link
+            # raise "already filed"). That later call stands: file nothing and say
+            # so (NaN), and the caller counts nothing (Engine.file).
+            return _NAN
         if bucket.tick != start:
             # First entry of this bucket in this revolution: schedule the bucket.
             # Link first, allocate (the heap's tuple) last: an allocation may run the
@@ -483,8 +533,10 @@ class Wheel:
             after = node._next
             e = self.due_tick_of(node._deadline)
             if e <= limit:
+                self._moving = node
                 far.remove(node)
                 self._file(node, e, True)
+                self._moving = None
             elif earliest < 0 or e < earliest:
                 earliest = e
             node = after
@@ -584,10 +636,13 @@ class Wheel:
             if bucket.tick != start:
                 _heappop(heap)
                 continue  # emptied and already dropped by next_expiry
-            if bucket._first is None:
+            if bucket.empty():  # (not `._first is None`: mypy would keep it narrowed)
                 _heappop(heap)
                 bucket.tick = None
                 bucket.time = _INF
+                continue
+            if early is not None and early._first is not None and early._first._deadline < when:
+                self._emit_before(early, when, fired)
                 continue
             if level == -3:
                 # The far bucket: not detached (its entries are not due), only
@@ -598,9 +653,13 @@ class Wheel:
                 if start > self._now:
                     self._set_now(start)
                 self._due_far()
-                continue
-            if early is not None and early._first is not None and early._first._deadline < when:
-                self._emit_before(early, when, fired)
+                # Invariant: a pass hands out every entry due at `now`; whatever it
+                # files as due (into `_due`) it takes before it returns. An entry
+                # lazily extended inside the far bucket to the far bucket's own
+                # time is due right here (issue 28: it used to wait in `_due` for
+                # an advance that nothing asked for, and the model lost it).
+                if self._due._first is not None:
+                    fired.append(self._take_due(now))
                 continue
             # Detach: new inserts during this pass must not land in a bucket we return.
             # The replacement first: its allocation may run finalizers that change the
@@ -612,8 +671,9 @@ class Wheel:
                 continue
             _heappop(heap)
             bucket.tick = None
-            self._levels[level][(start // self._widths[level]) % size] = fresh
+            # Listed in _out before it leaves its level: always findable (recover).
             self._out.append(bucket)
+            self._levels[level][(start // self._widths[level]) % size] = fresh
             if start > self._now:
                 self._set_now(start)
             if level == 0:
@@ -624,19 +684,25 @@ class Wheel:
                 while node is not None:
                     after = node._next
                     if node._deadline > when:
-                        bucket.remove(node)
                         e = self.due_tick_of(node._deadline)
+                        self._moving = node  # (for recover; see `_moving`)
+                        bucket.remove(node)
                         self._file(node, e if e > start else start + 1)
                     node = after
+                self._moving = None
                 if not bucket.empty():
                     fired.append(bucket)
             else:
                 # Cascade: re-file against the bucket's start; each entry moves down at
                 # least one level, or expires into the due bucket.
-                cascaded = bucket.pop_first()
+                cascaded = bucket._first
                 while cascaded is not None:
-                    self._file(cascaded, self.due_tick_of(cascaded._deadline), True)
-                    cascaded = bucket.pop_first()
+                    e = self.due_tick_of(cascaded._deadline)
+                    self._moving = cascaded
+                    bucket.remove(cascaded)
+                    self._file(cascaded, e, True)
+                    cascaded = bucket._first
+                self._moving = None
                 if self._due._first is not None:
                     fired.append(self._take_due(now))
         if early is not None and early._first is not None:
@@ -674,6 +740,7 @@ class Wheel:
             entries.extend(bucket)
         entries.sort(key=deadline_of)  # stable
         merged = [buckets[0]]
+        self._held = entries  # (for recover: unlinked below until linked again)
         for bucket in buckets:
             node = bucket._first
             while node is not None:
@@ -684,6 +751,7 @@ class Wheel:
         target = buckets[0]
         for entry in entries:
             target.add(entry)
+        self._held = None
         return merged
 
     def release(self) -> None:
@@ -697,9 +765,83 @@ class Wheel:
             if entry is None:
                 out.pop()
                 continue
+            e = self.due_tick_of(entry._deadline)
+            self._moving = entry
             bucket.remove(entry)
             # Filed before anything filed since: ahead of those ties.
-            self._file(entry, self.due_tick_of(entry._deadline), True)
+            self._file(entry, e, True)
+            self._moving = None
+
+    def recover(self) -> None:
+        """Make the wheel whole again after an exception stopped it half-way through
+        ``advance``, ``in_order`` or ``release`` (on the pure core a
+        ``KeyboardInterrupt`` can arrive at any bytecode), and file every pending
+        entry again: nothing is lost, nothing runs twice, nothing fires early.
+
+        It relies on one invariant those methods keep at every bytecode: every
+        pending entry is reachable, by its bucket's forward links (``_first``,
+        ``_next``) from a level's bucket, the due or far bucket or a bucket listed in
+        ``_out``, or it is ``_moving`` (between an unlink and a link) or in
+        ``_held`` (being re-linked in a new order). What else a pass changes (the
+        heap, bucket ticks, the levels' windows, a bucket's back links) is rebuilt
+        here from scratch. O(pending entries + levels * wheel_size): rare.
+
+        The collector is paused meanwhile (its finalizers may call the timer, and
+        must not find an entry between its unlink and its filing). Run it again if
+        it is itself interrupted: it starts from what it holds (``_held``)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._recover()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _recover(self) -> None:
+        buckets: list[Bucket] = [self._due, self._far, *self._out]
+        for wheel in self._levels:
+            buckets.extend(wheel)
+        entries: list[WheelEntry] = []
+        seen: set[int] = set()
+        held = self._held
+        if held is not None:
+            entries.extend(held)
+        moving = self._moving
+        if moving is not None:
+            entries.append(moving)
+        for entry in entries:
+            seen.add(id(entry))
+        for bucket in buckets:
+            node = bucket._first
+            walked: set[int] = set()  # (a list cut half-way is never a cycle; still)
+            while node is not None and id(node) not in walked:
+                walked.add(id(node))
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    entries.append(node)
+                node = node._next
+        # A run that this very method interrupted left its list here: keep it until
+        # every entry is filed again.
+        self._held = entries
+        self._moving = None
+        # Levels: a level added half-way (its buckets listed, its width not yet) is
+        # empty; drop it. Then the windows, for the clock as it stands.
+        count = min(len(self._levels), len(self._widths), len(self._limits))
+        del self._levels[count:]
+        del self._widths[count:]
+        del self._limits[count:]
+        self._set_now(self._now)
+        self._out.clear()
+        self._heap.clear()
+        for bucket in buckets:
+            bucket._first = bucket._last = bucket._cascaded = None
+            bucket.tick = None
+            bucket.time = _INF
+        for entry in entries:
+            entry._bucket = entry._prev = entry._next = None
+        for entry in entries:
+            self._file(entry, self.due_tick_of(entry._deadline))
+        self._held = None
 
     def _take_due(self, now: float) -> Bucket:
         # The due bucket itself is handed out (its entries stay linked in it), with
@@ -707,15 +849,17 @@ class Wheel:
         # rounding filed as due a hair after `now` waits for the next tick instead.
         fresh = Bucket(-1)  # allocate before the change
         taken = self._due
+        self._out.append(taken)  # listed before it is replaced (recover)
         self._due = fresh
-        self._out.append(taken)
         node = taken._first
         while node is not None:
             after = node._next
             if node._deadline > now:
+                self._moving = node
                 taken.remove(node)
                 self._file(node, self._now + 1)
             node = after
+        self._moving = None
         # Entries are usually already in order (zero-delay timers, or one tick of a
         # cascade): then this is one comparison each, and no sort.
         previous = -_INF
@@ -724,11 +868,13 @@ class Wheel:
             if node._deadline < previous:
                 entries = list(taken)  # they stay linked while this allocates
                 entries.sort(key=deadline_of)
+                self._held = entries
                 taken._first = taken._last = taken._cascaded = None
                 for entry in entries:
                     entry._bucket = entry._prev = entry._next = None
                 for entry in entries:
                     taken.add(entry)
+                self._held = None
                 break
             previous = node._deadline
             node = node._next
@@ -741,8 +887,10 @@ class Wheel:
         self._out.append(chunk)
         while early._first is not None and early._first._deadline < when:
             entry = early._first
+            self._moving = entry
             early.remove(entry)
             chunk.add(entry)
+        self._moving = None
         fired.append(chunk)
 
     # -- introspection (not on any hot path) -----------------------------------------
@@ -762,6 +910,15 @@ class Wheel:
     def clear(self) -> list[Any]:
         """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
         entries = self._due.take_all()
+        held: list[WheelEntry] = []
+        if self._held is not None:  # a pass stopped while re-linking them
+            held.extend(e for e in self._held if e._bucket is None)
+        if self._moving is not None and self._moving._bucket is None:
+            held.append(self._moving)  # a pass stopped between unlink and link
+        for entry in held:
+            entry._prev = entry._next = None
+        entries += held
+        self._held = self._moving = None
         for bucket in self._out:  # handed out by an advance that did not finish
             entries += bucket.take_all()
         self._out.clear()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +26,8 @@ import trio
 from support import at_next_collection
 
 from aiowheel import Timer, TimerCancelled, TimerClosed, TimerHandle
-from aiowheel._wheel import Bucket, WheelEntry
+from aiowheel import _wheel as wheel_module
+from aiowheel._wheel import Bucket, Wheel, WheelEntry
 
 pytestmark = pytest.mark.anyio
 
@@ -260,6 +262,95 @@ def test_bucket_add_refuses_a_linked_entry() -> None:
     assert list(other) == []
     assert entry._prev is None
     assert entry._next is None
+
+
+# == issue 28, item 3: a finalizer re-arms a handle while that handle's reset files it ===
+
+
+def _inside_wheel(name: str) -> bool:
+    """Whether the wheel's method ``name`` is on the stack (a collection inside it)."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == name and frame.f_code.co_filename == wheel_module.__file__:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+@pytest.mark.parametrize("inner", [0.02, 200.0])
+@pytest.mark.parametrize("nth", range(1, 12))
+async def test_a_finalizer_re_arming_a_handle_during_its_own_reset(nth: int, inner: float) -> None:
+    """Issue 28, item 3: a ``gc.callbacks`` hook re-arms a fired handle at the n-th
+    collection inside that handle's own ``reset`` (with a level to create and, on the
+    pure core, a collection inside the wheel's filing). The outer ``reset`` raised
+    ``RuntimeError: ... is already filed``. Now it returns; the handle is filed once,
+    counted once, at the deadline of one of the two calls (docs/usage.md, "Failure
+    semantics"), and runs once. A re-arm to 200 s creates a level inside the one
+    the outer call is creating: the outer level was appended with a stale number
+    and width (``Wheel._check`` caught it)."""
+    calls: list[float] = []
+    async with Timer(tick=TICK) as timer:
+        handle = timer.schedule_nowait(0.001, lambda: calls.append(timer.time()))
+        with anyio.fail_after(5):
+            await handle.wait()
+        count = [0]
+
+        def act() -> None:
+            handle.reset(inner)
+
+        def when() -> bool:
+            count[0] += 1
+            return count[0] == nth
+
+        start = timer.time()
+        with at_next_collection(act, when):
+            handle.reset(100.0)
+        check(timer, [handle])
+        assert len(timer) == 1
+        assert handle.pending()
+        delay = handle.deadline - start  # one of the two calls' (uvloop: real clock)
+        assert delay in (pytest.approx(inner, abs=0.01), pytest.approx(100.0, abs=0.01))
+        handle.reset(0.01)  # (uvloop runs on the real clock)
+        with anyio.fail_after(5):
+            await handle.wait()
+        check(timer, [handle])
+        assert len(timer) == 0
+    assert len(calls) == 2
+
+
+async def test_a_finalizer_re_arming_a_handle_inside_the_wheels_filing() -> None:
+    """The same, at a collection inside ``Wheel._file`` itself (pure core: the level
+    search unpacked a tuple, which allocates until the interpreter specializes it)."""
+    async with Timer(tick=TICK) as timer:
+        warm = timer.schedule_nowait(1000.0, _nothing)  # levels exist: no reserve work
+        handle = timer.schedule_nowait(0.001, _nothing)
+        with anyio.fail_after(5):
+            await handle.wait()
+        with at_next_collection(lambda: handle.reset(0.02), lambda: _inside_wheel("_file")):
+            handle.reset(50.0)
+        check(timer, [handle, warm])
+        assert len(timer) == 2
+        warm.cancel()
+        handle.reset(0.01)  # (uvloop runs on the real clock)
+        with anyio.fail_after(5):
+            await handle.wait()
+        check(timer, [handle, warm])
+
+
+def test_the_wheel_files_nothing_when_a_finalizer_filed_the_entry_meanwhile() -> None:
+    """The backstop in ``Wheel._file``: a collection while it creates a level (no
+    ``reserve`` first) runs a finalizer that files the same entry. The later call
+    stands; the outer insert files nothing and says so (NaN)."""
+    wheel = Wheel(1.0, 4, 0.0)
+    entry = WheelEntry()
+    with at_next_collection(lambda: wheel.insert(entry, 5.0), lambda: wheel.levels > 1) as hooked:
+        result = wheel.insert(entry, 1000.0)
+    assert hooked
+    assert math.isnan(result)
+    assert entry._deadline == 5.0
+    assert entry._bucket is not None
+    wheel._check()
+    assert wheel.advance(5.0)[0]._first is entry
 
 
 # == issue 20, section 2: a timer that closes settles every handle it held ===============

@@ -532,6 +532,39 @@ def test_driving_to_a_far_deadline_takes_few_wake_ups() -> None:
     assert wheel.tick_time(wheel.now_tick) >= target._deadline
 
 
+def test_an_entry_extended_to_the_far_buckets_own_time_fires_then() -> None:
+    """Issue 28, found by tests/test_wheel_model.py: an entry in the far bucket moved
+    later than that bucket's time (a lazy extend: it stays there) is due when the far
+    bucket comes due. The pass filed it as due and returned without it, so the
+    advance to its deadline fired nothing."""
+    wheel = Wheel(1.0, 3, 0.0)
+    (far,) = add(wheel, [2.0**60])
+    when = wheel.next_expiry()
+    assert when == 2.0**60 - 2.0**48
+    wheel.extend(far, when)  # no earlier than the bucket's time: lazy, stays there
+    assert far._bucket is wheel._far
+    wheel._check()
+    assert flush(wheel, when) == [far]
+    wheel._check()
+    assert wheel.next_expiry() is None
+
+
+def test_far_entries_due_at_the_far_tick_come_out_in_deadline_order() -> None:
+    """The same pass, with entries filed as due before it: these go out first, then
+    the far bucket's, then a level bucket due later in the same pass."""
+    wheel = Wheel(1.0, 3, 0.0)
+    (far,) = add(wheel, [2.0**49])  # small enough for whole seconds to be exact
+    when = wheel.next_expiry()
+    assert when == 2.0**48
+    flush(wheel, when - 10.0)
+    wheel.extend(far, when)
+    early = Entry(0)
+    wheel.insert_due(early, when - 10.0)
+    (later,) = add(wheel, [when + 1.0])
+    assert flush(wheel, when + 1.0) == [early, far, later]
+    wheel._check()
+
+
 def test_a_lazy_extend_past_2_53_ticks_keeps_the_invariants() -> None:
     """Found by tests/test_wheel_model.py: past 2**53 ticks a bucket's time is its start
     rounded (possibly down), so a deadline extended to "now" can pass extend's float
