@@ -152,11 +152,12 @@ class LoopReschedule(_LoopWorkload):
     )
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [100_000]
+        # Quick (and so `bench --report`, issue 32: the main job's 5 minutes): half.
+        return [50_000] if quick else [100_000]
 
     def prepare(self, n: int, rep: int, settings: Settings) -> _RescheduleData:
         rng = _rng(settings, self.name, n, rep)
-        ops = settings.ops if settings.ops is not None else (50_000 if settings.quick else 200_000)
+        ops = settings.ops if settings.ops is not None else (30_000 if settings.quick else 200_000)
         fill = _pending(rng, n)
         randrange, uniform = rng.randrange, rng.uniform
         end = _PENDING_FROM + _PENDING_SPAN
@@ -198,7 +199,7 @@ class LoopReschedule(_LoopWorkload):
 # -- loop-steps -----------------------------------------------------------------------
 
 #: loop-steps' and loop-timeout's tasks take this many steps in all, per repetition.
-_STEPS_QUICK = 200_000
+_STEPS_QUICK = 100_000
 _STEPS_FULL = 1_000_000
 _STEP_TASKS = 100
 
@@ -219,7 +220,7 @@ class LoopSteps(_LoopWorkload):
     )
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [100_000]
+        return [50_000] if quick else [100_000]
 
     def prepare(self, n: int, rep: int, settings: Settings) -> list[float]:
         return _pending(_rng(settings, self.name, n, rep), n)
@@ -286,7 +287,7 @@ class LoopTimeout(_LoopWorkload):
     metrics = (Metric("read_ns", "read (a task step) + cm.reschedule(now + 30 s)", "ns", "lower"),)
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [10_000]
+        return [5_000] if quick else [10_000]
 
     def params(self, settings: Settings) -> dict[str, Any]:
         return {
@@ -413,7 +414,8 @@ class LoopMemory(_LoopWorkload, Memory):
     metrics = (Metric("bytes", "per pending call_later timer", "B", "lower"),)
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [100_000]
+        # Bytes per timer do not depend on N: quick measures fewer.
+        return [20_000] if quick else [100_000]
 
     def params(self, settings: Settings) -> dict[str, Any]:
         return {
