@@ -191,6 +191,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, help=f"--report's directory (./{DEFAULT_OUT})")
     parser.add_argument(
+        "--save",
+        type=Path,
+        metavar="FILE",
+        help="also write the run's results to FILE, in bench-results.json's format "
+        "(docs/_data/reference-run.json is one)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=20150515, help="random seed (same data for all)"
     )
     parser.add_argument(
@@ -316,8 +323,16 @@ def _out(ns: argparse.Namespace) -> Path:
 
 
 def check_setup(ns: argparse.Namespace, settings: Settings, trace_factory: TraceFactory) -> None:
-    """Fail now, not after minutes of measuring: ``UsageError`` if the traces or the
-    report cannot be written, or what they need is not installed."""
+    """Fail now, not after minutes of measuring: ``UsageError`` if the traces, the
+    report or ``--save``'s file cannot be written, or what they need is not installed."""
+    save: Path | None = getattr(ns, "save", None)
+    if save is not None:
+        try:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=save.parent):
+                pass
+        except OSError as exc:
+            raise UsageError(f"--save {save}: cannot write there ({exc.strerror or exc})") from None
     if settings.trace_dir is None:
         return
     option = "--report" if ns.report else "--trace"
@@ -409,11 +424,13 @@ def _run(
         # and keep the interpreter's final flush from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    if settings.trace_dir is not None:
+    targets = [] if settings.trace_dir is None else [settings.trace_dir / RESULTS_FILE]
+    if getattr(ns, "save", None) is not None:
+        targets.append(ns.save)
+    for path in targets:
         try:
-            write_results(settings.trace_dir, settings, runner.machine, results)
+            write_results(path.parent, settings, runner.machine, results, name=path.name)
         except OSError as exc:
-            path = settings.trace_dir / RESULTS_FILE
             print(f"{PROG}: error: cannot write {path}: {exc}", file=sys.stderr)
             return 1
     if ns.report:

@@ -25,7 +25,8 @@ the fastest plain loop at moving a deadline).
 ``loop-few``         few timers: ``async with asyncio.timeout(10): pass`` with nothing
                      else pending (ns per enter + exit), then N tasks (200) sleeping
                      1 ms over and over for ``--loop-seconds``: CPU per sleep, and the
-                     wall time a 1 ms sleep took.
+                     wall time a 1 ms sleep took; and what a new loop costs (made and
+                     closed, never run: a test suite makes one per test).
 ``loop-memory``      bytes per pending ``call_later`` timer at N (tracemalloc growth,
                      as ``memory``).
 
@@ -43,12 +44,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import aiowheel
+
+from .contenders import Contender
 from .env import Env
 from .settings import Settings
 from .workload import Metric, RepeatedWorkload
@@ -336,6 +341,19 @@ class LoopTimeout(_LoopWorkload):
 # -- loop-few -------------------------------------------------------------------------
 
 _SLEEP = 0.001
+_CREATIONS = 50
+
+
+def _loop_factory(contender: Contender) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A new event loop of ``contender``'s kind (as ``env.run_fresh`` makes them)."""
+    if contender.kind == "loop":
+        return lambda: aiowheel.new_event_loop(base=contender.backend)
+    if contender.backend == "asyncio":
+        return asyncio.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = importlib.import_module(
+        contender.backend
+    ).new_event_loop
+    return factory
 
 
 class LoopFew(_LoopWorkload):
@@ -347,6 +365,7 @@ class LoopFew(_LoopWorkload):
         ),
         Metric("sleep_cpu_us", "CPU per asyncio.sleep(0.001), N tasks sleeping", "us", "lower"),
         Metric("sleep_ms", "wall time a 1 ms sleep took", "ms", "lower", ratio=False),
+        Metric("create_us", "new event loop + close", "us", "lower"),
     )
 
     def default_sizes(self, quick: bool) -> list[int]:
@@ -360,6 +379,7 @@ class LoopFew(_LoopWorkload):
             "sleepers": "N tasks: while running: await asyncio.sleep(0.001)",
             "seconds": settings.loop_seconds,
             "cpu": "time.process_time() over the sleepers' run / sleeps done",
+            "create": f"{_CREATIONS} x new_event_loop() + close(), never run",
         }
 
     async def run(
@@ -398,10 +418,18 @@ class LoopFew(_LoopWorkload):
         await asyncio.gather(*tasks)
         cpu, wall = time.process_time() - cpu0, perf() - wall0
         done = max(sleeps, 1)
+        # What a new loop of this kind costs (a test suite makes one per test): made
+        # and closed, never run, _CREATIONS times.
+        factory = _loop_factory(env.contender)
+        t0 = perf()
+        for _ in range(_CREATIONS):
+            factory().close()
+        created = (perf() - t0) / _CREATIONS
         return {
             "enter_exit_ns": enter_exit * 1e9,
             "sleep_cpu_us": cpu / done * 1e6,
             "sleep_ms": wall * n / done * 1e3,
+            "create_us": created * 1e6,
         }
 
 
