@@ -17,7 +17,8 @@ stdin closes (the parent gone: the server never outlives it):
   database and HTTP clients do (each completes at once; its timeout is armed, then
   cancelled);
 * ``GET /__stats``: this process's CPU seconds, RSS and collector pauses, as JSON;
-  ``/__stats?gc=1`` also times one full ``gc.collect()``.
+  ``/__stats?gc=1`` also times one full ``gc.collect()``; ``?reset=1`` starts the
+  longest pause over (after reporting it).
 """
 
 from __future__ import annotations
@@ -80,12 +81,16 @@ def _rss() -> int | None:
         return None
 
 
-def _stats(full_gc: bool) -> bytes:
+def _stats(full_gc: bool, reset: bool = False) -> bytes:
     gc_full = None
     if full_gc:
         t0 = time.perf_counter()
         gc.collect()
         gc_full = time.perf_counter() - t0
+    longest = _pauses.longest
+    if reset:
+        # The next report's longest pause is of the collections from now on.
+        _pauses.longest = 0.0
     return json.dumps(
         {
             # process_time: user + system CPU of this process, at a finer grain than
@@ -93,7 +98,7 @@ def _stats(full_gc: bool) -> bytes:
             "cpu": time.process_time(),
             "rss": _rss(),
             "gc_total": _pauses.total,
-            "gc_longest": _pauses.longest,
+            "gc_longest": longest,
             "gc_collections": _pauses.collections,
             "gc_full": gc_full,
         }
@@ -126,7 +131,8 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         for _ in range(2):
             await asyncio.wait_for(_short(), _TIMEOUT)
     if path == "/__stats":
-        body = _stats(b"gc=1" in scope.get("query_string", b""))
+        query = scope.get("query_string", b"")
+        body = _stats(b"gc=1" in query, reset=b"reset=1" in query)
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -15,8 +15,10 @@ Variants (each a phase of one server process per contender and round):
                 when the operation completes.
 ``idle N=...``  N idle keep-alive connections held open (one request each, then
                 silent) by a third process, beside the trivial load: also the
-                server's RSS per idle connection and one full collection's pause
-                (``gc.collect()`` in the server, timed) with them held.
+                server's RSS per idle connection, one full collection's pause
+                (``gc.collect()`` in the server, timed) with them held, and the
+                collector's longest pause (``gc.callbacks`` in the server) while it
+                served the load beside them.
 ``protocol``    the trivial app with ``aiowheel.middleware.uvicorn_protocol`` closing
                 idle connections instead of uvicorn's own keep-alive timeout
                 (the plain loops only: that is where users run it).
@@ -37,6 +39,7 @@ is the server's own.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import re
@@ -50,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .child import ChildError
-from .contenders import Contender
+from .contenders import Contender, install_hint
 from .results import Result
 from .settings import Settings
 from .workload import Metric, Progress, Remote, SearchedWorkload, Trace
@@ -80,6 +83,14 @@ class _Figures:
     p50_ms: float
     p99_ms: float
     cpu_us: float
+
+
+def _uvicorn_installed() -> bool:
+    try:
+        importlib.import_module("uvicorn")
+    except ImportError:
+        return False
+    return True
 
 
 def _loop_name(contender: Contender) -> str:
@@ -165,8 +176,9 @@ def _first_line(proc: subprocess.Popen[str], what: str) -> str:
     raise ServerError(f"{what} did not start: {err[-1] if err else 'no output'}")
 
 
-def _stats(port: int, *, full_gc: bool = False) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{port}/__stats" + ("?gc=1" if full_gc else "")
+def _stats(port: int, *, full_gc: bool = False, reset: bool = False) -> dict[str, Any]:
+    query = "&".join(q for q, on in (("gc=1", full_gc), ("reset=1", reset)) if on)
+    url = f"http://127.0.0.1:{port}/__stats" + (f"?{query}" if query else "")
     with urllib.request.urlopen(url, timeout=START_TIMEOUT) as response:
         stats: dict[str, Any] = json.load(response)
     return stats
@@ -244,6 +256,7 @@ class Server(SearchedWorkload):
         Metric("cpu_us", "server CPU per request", "us", "lower"),
         Metric("rss_per_conn", "server RSS per idle connection", "B", "lower"),
         Metric("gc_full_ms", "a full collection, idle connections held", "ms", "lower"),
+        Metric("gc_max_ms", "longest collector pause under load, idle held", "ms", "lower"),
         Metric(
             "vs_uvicorn",
             "requests/s vs uvicorn's keep-alive (same loop)",
@@ -325,13 +338,17 @@ class Server(SearchedWorkload):
                 held = int(ready.split()[-1])
                 if held < idle:
                     raise ServerError(f"only {held:,} of {idle:,} idle connections opened")
-                during = _stats(port, full_gc=True)
+                during = _stats(port, full_gc=True, reset=True)
                 figures = vars(_measure(port, "/", seconds))
+                # The collector's longest pause (gc.callbacks in the server) while it
+                # served the load beside the idle connections.
+                under_load = _stats(port)["gc_longest"]
             rss = (during["rss"] - before["rss"]) / idle if during["rss"] else None
             out[self._idle_variant(settings)] = {
                 **figures,
                 **({"rss_per_conn": rss} if rss is not None else {}),
                 "gc_full_ms": during["gc_full"] * 1e3,
+                "gc_max_ms": under_load * 1e3,
             }
         return out
 
@@ -343,6 +360,15 @@ class Server(SearchedWorkload):
         trace: Trace,
         remote: Remote,
     ) -> list[Result]:
+        params = self.params(settings)
+        if not _uvicorn_installed():
+            # A partial install: the main job still runs the rest, and says why not this.
+            reason = f"uvicorn is not installed ({install_hint('bench')})"
+            return [
+                self.result(metric, c, [], variant="trivial", n=None, params=params, skipped=reason)
+                for metric in self.metrics[:1]
+                for c in contenders
+            ]
         idle = idle_connections(settings)
         samples: dict[tuple[str, str, str], list[float]] = {}
         for round_ in range(self._rounds(settings)):
@@ -366,7 +392,6 @@ class Server(SearchedWorkload):
                     samples[(guard, contender.name, "vs_uvicorn")] = [
                         g / b for g, b in zip(guarded, base, strict=True)
                     ]
-        params = self.params(settings)
         results: list[Result] = []
         for variant in self.variants(settings):
             for metric in self.metrics:

@@ -64,7 +64,7 @@ def test_the_drop_in_loop_serves_every_variant_and_nothing_is_left_running(
     assert by_variant == {
         "trivial": core,
         "timeouts": core,
-        "idle N=20": core | {"rss_per_conn", "gc_full_ms"},
+        "idle N=20": core | {"rss_per_conn", "gc_full_ms", "gc_max_ms"},
     }
     rps = next(r for r in results if r["variant"] == "trivial" and r["metric"] == "rps")
     assert rps["median"] > 0
@@ -181,3 +181,17 @@ def test_the_help_is_wrapped() -> None:
     ops = " ".join(text.split("\n  --ops OPS", 1)[1].split("--quick", 1)[0].split())
     for name in ("churn", "rearm", "timeout", "purgatory", "loop-reschedule", "loop-few"):
         assert name in ops
+
+
+def test_without_uvicorn_the_server_workload_sits_out_and_says_why(tmp_path: Path) -> None:
+    from bench_support import run_without
+
+    done = run_without(["uvicorn"], "bench", *SERVER_TINY, "-c", "loop-asyncio", "--json",
+                       cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    import json
+
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    skipped = [r for r in results if r["type"] == "result"]
+    assert skipped
+    assert all(r["skipped"].startswith("uvicorn is not installed") for r in skipped)
