@@ -265,7 +265,7 @@ def test_a_failure_midway_leaves_dir_untouched(
     def broken(*args: Any) -> None:
         raise RuntimeError("plotting failed")
 
-    monkeypatch.setattr(plots, "plot_rates", broken)
+    monkeypatch.setattr(plots, "plot_lateness_cdf", broken)
     out = tmp_path / "report"
     with pytest.raises(RuntimeError, match="plotting failed"):
         report.run_report([str(known.folder)], out, progress=False)
