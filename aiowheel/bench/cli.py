@@ -277,6 +277,17 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         workloads = [*DEFAULT_WORKLOADS, *GROUPS["loop"], "server"]
     else:
         workloads = list(DEFAULT_WORKLOADS)
+    idle = [w for w in workloads if not any(WORKLOADS[w].applies_to(c) for c in selection.run)]
+    # A workload asked for by name (or every one) that no chosen contender runs: an
+    # error; of the default set, such a workload is simply not run (`-c deadline`).
+    if selection.run and idle and (asked or len(idle) == len(workloads)):
+        idle = [w for w in idle if asked is None or w in asked] or idle
+        # `-w server -c trio-native` measured nothing and said nothing.
+        w = WORKLOADS[idle[0]]
+        runs = ", ".join(
+            c.name for c in CONTENDERS if w.applies_to(c) and not c.pure and not c.trace_every
+        )
+        raise UsageError(f"no contender chosen runs {w.name} (its contenders: {runs})")
     # Only the contenders left out that one of these workloads would have run are
     # news (rloop and the drop-in loop run the loop-* workloads only).
     unavailable = [

@@ -195,3 +195,13 @@ def test_without_uvicorn_the_server_workload_sits_out_and_says_why(tmp_path: Pat
     skipped = [r for r in results if r["type"] == "result"]
     assert skipped
     assert all(r["skipped"].startswith("uvicorn is not installed") for r in skipped)
+
+
+def test_a_workload_no_chosen_contender_runs_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # `-w server -c trio-native` measured nothing and said nothing (hostile-user run).
+    assert cli.main(["-w", "server", "-c", "trio-native"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "aiowheel bench: error: no contender chosen runs server (its contenders: "
+    )
+    assert "loop-uvloop" in err
