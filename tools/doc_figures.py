@@ -31,7 +31,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "_data" / "reference-run.json"
 #: The files whose marked figures come from the reference run.
-FILES = ("README.md", "docs/index.md", "docs/benchmarks.md", "docs/loop.md")
+FILES = (
+    "README.md",
+    "docs/index.md",
+    "docs/benchmarks.md",
+    "docs/benchmark-history.md",
+    "docs/loop.md",
+)
 
 _BLOCK = re.compile(
     r"(<!-- reference-run (?P<kind>table|list|machine)(?P<spec>[^>]*?)-->\n)"
@@ -117,8 +123,13 @@ def table(run: Run, items: list[str]) -> str:
                 ratios = peer["ratios"] or {}
                 against = next(iter(ratios), None)
                 if against is None:
-                    same = [o for o in ours.values() if o["backend"] == peer["backend"]]
-                    against = same[0]["contender"] if same else None
+                    # A figure with no ratio: beside aiowheel on the same loop, else
+                    # (rloop) on the uvloop base, as the bench compares them.
+                    for base in (peer["backend"], "uvloop", "asyncio"):
+                        same = [o for o in ours.values() if o["backend"] == base]
+                        if same:
+                            against = same[0]["contender"]
+                            break
                 mine = ours.get(against) if against else None
                 aiowheel = (
                     f"{fmt(mine['median'])}{_unit(mine)} (`{mine['contender']}`)" if mine else "-"
