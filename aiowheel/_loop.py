@@ -474,7 +474,7 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     # The drop-in loop's own attributes live in slots, not in the loop's __dict__: on
     # CPython 3.11 an instance keeps its attributes inline only up to 30 names per
     # class, and past that every attribute access of the loop's own methods takes the
-    # slower dict path (docs/loop.md, "Task steps on the asyncio base";
+    # slower dict path (docs/benchmark-history.md, "Task steps on the asyncio base";
     # tests/test_loop_affinity.py).
     __slots__ = (
         "_calls",

@@ -8,7 +8,9 @@ contender name -> how many times better aiowheel is than that peer (> 1: aiowhee
 better, whichever way the metric is better; null when a ratio means nothing).
 
 The headline compares each peer with the aiowheel contender on the same backend
-(``call_later-uvloop`` with ``aiowheel-uvloop``, ``trio-native`` with ``aiowheel-trio``).
+(``call_later-uvloop`` with ``aiowheel-uvloop``, ``trio-native`` with ``aiowheel-trio``);
+the drop-in loop's section (``drop_in``) each plain loop with the drop-in loop on the
+same base (``call_later-uvloop`` with ``loop-uvloop``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .inputs import TraceFiles, is_remote, not_regular
-from .schema import BENCH_RESULTS, BENCH_RESULTS_VERSION
+from .schema import (
+    BENCH_RESULTS,
+    BENCH_RESULTS_VERSION,
+    SEARCHED_WORKLOADS,
+    SINGLE_REPETITION,
+    SINGLE_SEARCH,
+)
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -31,6 +39,7 @@ __all__ = [
     "HEADLINE_COLUMNS",
     "BenchResults",
     "BenchResultsError",
+    "drop_in",
     "find_bench_results",
     "headline",
     "load_bench_results",
@@ -175,31 +184,45 @@ def _json_type(value: Any) -> str:
     return "an object"
 
 
-#: A headline ratio's note when the peer's figure is one repetition's.
-SINGLE_REPETITION: Final = "1 rep"
-
-
 def headline(bench: BenchResults) -> pd.DataFrame:
     """Each peer against the aiowheel contender on its backend, per workload variant
     and metric, in the bench's order; metrics without ratios (counts that are the same
     for everyone, say) are left out. ``ratio`` is NaN where there is none; ``note``
-    says why."""
+    says why. The drop-in loop's workloads are not here: see ``drop_in``."""
+    return _ratio_frame(bench, "aiowheel")
+
+
+def drop_in(bench: BenchResults) -> pd.DataFrame:
+    """The drop-in loop's workloads (``loop-*``, ``server``): each plain loop against
+    the drop-in loop on its own base (``call_later-uvloop`` with ``loop-uvloop``); a
+    plain loop with no drop-in loop on its base (``call_later-rloop``) against the
+    one its ratios name (the bench picks ``loop-uvloop``). Same columns as the
+    headline's."""
+    return _ratio_frame(bench, "loop")
+
+
+def _ratio_frame(bench: BenchResults, kind: str) -> pd.DataFrame:
     import pandas as pd
 
-    ours_by_backend: dict[str, str] = {}
+    # The workloads whose baseline is of this kind (its contenders ran them).
+    workloads = {r["workload"] for r in bench.results if r["kind"] == kind}
+    ours_by_backend: dict[tuple[str, str], str] = {}
     medians: dict[tuple[str, str, str, str], float] = {}
     for r in bench.results:
-        if r["kind"] == "aiowheel":
-            ours_by_backend.setdefault(r["backend"], r["contender"])
+        if r["kind"] == kind:
+            ours_by_backend.setdefault((r["workload"], r["backend"]), r["contender"])
             medians[(r["workload"], r["variant"], r["metric"], r["contender"])] = _float(
                 r.get("median")
             )
     rows: list[dict[str, Any]] = []
     for r in bench.results:
         ratios = r.get("ratios") or {}
-        if r["kind"] == "aiowheel" or not ratios:
+        if r["kind"] in ("aiowheel", "loop") or not ratios or r["workload"] not in workloads:
             continue
-        ours = ours_by_backend.get(r["backend"], f"aiowheel-{r['backend']}")
+        ours = ours_by_backend.get((r["workload"], r["backend"]))
+        if ours is None:
+            # No contender of this kind on the peer's backend: the one its ratio names.
+            ours = next(iter(ratios)) if len(ratios) == 1 else f"{kind}-{r['backend']}"
         value = _ratio(ratios.get(ours))
         note = ""
         if r.get("skipped"):
@@ -210,7 +233,7 @@ def headline(bench: BenchResults) -> pd.DataFrame:
             note = "no meaningful ratio"
         elif len(r.get("samples") or ()) <= 1:
             # One repetition: no spread, and such ratios flip between runs (issue 21).
-            note = SINGLE_REPETITION
+            note = SINGLE_SEARCH if r["workload"] in SEARCHED_WORKLOADS else SINGLE_REPETITION
         rows.append(
             {
                 "workload": r["workload"],

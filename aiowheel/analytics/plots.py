@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from .schema import CDF_QUANTILES, contender_order
+from .schema import CDF_QUANTILES, SINGLE_REPETITION, SINGLE_SEARCH, contender_order
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -47,6 +47,9 @@ CONTENDER_COLOURS: Final = {
     "trio-native": "#8c564b",  # brown
     "deadline-asyncio": "#e377c2",  # pink
     "deadline-uvloop": "#9467bd",  # purple
+    "loop-asyncio": "#08306b",  # navy: the drop-in loop
+    "loop-uvloop": "#6baed6",  # light blue
+    "call_later-rloop": "#a50f15",  # dark red
 }
 #: For contenders not in the table: picked by a stable hash of the name (not Python's
 #: salted ``hash``), so a name has the same colour in every figure and every run.
@@ -214,7 +217,10 @@ def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Fig
     for ax, (workload, variant) in zip(axes, groups, strict=True):
         part = headline[(headline.workload == workload) & (headline.variant == variant)]
         _headline_panel(ax, part, peers, limits)
-        ax.set_title(f"{workload} ({variant})" if variant else workload, loc="left", fontsize=10)
+        title = f"{workload} ({variant})" if variant else workload
+        if (part["note"] == SINGLE_SEARCH).any():
+            title += ": ONE search per contender, not a median"
+        ax.set_title(title, loc="left", fontsize=10)
     axes[-1].set_xlabel(
         "how many times better aiowheel is than the peer on its backend (log scale)", fontsize=9
     )
@@ -266,10 +272,12 @@ def _headline_panel(
             else:
                 ax.barh(y, ratio - 1.0, left=1.0, height=0.8, color=colour)
                 better = ratio >= 1.0
+                # One search (kafka) or one repetition: said on the bar (issue 32).
+                single = row["note"] in (SINGLE_REPETITION, SINGLE_SEARCH)
                 ax.text(
                     ratio,
                     y,
-                    f" {times(ratio)} ",
+                    f" {times(ratio)} ({row['note']}) " if single else f" {times(ratio)} ",
                     va="center",
                     ha="left" if better else "right",
                     fontsize=7.5,
@@ -394,7 +402,9 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
         tail_ax.set_xscale("log")
         tail_ax.set_xlim(lowest / 1.5, highest * 1.5)
         cdf_ax.set_xscale("symlog", linthresh=_FLOOR_MS * 10)
-        cdf_ax.set_xlim(earliest * 1.5 if earliest < 0 else 0.0, highest * 1.5)
+        left = earliest * 1.5 if earliest < 0 else 0.0
+        cdf_ax.set_xlim(left, highest * 1.5)
+        _symlog_ticks(cdf_ax, left, highest * 1.5)
         for ax in (cdf_ax, tail_ax):
             ax.grid(True, which="both", alpha=0.25)
         # Above the panel, right of its title: inside, it would cover the curves.
@@ -413,14 +423,40 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
         axes[-1][1].set_xlabel(
             "lateness, ms (log; early or on time drawn at 1 \u00b5s)", fontsize=9
         )
+    # The legend names what the panels draw: the rows of workloads left out (no timer
+    # fired, more than a figure holds) do not add a contender or a line style.
+    drawn = [part for _, part in drawable]
     _legend(
         figure,
         "How late timers fired, per workload (closer to 0 is better; left of 0: fired early)",
-        summary["contender"] if drawable else [],
-        list(summary["label"]) if drawable else [],
+        [name for part in drawn for name in part["contender"]],
+        [label for part in drawn for label in part["label"]],
     )
     _footnote(figure, left_out)
     return _save(figure, path)
+
+
+def _symlog_ticks(ax: Axes, left: float, right: float) -> None:
+    """Ticks of a symmetric-log lateness axis that do not collide: 0, the decades from
+    10 us up on the late side, and on the early side only the decade nearest its end
+    (its span is a sliver: several labels there overlapped, issue 32)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    floor = _FLOOR_MS * 10
+    ticks = [0.0]
+    decade = floor
+    while decade <= right:
+        ticks.append(decade)
+        decade *= 10
+    if left < 0:
+        ticks.insert(0, -max(floor, 10 ** math.floor(math.log10(-left))))
+    # On the late side too, every other decade when there are many (narrow panels).
+    late = ticks[1 + (left < 0) :]
+    if len(late) > 6:
+        ticks = [t for t in ticks if t <= 0] + late[::2]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: "0" if x == 0 else f"{x:g}"))
 
 
 def plot_lateness_p99(windows: pd.DataFrame, path: Path) -> Figure:

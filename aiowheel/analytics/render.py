@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .bench_results import SINGLE_REPETITION, BenchResults
+from .bench_results import BenchResults
 from .inputs import TraceFiles, completeness_lines, sampling_lines
 from .plots import metric_name, times
 from .schema import (
@@ -20,6 +20,9 @@ from .schema import (
     IMPOSSIBLY_EARLY_S,
     P99_PNG,
     RATES_PNG,
+    SEARCHED_WORKLOADS,
+    SINGLE_REPETITION,
+    SINGLE_SEARCH,
     SUMMARY_CSV,
     SUMMARY_PARQUET,
     WINDOWS_PARQUET,
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
 
 __all__ = [
+    "DROP_IN_TITLE",
     "Headline",
     "headline_cells",
     "headline_subtitle",
@@ -48,6 +52,8 @@ class Headline:
     bench: BenchResults | None
     ratios: pd.DataFrame | None  #: bench_results.headline's frame
     missing: str  #: why there is no headline (when ``ratios`` is None)
+    #: bench_results.drop_in's frame: the drop-in loop against the plain loops
+    drop_in: pd.DataFrame | None = None
 
 
 # -- formatting ----------------------------------------------------------------------------
@@ -84,6 +90,10 @@ def headline_subtitle(bench: BenchResults) -> str:
             parts.append("ONE repetition per figure: ratios can flip between runs")
         else:
             parts.append(f"median of {reps} repetitions")
+    searched = sorted({r["workload"] for r in bench.results} & SEARCHED_WORKLOADS)
+    if searched:
+        # A search per contender, not a median (issue 32).
+        parts.append(f"{', '.join(searched)}: ONE search per contender")
     if machine.get("python"):
         parts.append(f"Python {machine['python']}")
     if isinstance(machine.get("cpus"), int):
@@ -120,21 +130,31 @@ def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             ratio = float(row["ratio"])
             if math.isnan(ratio):
                 cells.append(row["note"] or "-")
-            elif row["note"] == SINGLE_REPETITION:
-                cells.append(f"{times(ratio)} ({SINGLE_REPETITION})")
+            elif row["note"] in (SINGLE_REPETITION, SINGLE_SEARCH):
+                cells.append(f"{times(ratio)} ({row['note']})")
             else:
                 cells.append(times(ratio))
         rows.append(cells)
     return headers, rows
 
 
-def headline_table(ratios: pd.DataFrame) -> Any:
+#: The terminal title of the drop-in loop's ratio table.
+DROP_IN_TITLE: Final = (
+    "The drop-in loop: how many times better it is than the plain loop on its own base "
+    "(> 1\u00d7: the drop-in loop)"
+)
+
+
+def headline_table(
+    ratios: pd.DataFrame,
+    title: str = "How many times better aiowheel is than each peer (> 1\u00d7: aiowheel)",
+) -> Any:
     """The ratio table as a rich Table."""
     from rich.table import Table
     from rich.text import Text
 
     headers, rows = headline_cells(ratios)
-    table = Table(title="How many times better aiowheel is than each peer (> 1\u00d7: aiowheel)")
+    table = Table(title=title)
     for i, header in enumerate(headers):
         table.add_column(header, justify="right" if i >= 2 else "left")
     for row in rows:
@@ -257,6 +277,84 @@ the 1{X} line. From `{headline.bench.path}`{f" ({subtitle})" if subtitle else ""
 """
 
 
+def _drop_in_section(headline: Headline) -> str:
+    """The drop-in loop's workloads and the server's: figures and ratios (issue 32)."""
+    frame = headline.drop_in
+    if frame is None or frame.empty or headline.bench is None:
+        return ""
+    headers, cells = headline_cells(frame)
+    figures = _markdown_table(*_drop_in_figures(frame), 2)
+    crossed = sorted(
+        {
+            f"`{row.peer}` (with `{row.aiowheel}`)"
+            for row in frame.itertuples()
+            if row.peer.split("-")[-1] != row.aiowheel.split("-")[-1]
+        }
+    )
+    across = (
+        f"\nWith no drop-in loop on its own event loop, {', '.join(crossed)} is compared "
+        "with the drop-in loop on the base named.\n"
+        if crossed
+        else ""
+    )
+    X = _X
+    return f"""## The drop-in loop: `aiowheel.new_event_loop()` against the plain loops
+
+The same asyncio program (`loop.call_later`, `asyncio.timeout`, `asyncio.sleep`; and a
+uvicorn server on 127.0.0.1 loaded from another process, the `server` workload) on
+the drop-in loop and on the plain loop of the same base. How many times better the
+drop-in loop is than each plain loop, on that loop's own base (`call_later-uvloop`
+with `loop-uvloop`): above 1{X} the drop-in loop is better. From
+`{headline.bench.path}`; docs/benchmarks.md says what each workload does.
+{across}
+{_markdown_table(headers, cells, 2)}
+
+The figures (medians) behind the ratios:
+
+{figures}
+"""
+
+
+def _drop_in_figures(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Medians: one row per workload variant and metric, one column per contender."""
+    # Each plain loop next to the drop-in loop on its base.
+    bases = ("asyncio", "uvloop", "rloop")
+    names = sorted(
+        contender_order([*frame["aiowheel"], *frame["peer"]]),
+        key=lambda n: (
+            bases.index(n.split("-")[-1]) if n.split("-")[-1] in bases else len(bases),
+            n.startswith("loop-"),
+        ),
+    )
+    headers = ["workload", "metric", *names]
+    rows = []
+    keys = dict.fromkeys(zip(frame["workload"], frame["variant"], frame["metric"], strict=True))
+    for workload, variant, metric in keys:
+        part = frame[
+            (frame["workload"] == workload)
+            & (frame["variant"] == variant)
+            & (frame["metric"] == metric)
+        ]
+        values: dict[str, float] = {}
+        for row in part.itertuples():
+            values[row.peer] = row.peer_median
+            values[row.aiowheel] = row.aiowheel_median
+        first = part.iloc[0]
+        unit = first["unit"] if isinstance(first["unit"], str) else ""
+        cells = [f"{workload} {variant}".strip(), metric_name(first)]
+        for name in names:
+            value = values.get(name, math.nan)
+            cells.append("-" if math.isnan(value) else f"{_figure(value)} {unit}".strip())
+        rows.append(cells)
+    return headers, rows
+
+
+def _figure(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
 #: Per-second figures of runs shorter than this are left out of report.md (1-3 points
 #: per line, contenders hidden under each other, say nothing a reader can use).
 MIN_SECONDS_PER_FIGURE: Final = 5
@@ -345,9 +443,17 @@ def _early_lines(summary: pd.DataFrame) -> str:
     return "Fired early: " + "; ".join(said) + ".\n"
 
 
+def per_second_figures(longest_run_s: int | None, typical_run_s: int | None) -> bool:
+    """Whether the per-second figures are drawn: not when the typical traced run is
+    shorter than MIN_SECONDS_PER_FIGURE (issue 32: 1-2 points per line, empty
+    panels)."""
+    typical = typical_run_s if typical_run_s is not None else longest_run_s
+    return typical is None or typical >= MIN_SECONDS_PER_FIGURE
+
+
 def _per_second_sections(longest_run_s: int | None, typical_run_s: int | None) -> str:
     typical = typical_run_s if typical_run_s is not None else longest_run_s
-    if typical is not None and typical < MIN_SECONDS_PER_FIGURE:
+    if typical is not None and not per_second_figures(longest_run_s, typical_run_s):
         if longest_run_s is not None and longest_run_s > typical:
             lasted = (
                 f"half the traced runs lasted {typical} s or less (the longest "
@@ -357,10 +463,10 @@ def _per_second_sections(longest_run_s: int | None, typical_run_s: int | None) -
             lasted = f"the longest traced run lasted {typical} s"
         return f"""### Per-second figures
 
-Not shown: {lasted}, so most per-second lines would have 1-{typical} point(s),
-and contenders would hide under each other. The figures are still written
-(`{P99_PNG}`, `{RATES_PNG}`), and the counts are in `{WINDOWS_PARQUET}`; runs of
-{MIN_SECONDS_PER_FIGURE} s or more (`aiowheel bench --report --full`) show them here.
+Not drawn: {lasted}, so most per-second lines would have 1-{typical} point(s),
+and contenders would hide under each other (`{P99_PNG}` and `{RATES_PNG}` are not
+written). The counts are in `{WINDOWS_PARQUET}`; runs of {MIN_SECONDS_PER_FIGURE} s or
+more (`aiowheel bench --report --full`) draw them here.
 """
     return f"""### Lateness p99 over time
 
@@ -469,6 +575,7 @@ def render_markdown(
 {dropped_section(files)}
 {sampled_section(files)}
 {_headline_section(headline)}
+{_drop_in_section(headline)}
 ## The traces
 
 {rows:,} timers from {len(paths)} trace file(s), analysed with Spark {version} ({master}).

@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aiowheel.bench.contenders import install_hint
 
-from .bench_results import BenchResultsError, find_bench_results, headline, load_bench_results
+from .bench_results import (
+    BenchResultsError,
+    drop_in,
+    find_bench_results,
+    headline,
+    load_bench_results,
+)
 from .inputs import (
     TraceFiles,
     TraceInputError,
@@ -114,6 +120,8 @@ class ReportResult:
     master: str  #: where Spark ran
     seconds: float  #: wall time
     headline: pd.DataFrame | None = None  #: the ratios of the headline, if any
+    #: the drop-in loop's ratios (bench_results.drop_in), if any
+    drop_in: pd.DataFrame | None = None
     warnings: tuple[str, ...] = field(default=())  #: said on stderr, not fatal
 
 
@@ -234,10 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line, not py4j's traceback from inside the Spark call; 130 = 128 + SIGINT.
         print(f"\n{_PROG}: interrupted", file=sys.stderr)
         return 130
-    from .render import headline_table, summary_table
+    from .render import DROP_IN_TITLE, headline_table, summary_table
 
     if result.headline is not None and not result.headline.empty:
         out.print(headline_table(result.headline))
+    if result.drop_in is not None and not result.drop_in.empty:
+        out.print(headline_table(result.drop_in, DROP_IN_TITLE))
     out.print(summary_table(result.summary, out.width))
     out.print(
         f"{result.rows:,} timers from {result.files} trace file(s), Spark {result.master}, "
@@ -679,6 +689,7 @@ def run_report(
         master=where,
         seconds=time.perf_counter() - started,
         headline=source.ratios,
+        drop_in=source.drop_in,
         warnings=tuple(warnings),
     )
 
@@ -743,7 +754,7 @@ def _headline_source(
         if not os.fspath(given):
             raise ReportError("--bench-results is empty: give the bench's results file")
         bench = load_bench_results(given)
-        return Headline(bench, headline(bench), "")
+        return Headline(bench, headline(bench), "", drop_in(bench))
     found = find_bench_results(traces, files)
     if not found:
         return Headline(None, None, f"no {BENCH_RESULTS} was found next to the traces")
@@ -757,7 +768,7 @@ def _headline_source(
     except BenchResultsError as exc:
         warnings.append(f"no headline: {exc}")
         return Headline(None, None, f"{exc}")
-    return Headline(bench, headline(bench), "")
+    return Headline(bench, headline(bench), "", drop_in(bench))
 
 
 def _make_staging(target: Path) -> Path:
@@ -823,7 +834,7 @@ def _write_outputs(
 ) -> list[str]:
     """Every output file, written into ``staging``; returns their names."""
     from . import plots
-    from .render import headline_subtitle, render_markdown
+    from .render import headline_subtitle, per_second_figures, render_markdown
 
     table = result.summary.drop(columns=["lateness_cdf"])
     try:
@@ -836,11 +847,16 @@ def _write_outputs(
             plots.plot_headline(source.ratios, staging / HEADLINE_PNG, subtitle)
             written.append(HEADLINE_PNG)
         plots.plot_lateness_cdf(result.summary, staging / CDF_PNG)
-        plots.plot_lateness_p99(result.windows, staging / P99_PNG)
-        plots.plot_rates(result.windows, staging / RATES_PNG)
+        written.append(CDF_PNG)
         per_run = result.windows.groupby("run_id")["elapsed_s"].max()
         longest = int(per_run.max()) + 1 if len(per_run) else None
         typical = int(per_run.median()) + 1 if len(per_run) else None
+        # Short runs (the quick main job): no per-second figures at all, rather than
+        # lines of 1-2 points and empty panels (issue 32); report.md says why.
+        if per_second_figures(longest, typical):
+            plots.plot_lateness_p99(result.windows, staging / P99_PNG)
+            plots.plot_rates(result.windows, staging / RATES_PNG)
+            written += [P99_PNG, RATES_PNG]
         markdown = render_markdown(
             table, files, result.rows, master, version, source, longest, typical
         )
@@ -850,7 +866,7 @@ def _write_outputs(
             f"cannot write the report in {staging.parent} ({exc.strerror or first_line(exc)})",
             status=1,
         ) from None
-    return [*written, CDF_PNG, P99_PNG, RATES_PNG, REPORT_MD]
+    return [*written, REPORT_MD]
 
 
 def _write_parquet(frame: pd.DataFrame, path: Path) -> None:

@@ -26,6 +26,9 @@ __all__ = [
     "RATES_PNG",
     "REPORT_MD",
     "RUN_KEYS",
+    "SEARCHED_WORKLOADS",
+    "SINGLE_REPETITION",
+    "SINGLE_SEARCH",
     "SUMMARY_CSV",
     "SUMMARY_KEYS",
     "SUMMARY_PARQUET",
@@ -90,6 +93,14 @@ OUTPUTS: Final = (
 
 # -- the bench's results -------------------------------------------------------------------
 
+#: A headline ratio's note when the peer's figure is one repetition's.
+SINGLE_REPETITION: Final = "1 rep"
+#: ... and when it is one search's (kafka's sustained rate: a search per contender,
+#: whatever --reps says; issue 32: the headline said "median of 3 repetitions").
+SINGLE_SEARCH: Final = "1 search"
+#: The bench's searched workloads (one figure per contender per case).
+SEARCHED_WORKLOADS: Final = frozenset({"kafka"})
+
 #: Written by ``aiowheel bench`` next to its traces; the report's headline comes from it.
 BENCH_RESULTS: Final = "bench-results.json"
 BENCH_RESULTS_VERSION: Final = 1
@@ -106,6 +117,9 @@ CONTENDERS: Final = (
     "trio-native",
     "deadline-asyncio",
     "deadline-uvloop",
+    "loop-asyncio",
+    "loop-uvloop",
+    "call_later-rloop",
 )
 
 #: ``bench-<YYYYmmddTHHMMSS>-<pid>-<workload>-<contender>``: the bench's trace run ids.

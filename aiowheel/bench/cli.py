@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,19 +39,48 @@ aiowheel's pure-Python core, in child processes): repetitions alternate between
 contenders, each in a fresh event loop. Prints medians (min-max) and how many
 times better aiowheel is than each peer (> 1: better)."""
 
-EPILOG = (
-    "workloads: "
-    + "; ".join(f"{w.name}: {w.title}" for w in WORKLOADS.values())
-    + " (the loop-* workloads, aiowheel's drop-in event loop against the plain loops, run"
-    " only when asked for: -w loop runs them all)"
-    + ".  contenders: "
-    + ", ".join(c.name for c in CONTENDERS)
-    + " (or a kind/backend: aiowheel, loop, call_later, deadline, asyncio, uvloop, trio,"
-    " rloop; or pure:"
-    " the -pure ones, aiowheel's pure-Python core in a child process, never by default;"
-    " or traced: the -traced and -sampled ones, aiowheel tracing every timer or one in"
-    " 100, compared with untraced aiowheel, never by default)."
-)
+
+def _paragraph(text: str) -> str:
+    """One paragraph of the epilog, wrapped (RawDescriptionHelpFormatter keeps the
+    line breaks made here: one 1,500-character line was unreadable, issue 32)."""
+    return textwrap.fill(
+        text, width=88, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+    )
+
+
+EPILOG = "\n\n".join(
+    [
+        "workloads:",
+        *(
+            textwrap.fill(
+                f"{w.name}: {w.title}",
+                width=88,
+                initial_indent="  ",
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
+            for w in WORKLOADS.values()
+        ),
+        _paragraph(
+            "The loop-* workloads and server (aiowheel's drop-in event loop against the "
+            "plain loops; server: a uvicorn server under load) run only when asked for "
+            "(-w loop runs every loop-* one), or with --report."
+        ),
+        _paragraph(
+            "contenders: "
+            + ", ".join(c.name for c in CONTENDERS)
+            + "; or a kind or backend: aiowheel, loop, call_later, deadline, asyncio, "
+            "uvloop, trio, rloop; or pure: the -pure ones, aiowheel's pure-Python core in a "
+            "child process, never by default; or traced: the -traced and -sampled ones, "
+            "aiowheel tracing every timer or one in 100, compared with untraced aiowheel, "
+            "never by default."
+        ),
+        _paragraph(
+            "Ratios (x): how many times better aiowheel is than a peer on the peer's own "
+            "event loop (> 1: aiowheel better)."
+        ),
+    ]
+).replace("\n\n  ", "\n  ")
 
 
 def _sizes(text: str) -> list[int]:
@@ -125,7 +155,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="repetitions per contender (default 3, --report too; 1 with --quick)",
     )
     parser.add_argument(
-        "--ops", type=_positive_int, help="timed operations per repetition for churn and rearm"
+        "--ops",
+        type=_positive_int,
+        help="timed operations per repetition: churn (200,000; 50,000 quick), rearm "
+        "(2N, from 10,000 to 1,000,000), timeout (100,000; 40,000 quick), purgatory "
+        "(400,000; 120,000 quick), loop-reschedule (200,000; 30,000 quick), "
+        "loop-steps (1,000,000; 100,000 quick), loop-timeout (500,000; 100,000 quick), "
+        "loop-few (100,000)",
     )
     parser.add_argument(
         "--quick",
@@ -154,6 +190,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --report: the full default sizes (about 20 minutes before the report)",
     )
     parser.add_argument("--out", type=Path, help=f"--report's directory (./{DEFAULT_OUT})")
+    parser.add_argument(
+        "--save",
+        type=Path,
+        metavar="FILE",
+        help="also write the run's results to FILE, in bench-results.json's format "
+        "(docs/_data/reference-run.json is one)",
+    )
     parser.add_argument(
         "--seed", type=int, default=20150515, help="random seed (same data for all)"
     )
@@ -189,7 +232,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--loop-seconds",
         type=_seconds,
-        help="loop-few: seconds the N tasks sleep 1 ms over and over (1; 0.5 quick)",
+        help="loop-few: seconds the N tasks sleep 1 ms over and over (1; 0.3 quick)",
+    )
+    parser.add_argument(
+        "--server-seconds",
+        type=_seconds,
+        help="server: seconds of load per variant and contender (2; 0.5 quick)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -221,7 +269,25 @@ def settings_from(ns: argparse.Namespace) -> Settings:
             f"every repetition): leave out {', '.join(pure)}"
         )
     asked = [name for w in ns.workload for name in GROUPS.get(w, [w])] if ns.workload else None
-    workloads = list(dict.fromkeys(asked)) if asked else list(DEFAULT_WORKLOADS)
+    if asked:
+        workloads = list(dict.fromkeys(asked))
+    elif ns.report:
+        # The main job shows the drop-in loop too (issue 32): its workloads and the
+        # server's quick variant, after the timer's.
+        workloads = [*DEFAULT_WORKLOADS, *GROUPS["loop"], "server"]
+    else:
+        workloads = list(DEFAULT_WORKLOADS)
+    idle = [w for w in workloads if not any(WORKLOADS[w].applies_to(c) for c in selection.run)]
+    # A workload asked for by name (or every one) that no chosen contender runs: an
+    # error; of the default set, such a workload is simply not run (`-c deadline`).
+    if selection.run and idle and (asked or len(idle) == len(workloads)):
+        idle = [w for w in idle if asked is None or w in asked] or idle
+        # `-w server -c trio-native` measured nothing and said nothing.
+        w = WORKLOADS[idle[0]]
+        runs = ", ".join(
+            c.name for c in CONTENDERS if w.applies_to(c) and not c.pure and not c.trace_every
+        )
+        raise UsageError(f"no contender chosen runs {w.name} (its contenders: {runs})")
     # Only the contenders left out that one of these workloads would have run are
     # news (rloop and the drop-in loop run the loop-* workloads only).
     unavailable = [
@@ -255,7 +321,9 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         kafka_seconds=ns.kafka_seconds or (1.0 if quick else 10.0),
         kafka_start_rate=ns.kafka_rates[0] if ns.kafka_rates else 25_000.0,
         kafka_max_rate=ns.kafka_rates[1] if ns.kafka_rates else 1_600_000.0,
-        loop_seconds=ns.loop_seconds or (0.5 if quick else 1.0),
+        loop_seconds=ns.loop_seconds or (0.3 if quick else 1.0),
+        server_seconds=ns.server_seconds,
+        server_rounds=ns.reps,
         progress=not (ns.no_progress or ns.json),
     )
 
@@ -266,8 +334,16 @@ def _out(ns: argparse.Namespace) -> Path:
 
 
 def check_setup(ns: argparse.Namespace, settings: Settings, trace_factory: TraceFactory) -> None:
-    """Fail now, not after minutes of measuring: ``UsageError`` if the traces or the
-    report cannot be written, or what they need is not installed."""
+    """Fail now, not after minutes of measuring: ``UsageError`` if the traces, the
+    report or ``--save``'s file cannot be written, or what they need is not installed."""
+    save: Path | None = getattr(ns, "save", None)
+    if save is not None:
+        try:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=save.parent):
+                pass
+        except OSError as exc:
+            raise UsageError(f"--save {save}: cannot write there ({exc.strerror or exc})") from None
     if settings.trace_dir is None:
         return
     option = "--report" if ns.report else "--trace"
@@ -359,11 +435,13 @@ def _run(
         # and keep the interpreter's final flush from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    if settings.trace_dir is not None:
+    targets = [] if settings.trace_dir is None else [settings.trace_dir / RESULTS_FILE]
+    if getattr(ns, "save", None) is not None:
+        targets.append(ns.save)
+    for path in targets:
         try:
-            write_results(settings.trace_dir, settings, runner.machine, results)
+            write_results(path.parent, settings, runner.machine, results, name=path.name)
         except OSError as exc:
-            path = settings.trace_dir / RESULTS_FILE
             print(f"{PROG}: error: cannot write {path}: {exc}", file=sys.stderr)
             return 1
     if ns.report:

@@ -39,8 +39,9 @@ uvloop, trio and rloop are extras: ``select`` keeps the contenders whose event l
 installed. How a contender runs inside its loop is in ``env.py``.
 
 The ``loop-*`` contenders (kind ``loop``) and ``call_later-rloop`` run only the drop-in
-loop's workloads (``loop_workloads.py``, whose peers are the plain loops:
-``call_later-asyncio``, ``call_later-uvloop``, ``call_later-rloop``); no other workload
+loop's workloads (``loop_workloads.py``, and ``server.py``'s real server, whose peers
+are the plain loops: ``call_later-asyncio``, ``call_later-uvloop``,
+``call_later-rloop``); no other workload
 applies to them (``Workload.kinds`` and ``Workload.backends``), so they cost the
 default run nothing. A ``loop-*`` contender is aiowheel (``is_aiowheel``): its timers are
 on aiowheel's wheel, and its figures are the ones the peers' ratios are against.

@@ -64,14 +64,19 @@ def results_document(
 
 
 def write_results(
-    directory: Path, settings: Settings, machine_info: dict[str, Any], results: list[Result]
+    directory: Path,
+    settings: Settings,
+    machine_info: dict[str, Any],
+    results: list[Result],
+    *,
+    name: str = RESULTS_FILE,
 ) -> Path:
-    """Write ``directory/bench-results.json`` atomically; returns its path."""
+    """Write ``directory/name`` (``bench-results.json``) atomically; returns its path."""
     text = json.dumps(
         results_document(settings, machine_info, results), allow_nan=False, default=str, indent=1
     )
-    path = directory / RESULTS_FILE
-    fd, temporary = tempfile.mkstemp(prefix=f".{RESULTS_FILE}.", dir=directory)
+    path = directory / name
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
     try:
         os.chmod(temporary, 0o644)  # not mkstemp's 0600: other readers need it
         with os.fdopen(fd, "w", encoding="utf-8") as file:

@@ -25,7 +25,8 @@ the fastest plain loop at moving a deadline).
 ``loop-few``         few timers: ``async with asyncio.timeout(10): pass`` with nothing
                      else pending (ns per enter + exit), then N tasks (200) sleeping
                      1 ms over and over for ``--loop-seconds``: CPU per sleep, and the
-                     wall time a 1 ms sleep took.
+                     wall time a 1 ms sleep took; and what a new loop costs (made and
+                     closed, never run: a test suite makes one per test).
 ``loop-memory``      bytes per pending ``call_later`` timer at N (tracemalloc growth,
                      as ``memory``).
 
@@ -43,12 +44,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import aiowheel
+
+from .contenders import Contender
 from .env import Env
 from .settings import Settings
 from .workload import Metric, RepeatedWorkload
@@ -152,11 +157,12 @@ class LoopReschedule(_LoopWorkload):
     )
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [100_000]
+        # Quick (and so `bench --report`, issue 32: the main job's 5 minutes): half.
+        return [50_000] if quick else [100_000]
 
     def prepare(self, n: int, rep: int, settings: Settings) -> _RescheduleData:
         rng = _rng(settings, self.name, n, rep)
-        ops = settings.ops if settings.ops is not None else (50_000 if settings.quick else 200_000)
+        ops = settings.ops if settings.ops is not None else (30_000 if settings.quick else 200_000)
         fill = _pending(rng, n)
         randrange, uniform = rng.randrange, rng.uniform
         end = _PENDING_FROM + _PENDING_SPAN
@@ -198,7 +204,7 @@ class LoopReschedule(_LoopWorkload):
 # -- loop-steps -----------------------------------------------------------------------
 
 #: loop-steps' and loop-timeout's tasks take this many steps in all, per repetition.
-_STEPS_QUICK = 200_000
+_STEPS_QUICK = 100_000
 _STEPS_FULL = 1_000_000
 _STEP_TASKS = 100
 
@@ -219,7 +225,7 @@ class LoopSteps(_LoopWorkload):
     )
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [100_000]
+        return [50_000] if quick else [100_000]
 
     def prepare(self, n: int, rep: int, settings: Settings) -> list[float]:
         return _pending(_rng(settings, self.name, n, rep), n)
@@ -286,7 +292,7 @@ class LoopTimeout(_LoopWorkload):
     metrics = (Metric("read_ns", "read (a task step) + cm.reschedule(now + 30 s)", "ns", "lower"),)
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [10_000]
+        return [5_000] if quick else [10_000]
 
     def params(self, settings: Settings) -> dict[str, Any]:
         return {
@@ -335,6 +341,19 @@ class LoopTimeout(_LoopWorkload):
 # -- loop-few -------------------------------------------------------------------------
 
 _SLEEP = 0.001
+_CREATIONS = 50
+
+
+def _loop_factory(contender: Contender) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A new event loop of ``contender``'s kind (as ``env.run_fresh`` makes them)."""
+    if contender.kind == "loop":
+        return lambda: aiowheel.new_event_loop(base=contender.backend)
+    if contender.backend == "asyncio":
+        return asyncio.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = importlib.import_module(
+        contender.backend
+    ).new_event_loop
+    return factory
 
 
 class LoopFew(_LoopWorkload):
@@ -346,6 +365,7 @@ class LoopFew(_LoopWorkload):
         ),
         Metric("sleep_cpu_us", "CPU per asyncio.sleep(0.001), N tasks sleeping", "us", "lower"),
         Metric("sleep_ms", "wall time a 1 ms sleep took", "ms", "lower", ratio=False),
+        Metric("create_us", "new event loop + close", "us", "lower"),
     )
 
     def default_sizes(self, quick: bool) -> list[int]:
@@ -359,6 +379,7 @@ class LoopFew(_LoopWorkload):
             "sleepers": "N tasks: while running: await asyncio.sleep(0.001)",
             "seconds": settings.loop_seconds,
             "cpu": "time.process_time() over the sleepers' run / sleeps done",
+            "create": f"{_CREATIONS} x new_event_loop() + close(), never run",
         }
 
     async def run(
@@ -397,10 +418,18 @@ class LoopFew(_LoopWorkload):
         await asyncio.gather(*tasks)
         cpu, wall = time.process_time() - cpu0, perf() - wall0
         done = max(sleeps, 1)
+        # What a new loop of this kind costs (a test suite makes one per test): made
+        # and closed, never run, _CREATIONS times.
+        factory = _loop_factory(env.contender)
+        t0 = perf()
+        for _ in range(_CREATIONS):
+            factory().close()
+        created = (perf() - t0) / _CREATIONS
         return {
             "enter_exit_ns": enter_exit * 1e9,
             "sleep_cpu_us": cpu / done * 1e6,
             "sleep_ms": wall * n / done * 1e3,
+            "create_us": created * 1e6,
         }
 
 
@@ -413,7 +442,8 @@ class LoopMemory(_LoopWorkload, Memory):
     metrics = (Metric("bytes", "per pending call_later timer", "B", "lower"),)
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [100_000]
+        # Bytes per timer do not depend on N: quick measures fewer.
+        return [20_000] if quick else [100_000]
 
     def params(self, settings: Settings) -> dict[str, Any]:
         return {

@@ -5,12 +5,13 @@ command, the machine, the load average), then one ``{"type": "result", ...}`` pe
 workload variant, metric and contender (see ``Result.as_json``), last
 ``{"type": "end", ...}`` with the load average again. Nothing else goes to stdout.
 
-Otherwise: a progress bar on stderr while it runs (when stderr is a terminal), each
-variant's figures as soon as they are measured, and at the end one table per
-workload: every figure (median, min-max over repetitions) and, on each peer's row,
-how many times better aiowheel is on each backend (``> 1``: aiowheel better; the
-direction of "better" is the metric's own: lower ns, higher callbacks/s). The tables
-are rich's when rich is installed (the ``bench`` extra), plain text otherwise.
+Otherwise: a progress bar on stderr while it runs (when stderr is a terminal) and
+one line there as each variant is measured; at the end, on stdout, one table per
+workload, each figure once: median, min-max over repetitions and, on each peer's row,
+how many times better aiowheel is *on the peer's own event loop* (``> 1``: aiowheel
+better; the direction of "better" is the metric's own: lower ns, higher
+callbacks/s). The tables are rich's when rich is installed (the ``bench`` extra),
+plain text otherwise.
 
 Either way, a contender left out because its event loop is not installed gets one
 line on stderr before the run starts.
@@ -34,7 +35,12 @@ from .registry import WORKLOADS
 from .results import Result
 from .settings import Settings
 
-__all__ = ["Output", "Table", "fmt", "render_plain", "tables"]
+__all__ = ["RATIO_HEADER", "Output", "Table", "fmt", "render_plain", "tables"]
+
+#: The ratio column's header: every figure there compares a peer with aiowheel on the
+#: peer's own event loop (issue 32), ``> 1``: aiowheel better.
+RATIO_HEADER = "\u00d7 same loop"
+CONTENDER_BY_NAME = {c.name: c for c in CONTENDERS}
 
 # Written as escapes: ruff flags the characters themselves as look-alikes.
 DASH = "\u2013"  # en dash, for ranges
@@ -212,6 +218,9 @@ class Output:
             self._progress = None
 
     def results(self, results: list[Result]) -> None:
+        """One workload variant measured: its figures as JSON lines; otherwise, above a
+        live progress bar, one line saying so (the figures are printed once, in the
+        tables at the end)."""
         if self.json:
             for r in results:
                 self._line(r.as_json())
@@ -219,15 +228,12 @@ class Output:
         if not results:
             return
         head = results[0]
-        lines = []
-        for r in results:
-            if r.skipped:
-                continue
-            lines.append(
-                f"  {r.label:<34} {r.contender.label:<30} {fmt(r.median, r.unit):>14}"
-                f"  ({_spread(r)})"
-            )
-        self._print(head.workload, f" {head.variant}\n" + "\n".join(lines))
+        measured = sum(1 for r in results if not r.skipped)
+        text = f"{head.workload} {head.variant}: {measured} figures measured"
+        if self._progress is not None:
+            from rich.text import Text
+
+            self._progress.console.print(Text(text, style="dim"))
 
     def finish(self, results: list[Result]) -> None:
         self.close()
@@ -299,10 +305,7 @@ def tables(results: list[Result]) -> list[Table]:
                 order.get(r.contender.name, len(order)),
             ),
         )
-        ours = []
-        for r in rows:
-            if r.contender.baseline and r.contender.name not in ours and r.samples:
-                ours.append(r.contender.name)
+        has_ratios = any(r.ratios for r in rows)
         table = Table(
             title=f"{name}: {workload.title if workload else ''}",
             columns=[
@@ -311,11 +314,12 @@ def tables(results: list[Result]) -> list[Table]:
                 ("contender", False),
                 ("median", True),
                 (f"min{DASH}max", True),
-                *((f"{a.removeprefix('aiowheel-')} {TIMES}", True) for a in ours),
+                *([(RATIO_HEADER, True)] if has_ratios else []),
             ],
         )
         previous: tuple[str, str] | None = None
         skipped: dict[tuple[str, str], list[str]] = {}
+        across: dict[str, str] = {}
         for r in rows:
             if r.skipped:
                 sat_out = skipped.setdefault((r.contender.name, r.skipped), [])
@@ -333,12 +337,27 @@ def tables(results: list[Result]) -> list[Table]:
                 fmt(r.median),
                 _spread(r),
             ]
-            ratio_cells = [fmt_ratio(r.ratios.get(a)) if r.ratios else "" for a in ours]
-            table.sections[-1].append(([*cells, *ratio_cells], r.contender.is_aiowheel))
+            if has_ratios:
+                # fill_ratios gives a peer one ratio: against aiowheel on its own base
+                # (or, with none there, on another base: said under the table).
+                (against, value), *_ = [*r.ratios.items(), ("", None)]
+                cells.append(fmt_ratio(value) if against else "")
+                base = CONTENDER_BY_NAME[against].backend if against in CONTENDER_BY_NAME else ""
+                if against and base != r.contender.backend:
+                    across[r.contender.name] = against
+            table.sections[-1].append((cells, r.contender.is_aiowheel))
         table.notes = [
             f"skipped {contender} ({', '.join(variants)}): {reason}"
             for (contender, reason), variants in skipped.items()
         ]
+        table.notes += [
+            f"{peer}: no aiowheel contender on its event loop; its {TIMES} column compares "
+            f"it with {against}"
+            for peer, against in across.items()
+        ]
+        notes = getattr(workload, "notes", None)
+        if callable(notes):
+            table.notes += notes(rows)
         table.notes += _capped_notes(rows)
         out.append(table)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .kafka import Cycle, Kafka
 from .loop_workloads import LOOP_GROUP, LoopFew, LoopMemory, LoopReschedule, LoopSteps, LoopTimeout
+from .server import Server
 from .workload import AnyWorkload
 from .workloads import Churn, Fire, Idle, Memory, Rearm, Spread, TimeoutScope
 
@@ -31,6 +32,7 @@ WORKLOADS: dict[str, AnyWorkload] = {
         LoopTimeout(),
         LoopFew(),
         LoopMemory(),
+        Server(),
     )
 }
 

@@ -88,11 +88,22 @@ def ratio(aiowheel: Result, peer: Result) -> float | None:
     return p / a if aiowheel.better == "lower" else a / p
 
 
+#: The base a peer with no aiowheel contender on its own backend is compared with.
+_PREFERRED = ("uvloop", "asyncio", "trio")
+
+
 def fill_ratios(results: list[Result]) -> None:
-    """Give every peer result its ratios against each untraced aiowheel contender's
-    result of the same workload, variant and metric (None where either figure is
-    withheld). A traced aiowheel contender (``-traced``, ``-sampled``) is a peer here:
-    its ratio against its untraced self is what tracing costs."""
+    """Give every peer result its ratios against the untraced aiowheel contender of
+    the same workload, variant, metric and *backend* (None where either figure is
+    withheld): a ratio always compares one event loop with itself, the timer being
+    the only difference (issue 32: ``call_later-uvloop`` against ``loop-asyncio``
+    read as a regression of the drop-in loop).
+
+    A peer with no aiowheel contender on its backend (``call_later-rloop``: there is
+    no drop-in loop on rloop) gets one ratio, against the first of ``_PREFERRED``
+    measured (uvloop: the fastest base), and the tables say so. A
+    traced aiowheel contender (``-traced``, ``-sampled``) is a peer here: its ratio
+    against its untraced self is what tracing costs."""
     groups: dict[tuple[str, str, str], list[Result]] = {}
     for r in results:
         groups.setdefault((r.workload, r.variant, r.metric), []).append(r)
@@ -101,6 +112,18 @@ def fill_ratios(results: list[Result]) -> None:
         for r in group:
             if r.contender.baseline or not r.has_ratio:
                 continue
+            against = [a for a in ours if a.contender.backend == r.contender.backend]
+            if not against and ours:
+                against = [
+                    min(
+                        ours,
+                        key=lambda a: (
+                            _PREFERRED.index(a.contender.backend)
+                            if a.contender.backend in _PREFERRED
+                            else len(_PREFERRED)
+                        ),
+                    )
+                ]
             r.ratios = {
-                a.contender.name: None if r.withheld or a.withheld else ratio(a, r) for a in ours
+                a.contender.name: None if r.withheld or a.withheld else ratio(a, r) for a in against
             }

@@ -50,6 +50,10 @@ class Settings:
     kafka_max_rate: float = 1_600_000.0
     #: loop-few: seconds the N tasks sleep 1 ms over and over.
     loop_seconds: float = 1.0
+    #: server: seconds of load per phase (None: 0.5 quick, 2 otherwise).
+    server_seconds: float | None = None
+    #: server: rounds (None: 1 quick, ``reps`` otherwise; --reps sets it).
+    server_rounds: int | None = None
     #: Tasks are ~3 KB each: the trio-native contender skips sizes above this.
     trio_max_tasks: int = 200_000
     progress: bool = True
@@ -74,4 +78,6 @@ class Settings:
             "kafka_probe": self.kafka_probe,
             "kafka_seconds": self.kafka_seconds,
             "loop_seconds": self.loop_seconds,
+            "server_seconds": self.server_seconds,
+            "server_rounds": self.server_rounds,
         }

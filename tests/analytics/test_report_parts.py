@@ -327,7 +327,8 @@ def test_the_headline_figure_reads_as_ratios_around_one(tmp_path: Path) -> None:
             )
     fire = figure.axes[1]
     values = {text.get_text().strip() for text in fire.texts}
-    assert "26\u00d7" in values  # fire callbacks/s: trio-native vs aiowheel-trio
+    # fire callbacks/s: trio-native vs aiowheel-trio; one repetition, said on the bar.
+    assert "26\u00d7 (1 rep)" in values
     assert (tmp_path / "headline.png").read_bytes()[:8] == PNG
 
 
@@ -417,10 +418,12 @@ def test_per_second_figures_left_out_when_most_runs_are_short() -> None:
     summary = _summary([("r", "aiowheel", "uvloop", "req", 3, 1)]).drop(columns=["lateness_cdf"])
     args = (summary, _files(), 4, "local[2]", "4.3.0", Headline(None, None, "none"))
     text = render.render_markdown(*args, 31, 2)
-    assert "Not shown: half the traced runs lasted 2 s or less (the longest 31 s" in text
+    assert "Not drawn: half the traced runs lasted 2 s or less (the longest 31 s" in text
     for name in (schema.P99_PNG, schema.RATES_PNG):
         assert f"]({name})" not in text
-        assert f"`{name}`" in text  # still written, and said so
+        assert f"`{name}`" in text  # said not to be written (issue 32: empty panels)
+    assert not render.per_second_figures(31, 2)
+    assert render.per_second_figures(31, render.MIN_SECONDS_PER_FIGURE)
     shown = render.render_markdown(*args, 31, render.MIN_SECONDS_PER_FIGURE)
     for name in (schema.P99_PNG, schema.RATES_PNG):
         assert f"]({name})" in shown
@@ -475,6 +478,7 @@ def test_the_modules_depend_one_way() -> None:
         imports[source.stem] = found
     assert imports["schema"] == set()
     assert imports["plots"] == {"schema"}
+    assert "plots" not in imports["bench_results"]
     assert imports["job"] == {"inputs", "schema"}
     assert imports["submit"] == {"report"}
     assert [name for name, found in imports.items() if "report" in found] == ["submit"]
@@ -604,3 +608,138 @@ def test_find_traces_reads_what_each_footer_says(tmp_path: Path) -> None:
     assert by_name["b.parquet"].dropped is None
     assert by_name["b.parquet"].run_id is None
     assert isinstance(table, pa.Table)
+
+
+# == the drop-in loop's section (issue 32) ===================================================
+
+
+def _drop_in_bench(tmp_path: Path) -> Any:
+    """bench-results.json of a run with a loop-* workload and the server's."""
+    import json
+
+    def row(
+        workload: str,
+        variant: str,
+        metric: str,
+        name: str,
+        median: float,
+        ratios: dict[str, float] | None = None,
+    ) -> dict[str, Any]:
+        kind, backend = name.split("-")
+        return {
+            "type": "result", "workload": workload, "variant": variant, "n": None,
+            "metric": metric, "label": metric, "unit": "ns", "better": "lower",
+            "contender": name, "kind": kind, "backend": backend, "core": None,
+            "core_reason": None, "median": median, "min": median, "max": median,
+            "samples": [median, median], "reps": 2, "ratios": ratios or {},
+            "skipped": None, "params": {},
+        }  # fmt: skip
+
+    results = [
+        row("loop-reschedule", "N=10", "reschedule_ns", "loop-asyncio", 1000.0),
+        row("loop-reschedule", "N=10", "reschedule_ns", "loop-uvloop", 400.0),
+        row("loop-reschedule", "N=10", "reschedule_ns", "call_later-asyncio", 3000.0,
+            {"loop-asyncio": 3.0}),
+        row("loop-reschedule", "N=10", "reschedule_ns", "call_later-uvloop", 800.0,
+            {"loop-uvloop": 2.0}),
+        row("loop-reschedule", "N=10", "reschedule_ns", "call_later-rloop", 500.0,
+            {"loop-uvloop": 1.25}),
+        row("churn", "N=10", "pair_ns", "aiowheel-asyncio", 100.0),
+        row("churn", "N=10", "pair_ns", "call_later-asyncio", 300.0, {"aiowheel-asyncio": 3.0}),
+    ]  # fmt: skip
+    path = tmp_path / "bench-results.json"
+    settings = {"quick": True, "reps": 2}
+    path.write_text(json.dumps({"version": 1, "settings": settings, "machine": {},
+                                "results": results}))  # fmt: skip
+    return load_bench_results(path)
+
+
+def test_the_drop_in_loop_has_a_section_comparing_each_loop_on_its_own_base(
+    tmp_path: Path,
+) -> None:
+    from aiowheel.analytics.bench_results import drop_in
+
+    bench = _drop_in_bench(tmp_path)
+    # The timer's headline leaves the drop-in loop's workloads to their own section.
+    assert set(headline(bench)["workload"]) == {"churn"}
+    frame = drop_in(bench)
+    pairs = set(zip(frame["peer"], frame["aiowheel"], strict=True))
+    assert pairs == {
+        ("call_later-asyncio", "loop-asyncio"),
+        ("call_later-uvloop", "loop-uvloop"),
+        ("call_later-rloop", "loop-uvloop"),
+    }
+    summary = _bench_runs(["fire"])
+    text = render.render_markdown(
+        summary.drop(columns=["lateness_cdf"]), _files(), 4, "local[2]", "4.3.0",
+        Headline(bench, headline(bench), "", frame),
+    )  # fmt: skip
+    assert "\n## The drop-in loop: `aiowheel.new_event_loop()` against the plain loops\n" in text
+    assert (
+        text.index("## Headline") < text.index("## The drop-in loop") < text.index("## The traces")
+    )
+    ratios = [line for line in text.splitlines() if line.startswith("| loop-reschedule N=10 |")]
+    # The ratio table, then the figures behind it.
+    assert ratios[0].endswith("| 3\u00d7 | 2\u00d7 | 1.2\u00d7 |")
+    assert ratios[1].endswith("| 3,000 ns | 1,000 ns | 800 ns | 400 ns | 500 ns |")
+    assert "`call_later-rloop` (with `loop-uvloop`)" in text
+
+
+def test_a_single_search_is_marked_on_the_plot_and_in_the_headline(tmp_path: Path) -> None:
+    # Issue 32: kafka's figure is one search per contender; the headline said "median
+    # of 3 repetitions".
+    import json
+
+    document = json.loads(BENCH.read_text())
+    document["settings"]["reps"] = 3
+    for r in document["results"]:
+        if r["workload"] != "kafka" and len(r["samples"]) == 1:
+            r["samples"] = r["samples"] * 3
+    kafka = [
+        {**r, "workload": "kafka", "variant": "high", "samples": r["samples"][:1]}
+        for r in document["results"]
+        if r["workload"] == "churn"
+    ]
+    document["results"] += kafka
+    path = tmp_path / "bench-results.json"
+    path.write_text(json.dumps(document))
+    bench = load_bench_results(path)
+    ratios = headline(bench)
+    assert set(ratios[ratios["workload"] == "kafka"]["note"]) == {schema.SINGLE_SEARCH}
+    assert set(ratios[ratios["workload"] == "churn"]["note"]) == {""}
+    subtitle = render.headline_subtitle(bench)
+    assert "median of 3 repetitions" in subtitle
+    assert "kafka: ONE search per contender" in subtitle
+    figure = plots.plot_headline(ratios, tmp_path / "headline.png", subtitle)
+    titles = _panel_titles(figure)
+    assert "kafka (high): ONE search per contender, not a median" in titles
+    kafka_ax = figure.axes[titles.index("kafka (high): ONE search per contender, not a median")]
+    assert all("(1 search)" in t.get_text() for t in kafka_ax.texts if "\u00d7" in t.get_text())
+    _headers, rows = render.headline_cells(ratios)
+    kafka_rows = [row for row in rows if row[0] == "kafka high"]
+    assert kafka_rows
+    assert all(any(cell.endswith("(1 search)") for cell in row) for row in kafka_rows)
+
+
+def test_the_cdf_legend_names_only_what_its_panels_draw_and_its_ticks_do_not_collide(
+    tmp_path: Path,
+) -> None:
+    # Issue 32: the legend listed a label no panel drew (a workload whose timers were
+    # all cancelled), and the early side's tick labels overlapped.
+    summary = _summary(
+        [
+            (f"{STAMP}-fire-aiowheel-asyncio", "aiowheel", "asyncio", None, 100, 0),
+            (f"{STAMP}-idle-aiowheel-asyncio", "aiowheel", "asyncio", "conn", 0, 100),
+        ]
+    )
+    early = [(-2.0 + 2.5 * q / 100) / 1000 for q in CDF_QUANTILES]  # -2 ms to +0.5 ms
+    summary.at[0, "lateness_cdf"] = early
+    figure = plots.plot_lateness_cdf(summary, tmp_path / "cdf.png")
+    assert _panel_titles(figure)[::2] == ["fire: lateness CDF"]
+    texts = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert texts == ["aiowheel-asyncio"]  # not "label conn": no panel draws it
+    cdf_ax = figure.axes[0]
+    ticks = [t for t in cdf_ax.get_xticks() if cdf_ax.get_xlim()[0] <= t <= cdf_ax.get_xlim()[1]]
+    assert len([t for t in ticks if t < 0]) == 1  # one label on the early side
+    assert 0.0 in ticks
+    assert cdf_ax.xaxis.get_minor_locator().tick_values(0, 1) == []

@@ -113,6 +113,21 @@ def ours(workload: str) -> set[str]:
     return {c.name for c in CONTENDERS if c.is_aiowheel and c.name in applicable(workload)}
 
 
+def against(workload: str, peer: str) -> set[str]:
+    """The aiowheel contender a peer's ratio is against: the one on the peer's own
+    event loop, else (rloop) the uvloop one (issue 32: one meaning of a ratio)."""
+    backend = next(c.backend for c in CONTENDERS if c.name == peer)
+    mine = {c.name: c.backend for c in CONTENDERS if c.name in ours(workload)}
+    same = {name for name, b in mine.items() if b == backend}
+    if same:
+        return same
+    for preferred in ("uvloop", "asyncio", "trio"):
+        found = {name for name, b in mine.items() if b == preferred}
+        if found:
+            return found
+    return set()
+
+
 def parse(args: list[str]) -> Any:
     return cli.build_parser().parse_args(args)
 

@@ -306,3 +306,26 @@ def test_a_group_holding_ctrl_c_ends_in_one_line(
     args = ["-w", "churn", *TINY]
     assert cli.run(parse(args), args) == 130
     assert capsys.readouterr().err.strip() == "aiowheel bench: interrupted"
+
+
+def test_save_writes_the_results_document_without_tracing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/_data/reference-run.json is written this way (issue 32).
+    target = tmp_path / "deep" / "run.json"
+    assert cli.main(["-w", "loop-few", "-c", "loop-asyncio", *TINY, "--save", str(target)]) == 0
+    capsys.readouterr()
+    document = json.loads(target.read_text())
+    assert document["version"] == 1
+    assert {r["metric"] for r in document["results"]} == {
+        "enter_exit_ns",
+        "sleep_cpu_us",
+        "sleep_ms",
+        "create_us",
+    }
+    assert not list(tmp_path.glob("deep/*.parquet"))
+    # A place it cannot write: refused before measuring.
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli.main(["-w", "loop-few", "--save", str(blocker / "run.json")]) == 2
+    assert "--save" in capsys.readouterr().err

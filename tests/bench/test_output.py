@@ -9,7 +9,15 @@ import pytest
 
 import aiowheel
 from aiowheel.bench.contenders import CONTENDERS
-from aiowheel.bench.output import Output, Table, fmt, fmt_ratio, render_plain, tables
+from aiowheel.bench.output import (
+    RATIO_HEADER,
+    Output,
+    Table,
+    fmt,
+    fmt_ratio,
+    render_plain,
+    tables,
+)
 from aiowheel.bench.results import Result, fill_ratios
 from aiowheel.bench.settings import Settings
 
@@ -52,8 +60,9 @@ def test_render_plain() -> None:
         "contender",
         "median",
         "min\u2013max",
-        "asyncio",
         "\u00d7",
+        "same",
+        "loop",
     ]
     assert set(lines[2]) <= {"-", " "}
     core = "compiled" if aiowheel.COMPILED else "pure"
@@ -98,11 +107,67 @@ def test_console_output_without_rich_is_plain_text(monkeypatch: pytest.MonkeyPat
     output.finish(_results())
     text = stdout.getvalue()
     assert text.startswith("aiowheel bench  Python 3.x on 2 CPUs, load average [0.5, 0.5, 0.5]")
-    assert "churn N=10\n  pair" in text
     assert "call_later-asyncio" in text
     assert "3.00\u00d7" in text
     assert "\x1b[" not in text  # no terminal codes
     assert stderr.getvalue() == ""
+
+
+def test_each_figure_is_printed_once() -> None:
+    # Issue 32: the figures were printed as each variant ended and again in the tables.
+    settings = Settings(workloads=["churn"], progress=False)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    output = Output(settings, stdout=stdout, stderr=stderr, argv=["aiowheel", "bench"])
+    output.start(10, {"python": "3.x", "cpus": 2, "loadavg": [0.5, 0.5, 0.5]})
+    results = _results()
+    output.results(results)
+    output.finish(results)
+    everything = stdout.getvalue() + stderr.getvalue()
+    assert everything.count("330") == 1  # the peer's median
+    assert everything.count("110") == 1  # aiowheel's median
+    assert everything.count("3.00\u00d7") == 1
+
+
+def _pair(name: str, value: float) -> Result:
+    contender = next(c for c in CONTENDERS if c.name == name)
+    return Result(
+        "loop-reschedule",
+        "N=10",
+        10,
+        "reschedule_ns",
+        "reschedule",
+        "ns",
+        "lower",
+        contender,
+        [value],
+    )
+
+
+def test_a_peer_is_compared_with_aiowheel_on_its_own_loop() -> None:
+    # Issue 32: call_later-uvloop's row showed its ratio against loop-asyncio (0.51x),
+    # which read as a regression of the drop-in loop.
+    rows = [
+        _pair("loop-asyncio", 1000.0),
+        _pair("loop-uvloop", 400.0),
+        _pair("call_later-asyncio", 3000.0),
+        _pair("call_later-uvloop", 800.0),
+        _pair("call_later-rloop", 500.0),
+    ]
+    fill_ratios(rows)
+    by = {r.contender.name: r.ratios for r in rows}
+    assert by["call_later-asyncio"] == {"loop-asyncio": 3.0}
+    assert by["call_later-uvloop"] == {"loop-uvloop": 2.0}
+    # No drop-in loop on rloop: compared with the uvloop base, and the table says so.
+    assert by["call_later-rloop"] == {"loop-uvloop": 1.25}
+    (table,) = tables(rows)
+    assert [h for h, _ in table.columns].count(RATIO_HEADER) == 1
+    cells = {c[2]: c[-1] for section in table.sections for c, _bold in section}
+    assert cells["call_later-uvloop"] == "2.00\u00d7"
+    assert cells["call_later-asyncio"] == "3.00\u00d7"
+    assert (
+        "call_later-rloop: no aiowheel contender on its event loop; its \u00d7 column "
+        "compares it with loop-uvloop" in table.notes
+    )
 
 
 def test_json_output_and_skipped_lines() -> None:

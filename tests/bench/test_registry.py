@@ -27,12 +27,16 @@ def test_every_workload_in_the_default_order() -> None:
         "loop-timeout",
         "loop-few",
         "loop-memory",
+        "server",
     ]
     for name, workload in WORKLOADS.items():
         assert workload.name == name
         assert workload.metrics
         assert isinstance(workload, RepeatedWorkload) != isinstance(workload, SearchedWorkload)
-    assert [n for n, w in WORKLOADS.items() if isinstance(w, SearchedWorkload)] == ["kafka"]
+    assert [n for n, w in WORKLOADS.items() if isinstance(w, SearchedWorkload)] == [
+        "kafka",
+        "server",
+    ]
 
 
 def test_workload_modules_import_alone_in_any_order() -> None:

@@ -1,0 +1,443 @@
+"""``server``: a real uvicorn server on 127.0.0.1, loaded from another process.
+
+Each contender's event loop serves one ASGI app under uvicorn in a process of its own
+(``_serve.py``); a load generator in another process drives it (``wrk`` when it is on
+PATH, else ``_load.py``: keep-alive connections, each sending its next request when
+its previous response is in). Every load run is bounded in time and in requests,
+every read by a timeout; every process it starts is stopped before it returns.
+
+Variants (each a phase of one server process per contender and round):
+
+``trivial``     ``GET /``: a handler that answers two bytes.
+``timeouts``    ``GET /t``: each request awaits three short operations under
+                ``asyncio.timeout(10)`` and two under ``asyncio.wait_for(..., 10)``, as
+                database and HTTP clients do: each timeout is armed, then cancelled
+                when the operation completes.
+``idle N=...``  N idle keep-alive connections held open (one request each, then
+                silent) by a third process, beside the trivial load: also the
+                server's RSS per idle connection, one full collection's pause
+                (``gc.collect()`` in the server, timed) with them held, and the
+                collector's longest pause (``gc.callbacks`` in the server) while it
+                served the load beside them.
+``protocol``    the trivial app with ``aiowheel.middleware.uvicorn_protocol`` closing
+                idle connections instead of uvicorn's own keep-alive timeout
+                (the plain loops only: that is where users run it).
+``middleware``  the same, and ``IdleTimeoutMiddleware`` around the app.
+
+Figures: requests/s, latency p50 and p99 (as the load generator sees them), server
+CPU per request (the server process's ``time.process_time()`` over the load run /
+requests), and for the guarded variants their requests/s as a fraction of the same
+contender's ``trivial`` in the same round (``vs uvicorn's keep-alive``).
+
+Rounds alternate between contenders (A B C A B C ...); a figure is the median over
+the rounds. The ratio columns compare a plain loop with the drop-in loop on its own
+base (``call_later-uvloop`` with ``loop-uvloop``). The load generator shares the
+machine with the server: on 2 cores, requests/s is bounded by both; CPU per request
+is the server's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .child import ChildError
+from .contenders import Contender, install_hint
+from .results import Result
+from .settings import Settings
+from .workload import Metric, Progress, Remote, SearchedWorkload, Trace
+
+__all__ = ["Server", "ServerError", "parse_wrk"]
+
+#: Keep-alive connections of the load generator.
+CONNECTIONS = 50
+#: At most this many requests per load run (the time bound ends it first here).
+MAX_REQUESTS = 2_000_000
+#: Seconds a server may take to print its port, a holder to open its connections.
+START_TIMEOUT = 30.0
+#: Seconds past its window a load run may take before it is killed.
+GRACE = 15.0
+
+_GUARDED = ("protocol", "middleware")
+
+
+class ServerError(ChildError):
+    """A server or a load generator did not do its part (said with its stderr): one
+    line for the command line, as a failed child process's."""
+
+
+@dataclass(frozen=True)
+class _Figures:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float
+
+
+def _uvicorn_installed() -> bool:
+    try:
+        importlib.import_module("uvicorn")
+    except ImportError:
+        return False
+    return True
+
+
+def _loop_name(contender: Contender) -> str:
+    """``_serve.py``'s name for the contender's event loop."""
+    return f"loop-{contender.backend}" if contender.kind == "loop" else contender.backend
+
+
+def _raise_fd_limit(wanted: int) -> int:
+    """Raise this process's open-file limit (children inherit it) towards ``wanted``;
+    returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft
+
+
+def idle_connections(settings: Settings) -> int:
+    """How many idle connections the ``idle`` variant holds (``--n``; 300 quick,
+    10,000 with ``--full``), capped by what the open-file limit allows (each takes
+    a descriptor in the holder and one in the server)."""
+    wanted = settings.n[0] if settings.n else (300 if settings.quick else 10_000)
+    limit = _raise_fd_limit(wanted + 1_000)
+    return max(1, min(wanted, limit - 200))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The children import this very package (a checkout on PYTHONPATH, an install).
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+@contextlib.contextmanager
+def _process(args: list[str], what: str) -> Iterator[subprocess.Popen[str]]:
+    """A child process, stopped on the way out whatever happens: stdin closed (the
+    server and the holder stop on it), then SIGTERM, then SIGKILL."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _first_line(proc: subprocess.Popen[str], what: str) -> str:
+    """The child's first line of stdout, within ``START_TIMEOUT`` (its stderr if none)."""
+    assert proc.stdout is not None
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if sel.select(START_TIMEOUT):
+            line = proc.stdout.readline().strip()
+            if line:
+                return line
+    proc.kill()
+    assert proc.stderr is not None
+    err = proc.stderr.read().strip().splitlines()
+    raise ServerError(f"{what} did not start: {err[-1] if err else 'no output'}")
+
+
+def _stats(port: int, *, full_gc: bool = False, reset: bool = False) -> dict[str, Any]:
+    query = "&".join(q for q, on in (("gc=1", full_gc), ("reset=1", reset)) if on)
+    url = f"http://127.0.0.1:{port}/__stats" + (f"?{query}" if query else "")
+    with urllib.request.urlopen(url, timeout=START_TIMEOUT) as response:
+        stats: dict[str, Any] = json.load(response)
+    return stats
+
+
+_WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def parse_wrk(text: str) -> dict[str, float]:
+    """requests, seconds, p50_ms, p99_ms from ``wrk --latency``'s output."""
+    done = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", text)
+    if done is None:
+        raise ServerError(f"cannot read wrk's output: {text[-200:]!r}")
+    seconds = float(done.group(2)) * _WRK_UNITS[done.group(3)] / 1e3
+    out = {"requests": float(done.group(1)), "seconds": seconds}
+    for q, key in (("50", "p50_ms"), ("99", "p99_ms")):
+        m = re.search(rf"^\s*{q}(?:\.0+)?%\s+([\d.]+)(us|ms|s|m)\s*$", text, re.MULTILINE)
+        if m is None:
+            raise ServerError(f"wrk printed no {q}% latency (--latency): {text[-200:]!r}")
+        out[key] = float(m.group(1)) * _WRK_UNITS[m.group(2)]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*", text)
+    out["errors"] = 1.0 if errors else 0.0
+    return out
+
+
+def _load(port: int, path: str, seconds: float) -> dict[str, float]:
+    """One bounded load run against the server; the load generator's figures."""
+    wrk = shutil.which("wrk")
+    if wrk is not None:
+        duration = max(1, round(seconds))
+        args = [wrk, "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency"]
+        args += [f"--timeout={int(GRACE)}s", f"http://127.0.0.1:{port}{path}"]
+        done = subprocess.run(
+            args, capture_output=True, text=True, timeout=duration + GRACE, check=False
+        )
+        if done.returncode != 0:
+            raise ServerError(f"wrk failed: {done.stderr.strip()[-200:]}")
+        return parse_wrk(done.stdout)
+    args = [sys.executable, "-m", "aiowheel.bench._load", "load", str(port), path]
+    args += [str(CONNECTIONS), repr(seconds), str(MAX_REQUESTS)]
+    done = subprocess.run(
+        args, capture_output=True, text=True, timeout=seconds + GRACE, env=_env(), check=False
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        err = done.stderr.strip().splitlines()
+        raise ServerError(f"the load generator failed: {err[-1] if err else done.returncode}")
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
+def _measure(port: int, path: str, seconds: float) -> _Figures:
+    before = _stats(port)
+    load = _load(port, path, seconds)
+    after = _stats(port)
+    requests = load["requests"]
+    if not requests or load.get("errors"):
+        raise ServerError(
+            f"GET {path}: {requests:.0f} responses, {load.get('errors', 0):.0f} errors"
+        )
+    return _Figures(
+        rps=requests / load["seconds"],
+        p50_ms=load["p50_ms"],
+        p99_ms=load["p99_ms"],
+        cpu_us=(after["cpu"] - before["cpu"]) / requests * 1e6,
+    )
+
+
+class Server(SearchedWorkload):
+    name = "server"
+    title = "uvicorn on 127.0.0.1, loaded from another process"
+    metrics = (
+        Metric("rps", "requests/s", "1/s", "higher"),
+        Metric("p50_ms", "latency p50", "ms", "lower"),
+        Metric("p99_ms", "latency p99", "ms", "lower"),
+        Metric("cpu_us", "server CPU per request", "us", "lower"),
+        Metric("rss_per_conn", "server RSS per idle connection", "B", "lower"),
+        Metric("gc_full_ms", "a full collection, idle connections held", "ms", "lower"),
+        Metric("gc_max_ms", "longest collector pause under load, idle held", "ms", "lower"),
+        Metric(
+            "vs_uvicorn",
+            "requests/s vs uvicorn's keep-alive (same loop)",
+            "x",
+            "higher",
+            ratio=False,
+        ),
+    )
+    kinds: ClassVar[frozenset[str]] = frozenset({"loop", "call_later"})
+    backends: ClassVar[frozenset[str]] = frozenset({"asyncio", "uvloop", "rloop"})
+    traced = False
+    default = False
+
+    def _seconds(self, settings: Settings) -> float:
+        return settings.server_seconds or (0.5 if settings.quick else 2.0)
+
+    def _rounds(self, settings: Settings) -> int:
+        # The quick variant (and `bench --report`'s): one round, so that the main job
+        # stays within its 5 minutes (issue 32); its figures say "1 rep". The rounds
+        # of a full run alternate between contenders, their medians are the figures.
+        # --reps, when given, is the number of rounds.
+        if settings.server_rounds is not None:
+            return settings.server_rounds
+        return 1 if settings.quick else settings.reps
+
+    def _idle_variant(self, settings: Settings) -> str:
+        return f"idle N={idle_connections(settings):,}"
+
+    def variants(self, settings: Settings) -> list[str]:
+        return ["trivial", "timeouts", self._idle_variant(settings), *_GUARDED]
+
+    @staticmethod
+    def guarded(contender: Contender) -> bool:
+        """The idle-timeout middleware runs on the plain asyncio and uvloop loops."""
+        return contender.kind == "call_later" and contender.backend in ("asyncio", "uvloop")
+
+    def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
+        per_round = len(contenders) + sum(len(_GUARDED) for c in contenders if self.guarded(c))
+        return per_round * self._rounds(settings)
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "server": "uvicorn (httptools), one process, 127.0.0.1",
+            "load": "wrk" if shutil.which("wrk") else "aiowheel.bench._load (asyncio)",
+            "connections": CONNECTIONS,
+            "seconds": self._seconds(settings),
+            "rounds": self._rounds(settings),
+            "timeouts_app": "3 x asyncio.timeout(10) + 2 x asyncio.wait_for(..., 10) "
+            "around operations that complete at once",
+            "guard_timeout": 30.0,
+        }
+
+    def _one_server(
+        self, contender: Contender, guard: str, settings: Settings, idle: int
+    ) -> dict[str, dict[str, float]]:
+        """One server process for ``contender``: its phases' figures by variant."""
+        seconds = self._seconds(settings)
+        out: dict[str, dict[str, float]] = {}
+        serve = ["-m", "aiowheel.bench._serve", _loop_name(contender), guard]
+        with _process(serve, f"the {contender.name} server") as server:
+            port = int(_first_line(server, f"the {contender.name} server"))
+            _measure(port, "/", min(seconds, 0.2))  # warm-up: imports, first allocations
+            trivial = _measure(port, "/", seconds)
+            if guard != "uvicorn":
+                return {
+                    guard: {
+                        "rps": trivial.rps,
+                        "p50_ms": trivial.p50_ms,
+                        "p99_ms": trivial.p99_ms,
+                        "cpu_us": trivial.cpu_us,
+                    }
+                }
+            out["trivial"] = vars(trivial)
+            out["timeouts"] = vars(_measure(port, "/t", seconds))
+            before = _stats(port, full_gc=True)
+            hold = ["-m", "aiowheel.bench._load", "hold", str(port), str(idle)]
+            with _process(hold, "the idle connections' holder") as holder:
+                ready = _first_line(holder, "the idle connections' holder")
+                held = int(ready.split()[-1])
+                if held < idle:
+                    raise ServerError(f"only {held:,} of {idle:,} idle connections opened")
+                during = _stats(port, full_gc=True, reset=True)
+                figures = vars(_measure(port, "/", seconds))
+                # The collector's longest pause (gc.callbacks in the server) while it
+                # served the load beside the idle connections.
+                under_load = _stats(port)["gc_longest"]
+            rss = (during["rss"] - before["rss"]) / idle if during["rss"] else None
+            out[self._idle_variant(settings)] = {
+                **figures,
+                **({"rss_per_conn": rss} if rss is not None else {}),
+                "gc_full_ms": during["gc_full"] * 1e3,
+                "gc_max_ms": under_load * 1e3,
+            }
+        return out
+
+    def measure(
+        self,
+        settings: Settings,
+        contenders: list[Contender],
+        progress: Progress,
+        trace: Trace,
+        remote: Remote,
+    ) -> list[Result]:
+        params = self.params(settings)
+        if not _uvicorn_installed():
+            # A partial install: the main job still runs the rest, and says why not this.
+            reason = f"uvicorn is not installed ({install_hint('bench')})"
+            return [
+                self.result(metric, c, [], variant="trivial", n=None, params=params, skipped=reason)
+                for metric in self.metrics[:1]
+                for c in contenders
+            ]
+        idle = idle_connections(settings)
+        samples: dict[tuple[str, str, str], list[float]] = {}
+        for round_ in range(self._rounds(settings)):
+            for contender in contenders:
+                guards = ["uvicorn", *(_GUARDED if self.guarded(contender) else ())]
+                for guard in guards:
+                    progress(
+                        f"server round {round_ + 1}/{self._rounds(settings)}: "
+                        f"{contender.name} ({guard})"
+                    )
+                    phases = self._one_server(contender, guard, settings, idle)
+                    for variant, values in phases.items():
+                        for key, value in values.items():
+                            samples.setdefault((variant, contender.name, key), []).append(value)
+        # The guarded variants as a fraction of the same loop's trivial, round by round.
+        for contender in contenders:
+            base = samples.get(("trivial", contender.name, "rps"), [])
+            for guard in _GUARDED:
+                guarded = samples.get((guard, contender.name, "rps"))
+                if guarded and base:
+                    samples[(guard, contender.name, "vs_uvicorn")] = [
+                        g / b for g, b in zip(guarded, base, strict=True)
+                    ]
+        results: list[Result] = []
+        for variant in self.variants(settings):
+            for metric in self.metrics:
+                for contender in contenders:
+                    measured = samples.get((variant, contender.name, metric.key))
+                    if measured:
+                        results.append(
+                            self.result(
+                                metric,
+                                contender,
+                                measured,
+                                variant=variant,
+                                n=None,
+                                params={**params, "idle": idle}
+                                if variant.startswith("idle")
+                                else params,
+                            )
+                        )
+        return results
+
+    def notes(self, results: list[Result]) -> list[str]:
+        """The issue's targets, met or not, from this run's medians."""
+        by = {(r.variant, r.metric, r.contender.name): r.median for r in results if r.samples}
+        notes = []
+
+        def ratio(variant: str, metric: str, a: str, b: str) -> float | None:
+            x, y = by.get((variant, metric, a)), by.get((variant, metric, b))
+            return x / y if x and y else None
+
+        rps = ratio("trivial", "rps", "loop-uvloop", "call_later-uvloop")
+        if rps is not None:
+            notes.append(
+                f"target: loop-uvloop's req/s on trivial >= 0.97x call_later-uvloop's: "
+                f"{rps:.2f}x ({'met' if rps >= 0.97 else 'not met'})"
+            )
+        cpu = ratio("timeouts", "cpu_us", "loop-uvloop", "call_later-uvloop")
+        if cpu is not None:
+            notes.append(
+                f"target: loop-uvloop's CPU per request on timeouts <= 0.9x "
+                f"call_later-uvloop's: {cpu:.2f}x ({'met' if cpu <= 0.9 else 'not met'})"
+            )
+        for backend in ("asyncio", "uvloop"):
+            cost = by.get(("middleware", "vs_uvicorn", f"call_later-{backend}"))
+            if cost is not None:
+                notes.append(
+                    f"target: IdleTimeoutMiddleware + uvicorn_protocol on {backend} cost "
+                    f"<= 5% of req/s: {1 - cost:+.0%} ({'met' if cost >= 0.95 else 'not met'})"
+                )
+        return notes
