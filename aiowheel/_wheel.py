@@ -91,6 +91,13 @@ _heappop: Final = heapq.heappop
 
 #: Ticks ahead of the wheel's clock past which entries are filed at the horizon.
 HORIZON: Final = 1 << 48
+#: The far bucket's key in the heap, beside each level's ``-level``. Buckets due at one
+#: tick are taken coarsest first (their entries were filed before the ties filed on a
+#: finer level since), and the far bucket is the coarsest of all: its key is below any
+#: ``-level`` (a wheel never has as many levels as HORIZON has bits). It must differ
+#: from every level's key: the heap compares (tick, key, time) and would otherwise
+#: compare two buckets themselves, which have no order (TypeError).
+_FAR_KEY: Final = -(1 << 16)
 
 
 def deadline_of(entry: WheelEntry) -> float:
@@ -507,7 +514,7 @@ class Wheel:
             far.tick = start
             far.time = when
             far.add(entry)  # link first, then allocate (see _file)
-            _heappush(self._heap, (start, far.level, when, far))
+            _heappush(self._heap, (start, _FAR_KEY, when, far))
             return when
         far.add(entry)
         return _INF
@@ -545,7 +552,7 @@ class Wheel:
             when = self._far_time(start)
             far.tick = start
             far.time = when
-            _heappush(self._heap, (start, far.level, when, far))
+            _heappush(self._heap, (start, _FAR_KEY, when, far))
 
     def insert_due(self, entry: WheelEntry, deadline: float) -> float:
         """File ``entry`` as due now: it comes out of the next ``advance``, whatever

@@ -338,6 +338,39 @@ def test_issue_28_far_entry_extended_to_the_far_time_is_not_lost() -> None:
     machine.teardown()
 
 
+def test_the_far_bucket_and_a_level_due_at_one_tick_are_ordered_without_a_tie() -> None:
+    """Found by the wider draws once the ties across levels were keyed (tick, -level):
+    the far bucket's key (-3) equalled a level-3 bucket's, both came due at one tick,
+    and the heap compared the two buckets themselves (TypeError). The far bucket now
+    has a key of its own, below every level's: at one tick it cascades first."""
+    machine = WheelModel()
+    data: Any = _NoCancels()
+    entries = [machine.start(size=3, tick=1.0, origin=0.0, offset=0)]
+
+    def step() -> None:
+        machine.advance_to_next_expiry(data)
+        machine.check_all()
+
+    step()
+    entries.append(machine.insert(81))
+    step()
+    entries.append(machine.insert(193))
+    for _ in range(4):
+        step()
+    machine.extend(entries[2], 10176.0)
+    for _ in range(4):
+        step()
+    machine.forget(entries[2])
+    for ticks in (14, 378, 589):
+        machine.advance(ticks, data)
+        machine.check_all()
+    machine.forget(entries[1])
+    entries.append(machine.insert_far(281474976711646.0))
+    machine.extend_to_next_expiry(entries[0], 0.0)
+    step()
+    machine.teardown()
+
+
 def test_an_off_tick_deadline_near_the_horizon_is_held_to_the_next_tick() -> None:
     """Found by the wider draws (issue 28): at a clock of 2**47 ticks an offset of 1/64
     tick rounds, and the float due instant (the clock's own reading) is before the
