@@ -24,6 +24,7 @@ asyncio, uvloop and trio (hypercorn) servers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -178,6 +179,12 @@ class _RequestWatch(IdleControl):
             # Progress buys time at the minimum rate (mod_reqtimeout's MinRate): a
             # steady upload is never cut, a trickle gets almost nothing.
             self._body_deadline += size / self._body_rate
+            if not math.isfinite(self._body_deadline):
+                # A tiny body_min_rate buys an infinite extension: no deadline at
+                # all (the timer only takes finite ones).
+                self._body_handle = None
+                handle.cancel()
+                return
             try:
                 handle.reset_at(self._body_deadline)
             except TimerClosed:

@@ -394,3 +394,18 @@ async def test_stalled_response_behind_a_connection_is_aborted_quietly(virtual: 
         assert len(timer) == 0
     assert len(connection.aborted) == 1
     assert_at_deadline(connection.aborted[0], start, virtual)
+
+
+@pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
+async def test_a_tiny_body_min_rate_does_not_overflow_the_deadline(virtual: bool) -> None:
+    # Hostile review of issue 28's fixes: body_min_rate is accepted down to any
+    # positive float, and 1,000 bytes at 1e-306 bytes a second buy an infinite
+    # extension; Timer.reset_at(inf) raised ValueError out of the app's receive().
+    async with Timer(tick=TICK) as timer:
+        client = Trickle(timer, chunk=1000, gap=0.5 * T, pieces=4)
+        await IdleTimeoutMiddleware(
+            read_body_then_respond, timeout=T, timer=timer, body_min_rate=1e-306
+        )(http_scope(), client.receive, client.send)
+        assert len(timer) == 0
+    assert client.sent[0][1]["status"] == 200
+    assert client.sent[1][1]["body"] == b"4000"
