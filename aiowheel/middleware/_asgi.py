@@ -270,7 +270,9 @@ class IdleTimeoutMiddleware:
             else check_timeout(body_timeout, "body_timeout")
         )
         self._body_rate = (
-            None if body_min_rate is None else check_timeout(body_min_rate, "body_min_rate")
+            None
+            if body_min_rate is None
+            else check_timeout(body_min_rate, "body_min_rate", "bytes per second")
         )
         self._timer = check_timer(timer)
         self._overrides = _check_overrides(overrides)

@@ -88,13 +88,14 @@ def scope_connection(scope: Mapping[str, Any]) -> ConnectionAbort | None:
     return connection if callable(getattr(connection, "abort_connection", None)) else None
 
 
-def check_timeout(value: object, name: str = "timeout") -> float:
-    """``value`` as a float when it is a positive finite number of seconds, else the
-    documented ``TypeError``/``ValueError`` (raised where the configuration is made)."""
+def check_timeout(value: object, name: str = "timeout", unit: str = "seconds") -> float:
+    """``value`` as a float when it is a positive finite number (of seconds, or of the
+    ``unit`` named), else the documented ``TypeError``/``ValueError`` (raised where the
+    configuration is made)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+        raise TypeError(f"{name} must be a number of {unit}, got {value!r}")
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a positive finite number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a positive finite number of {unit}, got {value!r}")
     return float(value)
 
 

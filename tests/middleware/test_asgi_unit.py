@@ -361,8 +361,14 @@ async def test_body_timeout_settings(virtual: bool) -> None:
         assert len(timer) == 0
     with pytest.raises(ValueError, match="body_timeout"):
         IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_timeout=0)
-    with pytest.raises(TypeError, match="body_min_rate"):
+    with pytest.raises(TypeError, match="body_min_rate must be a number of bytes per second"):
         IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_min_rate="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="positive finite number of bytes per second"):
+        IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_min_rate=-1)
+    with pytest.raises(
+        ValueError, match="body_timeout must be a positive finite number of seconds"
+    ):
+        IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_timeout=float("nan"))
 
 
 async def test_stalled_response_behind_a_connection_is_aborted_quietly(virtual: bool) -> None:
