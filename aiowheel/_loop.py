@@ -461,6 +461,37 @@ def loop_timer(loop: asyncio.AbstractEventLoop | None = None) -> Timer | None:
     return None
 
 
+class _AsyncioLoopState:
+    """The asyncio base's own state, one object (see _AsyncioWheelLoop)."""
+
+    __slots__ = (
+        "calls",
+        "debug_measured",
+        "pass_measured",
+        "slow_callback_duration",
+        "time_patched",
+    )
+
+    def __init__(self) -> None:
+        self.calls: LoopCalls | None = None
+        self.time_patched = False
+        self.pass_measured = False
+        self.debug_measured = 0.0
+        self.slow_callback_duration = 0.1  # BaseEventLoop.__init__ sets it again
+
+
+def _own_state(name: str) -> Any:
+    """A property of _AsyncioWheelLoop that reads and writes ``name`` of its state."""
+
+    def get(loop: Any) -> Any:
+        return getattr(loop._own, name)
+
+    def set_(loop: Any, value: Any) -> None:
+        setattr(loop._own, name, value)
+
+    return property(get, set_)
+
+
 class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[misc]
     # BaseEventLoop.time() is a Python method returning time.monotonic(); the C
     # function itself, as a class attribute (a builtin does not bind: loop.time() calls
@@ -471,18 +502,19 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     _base_grid = 1e6
     # What loop_base() answers; also read by aiowheel/_driver.py's backend_name().
     _aiowheel_base = "asyncio"
-    # The drop-in loop's own attributes live in slots, not in the loop's __dict__: on
-    # CPython 3.11 an instance keeps its attributes inline only up to 30 names per
-    # class, and past that every attribute access of the loop's own methods takes the
-    # slower dict path (docs/benchmark-history.md, "Task steps on the asyncio base";
-    # tests/test_loop_affinity.py).
-    __slots__ = (
-        "_calls",
-        "_debug_measured",
-        "_pass_measured",
-        "_slow_callback_duration",
-        "_time_patched",
-    )
+    # The drop-in loop's own state lives in one side object (_AsyncioLoopState), read
+    # through the properties below, not in five attributes of the loop: CPython keeps
+    # an instance's attributes inline (no dict object) only up to 30 names per class on
+    # 3.11 and up to 29 on 3.13, which the base loop's own 25 and call_at, call_later and
+    # timer nearly fill; past that, and on 3.13 for any subclass with __slots__, the
+    # loop's __dict__ is a real dict and every attribute access of the loop's own
+    # methods takes the slower dict path (docs/benchmark-history.md, "Task steps on the
+    # asyncio base"; tests/test_loop_affinity.py).
+    _calls = _own_state("calls")
+    _time_patched = _own_state("time_patched")
+    _pass_measured = _own_state("pass_measured")
+    _debug_measured = _own_state("debug_measured")
+    _own: _AsyncioLoopState
 
     def __init__(self, tick: float) -> None:
         self._init_slots()
@@ -490,15 +522,11 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
         self._init_timer("asyncio", tick, self._base_grid)
 
     def _init_slots(self) -> None:
-        # Before the base class's __init__, which already sets attributes (the
-        # __setattr__ hook reads _time_patched) and slow_callback_duration (the setter).
-        # A subclass that makes the loop another way (tests/loop/test_on_the_wheel.py
-        # puts it on a virtual clock first) calls this first too.
-        self._calls = None
-        self._time_patched = False
-        self._pass_measured = False
-        self._debug_measured = 0.0
-        self._slow_callback_duration = 0.1
+        # Before the base class's __init__, which already sets slow_callback_duration
+        # (the property's setter writes the side object). A subclass that makes the
+        # loop another way (tests/loop/test_on_the_wheel.py puts it on a virtual clock
+        # first) calls this first too.
+        self._own = _AsyncioLoopState()
 
     def _base_call_at(
         self,
@@ -535,7 +563,7 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
         rest = _monotonic() - started - self._debug_measured
         # No warning for the pass (_run_once's next read), unless what was not measured
         # in it (loop.timer's own callbacks) was slow by itself.
-        if self._debug and rest < self._slow_callback_duration:  # type: ignore[attr-defined]
+        if self._debug and rest < self._own.slow_callback_duration:  # type: ignore[attr-defined]
             self._pass_measured = True
 
     # BaseEventLoop._run_once reads slow_callback_duration right after each callback
@@ -544,17 +572,18 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
 
     @property
     def slow_callback_duration(self) -> float:
-        if self._pass_measured:
-            self._pass_measured = False
+        own = self._own
+        if own.pass_measured:
+            own.pass_measured = False
             return math.inf
-        return self._slow_callback_duration
+        return own.slow_callback_duration
 
     @slow_callback_duration.setter
     def slow_callback_duration(self, value: float) -> None:
-        self._slow_callback_duration = value
+        self._own.slow_callback_duration = value
 
     def _slow_callback_limit(self) -> float:
-        return self._slow_callback_duration
+        return self._own.slow_callback_duration
 
     def _check_loop_thread(self) -> None:
         base: Any = asyncio.SelectorEventLoop

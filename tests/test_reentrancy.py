@@ -337,6 +337,12 @@ async def test_a_finalizer_re_arming_a_handle_inside_the_wheels_filing() -> None
         check(timer, [handle, warm])
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12),
+    reason="from CPython 3.12 the collector runs at the next eval-breaker check, not at "
+    "the allocation inside Wheel._file, so no finalizer can run between its check and "
+    "its link there: the backstop is reachable (and tested) on 3.11",
+)
 def test_the_wheel_files_nothing_when_a_finalizer_filed_the_entry_meanwhile() -> None:
     """The backstop in ``Wheel._file``: a collection while it creates a level (no
     ``reserve`` first) runs a finalizer that files the same entry. The later call
