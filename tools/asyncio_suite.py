@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import re
 import subprocess
 import sys
 import time
 
+# A sibling module of tools/: imported from this file's directory, which is on
+# sys.path only when PYTHONSAFEPATH is unset (noxfile.py sets it).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from suite_compare import compare, report
 
 MODULES = [

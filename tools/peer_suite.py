@@ -45,6 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# A sibling module of tools/: imported from this file's directory, which is on
+# sys.path only when PYTHONSAFEPATH is unset (noxfile.py sets it).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from suite_compare import CRASH, HANG, OUTCOMES, compare, report
 
 TOOLS = Path(__file__).resolve().parent
