@@ -268,3 +268,10 @@ def at_next_collection(
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(hook)
+
+
+class Expiries:
+    """How many idle timers expired (the ``expiries`` fixture, tests/middleware/conftest.py)."""
+
+    def __init__(self) -> None:
+        self.count = 0

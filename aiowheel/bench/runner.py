@@ -182,6 +182,7 @@ class Runner:
                     metric, contender, [], variant=variant, n=n, params=params, skipped=reason
                 )
                 for contender, reason in skipped
+                if metric.kinds is None or contender.kind in metric.kinds
             )
         for warning in workload.withhold_ratios(variant_results, s):
             self.output.warn(warning)

@@ -46,6 +46,9 @@ class Metric:
     better: str  # "lower" | "higher"
     #: False for figures where a ratio means nothing (counts that describe the input).
     ratio: bool = True
+    #: The contender kinds that have this figure (None: every kind the workload runs),
+    #: for a pattern only some contenders have (idle's ``handle.reset`` row).
+    kinds: frozenset[str] | None = None
 
 
 #: Announces the next step of a searched workload (drives the progress bar).

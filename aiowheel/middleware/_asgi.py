@@ -88,8 +88,8 @@ _DEFAULT = _Default()
 class _RequestWatch(IdleControl):
     """The idle timer of one HTTP request or one websocket.
 
-    Invariant: ``_handle`` is the pending (or about to be re-armed) handle exactly
-    while the request is being timed; it is ``None`` once timing stopped (opted out,
+    Invariant (``IdleControl``'s): ``_handle`` is the filed handle exactly while the
+    request is being timed; it is ``None`` once timing stopped (opted out,
     response complete, expired, or the timer closed), so ``touch`` is one attribute
     test when there is nothing to time.
     """
@@ -120,15 +120,13 @@ class _RequestWatch(IdleControl):
         body_timeout: float | None = None,
         body_rate: float | None = None,
     ) -> None:
-        self._timer = timer
-        self._timeout = timeout
+        self._init_idle(timer, timeout)
         self._body_timeout = body_timeout
         self._body_rate = body_rate
         self._body_handle: TimerHandle[Any] | None = None
         self._body_deadline = 0.0
         self._cancel_scope = cancel_scope
         self._parent = parent
-        self._handle: TimerHandle[Any] | None = None
         self.expired = False
         self.complete = False  # response complete or websocket closed: timing stopped
         self.disconnected = False
@@ -141,10 +139,6 @@ class _RequestWatch(IdleControl):
     @property
     def timeout(self) -> float | None:
         return self._timeout
-
-    def arm(self) -> None:
-        if self._timeout is not None:
-            self._handle = schedule_idle(self._timer, self._timeout, self._expire)
 
     def set_timeout(self, timeout: float | None) -> None:
         if self._parent is not None:  # an outer idle middleware times this request too
@@ -166,7 +160,7 @@ class _RequestWatch(IdleControl):
             and self._handle is not None  # timed at all (not opted out, not over)
         ):
             self._body_deadline = self._timer.time() + self._body_timeout
-            self._body_handle = schedule_idle(self._timer, self._body_timeout, self._body_expire)
+            self._body_handle = schedule_idle(self._timer, self._body_deadline, self._body_expire)
 
     def body_received(self, size: int, more: bool) -> None:
         handle = self._body_handle

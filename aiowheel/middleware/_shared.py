@@ -106,13 +106,13 @@ def check_timer(timer: object) -> Timer | None:
 
 
 def schedule_idle(
-    timer: Timer, delay: float, callback: Callable[[], None]
+    timer: Timer, deadline: float, callback: Callable[[], None]
 ) -> TimerHandle[Any] | None:
-    """``timer.schedule_nowait(delay, callback)``, or ``None`` when the timer is closed
-    (a server shutting down): the connection is then simply not timed. A timer that
-    was never started is a configuration error and raises ``TimerClosed``."""
+    """``timer.schedule_at_nowait(deadline, callback)``, or ``None`` when the timer is
+    closed (a server shutting down): the connection is then simply not timed. A timer
+    that was never started is a configuration error and raises ``TimerClosed``."""
     try:
-        return timer.schedule_nowait(delay, callback)
+        return timer.schedule_at_nowait(deadline, callback)
     except TimerClosed:
         if timer.closed:
             return None
@@ -123,24 +123,60 @@ class IdleControl:
     """One request's or one connection's idle timer, and what ``set_idle_timeout``
     talks to.
 
-    Activity re-arms it (``touch``: an O(1) ``reset``), the end of timing stops it, and
-    the endpoint may change it (``set_timeout``). Subclasses keep the three slots below
-    and say what expiry does (``_expire``) and when timing is over (``_timing``).
+    Activity is a store, not a re-arm (Netty's ``IdleStateHandler``): ``touch`` writes
+    the new deadline, now + timeout, in ``_deadline`` and leaves the wheel alone. The
+    handle stays filed where it was; when it fires, ``_fired`` looks at the stored
+    deadline and either re-files the handle for what is left (there was activity) or
+    expires. A connection that reads all the time costs one wake-up per timeout, not
+    one wheel operation per read; the timeout is exactly as before, because the stored
+    deadline is the one a ``reset`` would have filed.
+
+    Invariants, kept by every method here:
+
+    * ``_handle`` is the filed handle exactly while timing; ``None`` once timing
+      stopped (opted out, finished, expired, or the timer closed), so ``touch`` is one
+      attribute test when there is nothing to time.
+    * While timing, the handle is filed at or before ``_deadline`` (a touch only moves
+      ``_deadline`` later; whatever moves it earlier, ``set_timeout``, re-files at
+      once). So the connection is never dropped early, and never late by more than the
+      timer's tick: ``_fired`` expires only when now has reached ``_deadline``.
+
+    Subclasses keep the slots below and say what expiry does (``_expire``, which must
+    set ``_handle`` to ``None``) and when timing is over (``_timing``).
     """
 
-    __slots__ = ("_handle", "_timeout", "_timer")
+    __slots__ = ("_clock", "_deadline", "_handle", "_timeout", "_timer")
 
     _timer: Timer
+    _clock: Callable[[], float]
     _timeout: float | None
+    _deadline: float
     _handle: TimerHandle[Any] | None
 
+    def _init_idle(self, timer: Timer, timeout: float | None) -> None:
+        """Set up the slots above; nothing is timed until ``arm``."""
+        self._timer = timer
+        self._clock = timer.time
+        self._timeout = timeout
+        self._handle = None
+        self._deadline = 0.0
+
+    def arm(self) -> None:
+        """Start timing, with a timeout (without one there is nothing to time)."""
+        timeout = self._timeout
+        if timeout is not None:
+            self._deadline = self._clock() + timeout
+            self._handle = schedule_idle(self._timer, self._deadline, self._fired)
+
+    @property
+    def deadline(self) -> float | None:
+        """When the connection is dropped unless there is activity first (the timer's
+        clock); ``None`` when nothing is being timed."""
+        return self._deadline if self._handle is not None else None
+
     def touch(self) -> None:
-        handle = self._handle
-        if handle is not None:
-            try:
-                handle.reset(self._timeout)  # type: ignore[arg-type]  # set while timing
-            except TimerClosed:  # the timer closed under us (a server shutting down)
-                self._handle = None
+        if self._handle is not None:
+            self._deadline = self._clock() + self._timeout  # type: ignore[operator]  # set while timing
 
     def stop(self) -> None:
         handle = self._handle
@@ -154,10 +190,31 @@ class IdleControl:
         self._timeout = timeout
         if timeout is None:
             self.stop()
-        elif self._handle is None:
-            self._handle = schedule_idle(self._timer, timeout, self._expire)
+            return
+        self._deadline = self._clock() + timeout
+        handle = self._handle
+        if handle is None:
+            self._handle = schedule_idle(self._timer, self._deadline, self._fired)
         else:
-            self.touch()
+            # Re-file at once: a shorter timeout must not wait for the old filing (a
+            # longer one would be caught by _fired, but this call is rare).
+            self._refile(handle)
+
+    def _fired(self) -> None:
+        """The handle came due: expire, or sleep on to the deadline activity stored."""
+        handle = self._handle
+        if handle is None:  # stopped meanwhile: nothing to do
+            return
+        if self._clock() < self._deadline:
+            self._refile(handle)
+        else:
+            self._expire()
+
+    def _refile(self, handle: TimerHandle[Any]) -> None:
+        try:
+            handle.reset_at(self._deadline)
+        except TimerClosed:  # the timer closed under us (a server shutting down)
+            self._handle = None
 
     def _timing(self) -> bool:
         """False once timing is over for good (expired, or finished)."""

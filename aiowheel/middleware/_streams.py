@@ -17,14 +17,13 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
-from .. import Timer, TimerHandle
+from .. import Timer
 from ._shared import (
     IdleControl,
     IdleTimeoutError,
     check_timeout,
     check_timer,
     get_shared_timer,
-    schedule_idle,
 )
 
 if TYPE_CHECKING:
@@ -47,17 +46,11 @@ class _StreamWatch(IdleControl):
         reader: asyncio.StreamReader,
         transport: asyncio.WriteTransport,
     ) -> None:
-        self._timer = timer
-        self._timeout: float | None = timeout
+        self._init_idle(timer, timeout)
         self._reader = reader
         self._transport = transport
         self.error: IdleTimeoutError | None = None
-        self._handle: TimerHandle[Any] | None = schedule_idle(timer, timeout, self._expire)
-
-    @property
-    def deadline(self) -> float | None:
-        handle = self._handle
-        return handle.deadline if handle is not None else None
+        self.arm()
 
     def check(self) -> None:
         if self.error is not None:

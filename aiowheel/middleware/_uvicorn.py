@@ -63,13 +63,20 @@ def _cancel_uvicorn_keepalive(protocol: object) -> None:
 class _ConnectionWatch:
     """The idle timer of one uvicorn connection.
 
-    ``_deadline`` is kept only while the shared timer is still starting (the first
-    connections of a process can arrive before it runs); afterwards the handle holds
-    the deadline and every touch is a ``reset``.
+    Activity is a store (Netty's ``IdleStateHandler``, as ``IdleControl`` in
+    ``_shared.py``): a read or a write computes the connection's deadline and stores
+    it in ``_deadline``; the handle stays filed at ``_filed``. When it fires,
+    ``_fired`` re-files it at ``_deadline`` if activity moved that later, or expires.
+
+    Invariant: while ``_handle`` is set, ``_filed <= _deadline`` (the handle fires no
+    later than the deadline): a deadline that moves earlier (a request head arriving
+    under ``header_timeout``) re-files at once. Before the shared timer runs (the first
+    connections of a process can arrive while it starts) only ``_deadline`` is kept.
     """
 
     __slots__ = (
         "_deadline",
+        "_filed",
         "_handle",
         "_head_started",
         "_header_timeout",
@@ -102,6 +109,7 @@ class _ConnectionWatch:
         self._upgraded = False  # handed to a websocket protocol
         self._lost_waiters: list[asyncio.Future[None]] = []
         self._deadline = self._loop.time() + timeout
+        self._filed = self._deadline
 
     def start(self, timer: Timer | None) -> None:
         if timer is None:
@@ -114,21 +122,35 @@ class _ConnectionWatch:
         if self._stopped or timer is None:
             return
         try:
-            self._handle = timer.schedule_at_nowait(self._deadline, self._expire)
+            self._filed = self._deadline
+            self._handle = timer.schedule_at_nowait(self._deadline, self._fired)
         except TimerClosed:
             if not timer.closed:
                 raise  # a timer that was never started: a configuration error
 
     def _rearm(self, deadline: float) -> None:
+        """Activity: store the deadline; re-file only if it moved earlier."""
+        self._deadline = deadline
+        if deadline < self._filed and self._handle is not None:
+            self._refile()
+
+    def _refile(self) -> None:
         handle = self._handle
         if handle is None:
-            self._deadline = deadline
             return
+        deadline = self._filed = self._deadline
         try:
             handle.reset_at(deadline)
         except TimerClosed:  # the shared timer closed: the server is shutting down
             self._handle = None
             self._stopped = True
+
+    def _fired(self) -> None:
+        """The handle came due: sleep on to the stored deadline, or expire."""
+        if self._loop.time() < self._deadline:
+            self._refile()
+        else:
+            self._expire()
 
     def on_read(self) -> None:
         if self._stopped:
@@ -203,7 +225,8 @@ class _ConnectionWatch:
             # The application's business (IdleTimeoutMiddleware times requests). Look
             # again a timeout later: the request may end without a write that would
             # re-arm us, e.g. when uvicorn closes the connection after an error.
-            self._rearm(self._loop.time() + self._timeout)
+            self._deadline = self._loop.time() + self._timeout
+            self._refile()
         elif self._head_started is not None or transport.get_write_buffer_size():
             transport.abort()  # slowloris, or a peer that stopped reading
         else:

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support import Expiries
 
 from aiowheel import Timer, TimerClosed
 from aiowheel.middleware import (
@@ -116,7 +117,7 @@ async def test_stalled_response_is_aborted(virtual: bool) -> None:
     assert peer.types() == ["http.response.start", "http.response.body"]
 
 
-async def test_activity_re_arms(virtual: bool) -> None:
+async def test_activity_re_arms(virtual: bool, expiries: Expiries) -> None:
     # Ten chunks 0.6 T apart: 6 T in all, never idle for T.
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -130,7 +131,7 @@ async def test_activity_re_arms(virtual: bool) -> None:
         await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
             http_scope(), peer.receive, peer.send
         )
-        assert timer.stats().fired == 0
+        assert expiries.count == 0  # nobody was dropped
     assert len(peer.sent) == 12
 
 
@@ -168,6 +169,53 @@ async def test_endpoint_extends_then_opts_out(virtual: bool) -> None:
         )
         assert timer.stats().fired == 0
     assert peer.sent[0][1]["status"] == 200
+
+
+async def test_a_shorter_timeout_is_filed_at_once(virtual: bool) -> None:
+    """Activity only stores the deadline; a timeout made shorter cannot wait for the
+    handle filed for the old one (IdleControl.set_timeout re-files)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert set_idle_timeout(scope, 10 * T)
+        assert set_idle_timeout(scope, T / 2)
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        start = timer.time()
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+    assert peer.sent[0][1]["status"] == 503
+    assert_at_deadline(peer.sent[0][0], start, virtual, T / 2)
+
+
+async def test_a_touch_is_a_store_and_the_firing_sleeps_on(
+    virtual: bool, expiries: Expiries
+) -> None:
+    """Netty's IdleStateHandler shape: 40 sends, a wake-up per timeout at most, and
+    the expiry exactly one timeout after the last send, never early."""
+    last: list[float] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(40):
+            await anyio.sleep(T / 10)
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            last.append(timer.time())
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        with pytest.raises(IdleTimeoutError, match="aborted"):
+            await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+                http_scope(), peer.receive, peer.send
+            )
+        assert_at_deadline(timer.time(), last[-1], virtual)
+        assert expiries.count == 1
+        # 80 touches (before and after each send) over 4 T + T: a handful of firings,
+        # each re-filing for what is left, where a reset per touch would be 80 moves.
+        assert timer.stats().fired <= 6 + 1
 
 
 async def test_override_none_then_endpoint_opts_back_in(virtual: bool) -> None:
