@@ -62,6 +62,23 @@ _RESULT = re.compile(
     r"(ok|FAIL|ERROR|skipped.*|expected failure|unexpected success)$",
     re.M,
 )
+# unittest's failure headers ("ERROR: test_x (module.Class.test_x)"), each at the start
+# of a line of its own. A warning the test prints to stderr can split its "... ERROR"
+# result line (the ResourceWarning of an unclosed file, at collection), which _RESULT
+# then misses: the header still says how it ended.
+_HEADER = re.compile(r"^(FAIL|ERROR): (test\w+) \(([\w.]+)\)", re.M)
+
+
+def parse_results(stderr: str) -> dict[str, str]:
+    """Each test's outcome (suite_compare.OUTCOMES) from a ``unittest -v`` run's stderr."""
+    # "skipped 'why'" -> "skipped"; the rest are suite_compare's outcomes already.
+    results = {
+        f"{m[2]}.{m[1]}": "skipped" if m[3].startswith("skipped") else m[3]
+        for m in _RESULT.finditer(stderr)
+    }
+    for m in _HEADER.finditer(stderr):
+        results[f"{m[3]}.{m[2]}"] = m[1]
+    return results
 
 
 def run_module(base: str, module: str) -> tuple[str, int, dict[str, str], float]:
@@ -72,11 +89,7 @@ def run_module(base: str, module: str) -> tuple[str, int, dict[str, str], float]
         text=True,
         timeout=600,
     )
-    # "skipped 'why'" -> "skipped"; the rest are suite_compare's outcomes already.
-    results = {
-        f"{m[2]}.{m[1]}": "skipped" if m[3].startswith("skipped") else m[3]
-        for m in _RESULT.finditer(proc.stderr)
-    }
+    results = parse_results(proc.stderr)
     return module, proc.returncode, results, time.perf_counter() - start
 
 

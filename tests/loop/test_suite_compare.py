@@ -92,3 +92,41 @@ def test_report_closing_line_and_status(capsys: pytest.CaptureFixture[str]) -> N
     assert "    AssertionError: late" in lines
     assert lines[-1].startswith("uvloop 0.23.0: 1 passed, 1 failed (on aiowheel's loop only;")
     assert sc.report("x", sc.compare({"a": "ok"}, {"a": "ok"})) == 0
+
+
+def _load_asyncio_suite() -> ModuleType:
+    # asyncio_suite imports suite_compare from its own directory (sys.path).
+    spec = importlib.util.spec_from_file_location("asyncio_suite", TOOLS / "asyncio_suite.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_result_line_split_by_a_warning_is_still_read() -> None:
+    """CPython 3.12's test_streams on plain uvloop, as CI printed it: the unclosed-file
+    ResourceWarning lands inside test_read_line_breaks's result line, so only the
+    failure header says it errored. Missed, the plain side had no outcome for it and
+    the comparison called it a failure of aiowheel's loop alone."""
+    stderr = (
+        "test_read_line_breaks (test.test_asyncio.test_streams.StreamTests.test_read_line_breaks)"
+        " ... /usr/lib/python3.12/traceback.py:416: ResourceWarning: unclosed file"
+        " <_io.FileIO name=167 mode='rb' closefd=True>\n"
+        "  return ast.parse(source)\n"
+        "ERROR\n"
+        "test_readline (test.test_asyncio.test_streams.StreamTests.test_readline) ... ok\n"
+        "test_slow (test.test_asyncio.test_streams.StreamTests.test_slow) ... skipped 'slow'\n"
+        "\n"
+        "======================================================================\n"
+        "ERROR: test_read_line_breaks"
+        " (test.test_asyncio.test_streams.StreamTests.test_read_line_breaks)\n"
+        "----------------------------------------------------------------------\n"
+    )
+    results = _load_asyncio_suite().parse_results(stderr)
+    prefix = "test.test_asyncio.test_streams.StreamTests."
+    assert results == {
+        f"{prefix}test_read_line_breaks.test_read_line_breaks": "ERROR",
+        f"{prefix}test_readline.test_readline": "ok",
+        f"{prefix}test_slow.test_slow": "skipped",
+    }
