@@ -43,6 +43,7 @@ import logging
 import math
 from _thread import get_ident
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, final
 
 import anyio
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
     from ._dispatch import WorkerPool
     from .trace import TraceRecorder
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "TimerStats"]
 
 logger: Final = logging.getLogger("aiowheel")
 
@@ -84,6 +85,46 @@ ASYNC_ON_ERROR: Final = (
     "the timer calls on_error inside its pass, which never awaits: pass a plain "
     "function (it may start a task for async work)"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class TimerStats:
+    """A snapshot of a timer's counters (``Timer.stats()``, ``Engine.snapshot``): they
+    live here, beside the only class that writes them."""
+
+    pending: int  #: timers not yet started, expired async callbacks waiting for a worker included
+    scheduled: int  #: arms (schedules, re-arms of fired or cancelled handles, periodic runs)
+    fired: int  #: callbacks started (those that raised included)
+    cancelled: int  #: timers cancelled while pending
+    failed: int  #: callbacks that raised
+    levels: int  #: wheels in use (overflow wheels are created on demand)
+    #: worst start time minus deadline, seconds (``loop.timer``'s: of the drop-in loop's
+    #: ``call_at``/``call_later`` timers too)
+    lateness_max: float
+    running: int = 0  #: async callbacks running on workers now
+    workers: int = 0  #: worker tasks alive
+    wakeups: int = 0  #: driver passes
+
+    def __reduce__(self) -> tuple[type[TimerStats], tuple[int | float, ...]]:
+        # copy, deepcopy and pickle rebuild a snapshot through the constructor. The
+        # default path restores slots with setattr, which the frozen class refuses on
+        # the compiled core (FrozenInstanceError) while the pure one has dataclass's
+        # own __setstate__: one answer on both cores (issue 20, section 4).
+        return (
+            TimerStats,
+            (
+                self.pending,
+                self.scheduled,
+                self.fired,
+                self.cancelled,
+                self.failed,
+                self.levels,
+                self.lateness_max,
+                self.running,
+                self.workers,
+                self.wakeups,
+            ),
+        )
 
 
 @final  # compiled, calls between its own methods are direct (no vtable)
@@ -775,6 +816,32 @@ class Engine:
         """The wheel raised (``break_engine``): close, and make every later call say
         why."""
         break_engine(self, exc)
+
+    # -- introspection (Timer.stats, Timer.next_deadline) ---------------------------
+
+    def snapshot(self, levels: int) -> TimerStats:
+        """The counters now; ``levels``: the wheels in use (the owner's count once the
+        wheel is gone)."""
+        return TimerStats(
+            pending=self.pending,
+            scheduled=self.scheduled,
+            fired=self.fired,
+            cancelled=self.cancelled,
+            failed=self.failed,
+            levels=levels,
+            lateness_max=self.lateness_max,
+            # The pool outlives aclose() while its last jobs finish (the one that called
+            # aclose() runs to its end): count what really runs.
+            running=self.pool.busy,
+            workers=self.pool.workers,
+            wakeups=self.wakeups,
+        )
+
+    def next_deadline(self) -> float | None:
+        """The earliest occupied bucket's deadline; now if one is already due; None
+        when nothing is filed."""
+        when = self.wheel.next_expiry()
+        return self.clock() if when == -_INF else when
 
     # -- self-check (tests; aiowheel/_selfcheck.py) ------------------------------------
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ._handle import TimerHandle
     from ._timer import Timer
 
-__all__ = ["Guard", "Timeout", "Wake"]
+__all__ = ["Guard", "Timeout", "Wake", "sleep_until"]
 
 
 class Guard:
@@ -248,3 +248,17 @@ def _use_with(*args: object) -> NoReturn:
 # definitions in its body).
 setattr(Timeout, "__aenter__", _use_with)  # noqa: B010 - hidden from type checkers
 setattr(Timeout, "__aexit__", _use_with)  # noqa: B010
+
+
+async def sleep_until(timer: Timer, deadline: SupportsFloat) -> None:
+    """``Timer.sleep_until``: a timer whose callback wakes this task."""
+    wake = Wake()
+    handle = await timer.schedule_at(deadline, wake)
+    try:
+        await wake.event.wait()
+    finally:
+        handle.cancel()
+    if wake.closed:
+        # aclose() cancelled it: the sleep would never end (TimerClosed, as for
+        # every call on a closed timer).
+        raise timer._closed_error()

@@ -4,8 +4,9 @@ Rooms (docs/design.md, "Module map"):
 
 * ``Timer`` (here) checks every call, admits timers under ``max_pending``, starts and
   closes (its states and the order of the steps); it keeps the hottest paths inline
-  (``schedule_nowait``, ``cancel``), and hands the bodies of its thread-safe calls,
-  ``sleep_until`` and its introspection to ``_extras.py``, the task groups that
+  (``schedule_nowait``, ``cancel``), and hands the bodies of its thread-safe calls to
+  ``_threads.py``, ``sleep_until`` to ``_timeout.py`` (beside the timeouts), its
+  introspection to the engine (``Engine.snapshot``, ``next_deadline``), the task groups that
   ``async with`` runs the engine in (and the recorder's opening and closing) to
   ``Host`` (``_host.py``), and its self-check to ``_selfcheck.py``;
 * the engine (``_engine.py``) runs a started timer: the parts, the counters, the
@@ -67,7 +68,6 @@ import math
 import sys
 from _thread import get_ident
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import (
     TYPE_CHECKING,
@@ -83,7 +83,7 @@ from typing import (
 
 import anyio
 
-from . import _extras
+from . import _threads
 from ._checks import (
     check_callable,
     check_int,
@@ -96,7 +96,7 @@ from ._checks import (
 )
 from ._dispatch import WorkerPool
 from ._driver import Backend, current_clock
-from ._engine import ASYNC_ON_ERROR, Engine
+from ._engine import ASYNC_ON_ERROR, Engine, TimerStats
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import (
     _CANCELLED,
@@ -107,13 +107,13 @@ from ._handle import (
     to_seconds,
 )
 from ._host import Host
-from ._timeout import Timeout
+from ._timeout import Timeout, sleep_until
 from ._tracing import sample_every
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
 
-__all__ = ["Timer", "TimerStats"]
+__all__ = ["Timer", "TimerStats"]  # TimerStats: _engine's, re-exported
 
 logger: Final = logging.getLogger("aiowheel")
 
@@ -144,45 +144,6 @@ class _State(enum.Enum):
 
 
 _NEW, _OPEN, _DRAINING, _CLOSED = _State.NEW, _State.OPEN, _State.DRAINING, _State.CLOSED
-
-
-@dataclass(frozen=True, slots=True)
-class TimerStats:
-    """A snapshot of a timer's counters (``Timer.stats()``)."""
-
-    pending: int  #: timers not yet started, expired async callbacks waiting for a worker included
-    scheduled: int  #: arms (schedules, re-arms of fired or cancelled handles, periodic runs)
-    fired: int  #: callbacks started (those that raised included)
-    cancelled: int  #: timers cancelled while pending
-    failed: int  #: callbacks that raised
-    levels: int  #: wheels in use (overflow wheels are created on demand)
-    #: worst start time minus deadline, seconds (``loop.timer``'s: of the drop-in loop's
-    #: ``call_at``/``call_later`` timers too)
-    lateness_max: float
-    running: int = 0  #: async callbacks running on workers now
-    workers: int = 0  #: worker tasks alive
-    wakeups: int = 0  #: driver passes
-
-    def __reduce__(self) -> tuple[type[TimerStats], tuple[int | float, ...]]:
-        # copy, deepcopy and pickle rebuild a snapshot through the constructor. The
-        # default path restores slots with setattr, which the frozen class refuses on
-        # the compiled core (FrozenInstanceError) while the pure one has dataclass's
-        # own __setstate__: one answer on both cores (issue 20, section 4).
-        return (
-            TimerStats,
-            (
-                self.pending,
-                self.scheduled,
-                self.fired,
-                self.cancelled,
-                self.failed,
-                self.levels,
-                self.lateness_max,
-                self.running,
-                self.workers,
-                self.wakeups,
-            ),
-        )
 
 
 def _log_error(handle: TimerHandle[Any], exc: BaseException) -> None:
@@ -404,11 +365,17 @@ class Timer:
 
     def stats(self) -> TimerStats:
         """A snapshot of the counters; zeros on a timer that is not started."""
-        return _extras.stats(self)
+        engine = self._engine
+        if engine is None:
+            return TimerStats(0, 0, 0, 0, 0, 0, 0.0)
+        live = self._live
+        # A closed timer's wheel is gone: its last count of levels stays.
+        return engine.snapshot(live.wheel.levels if live is not None else self._levels)
 
     def next_deadline(self) -> float | None:
         """When the driver next wakes (the earliest occupied bucket), or None."""
-        return _extras.next_deadline(self)
+        live = self._live
+        return live.next_deadline() if live is not None else None
 
     def __repr__(self) -> str:
         return (
@@ -765,7 +732,7 @@ class Timer:
         thread. Never call ``.result()`` on the loop's own thread: it would wait for
         the loop it blocks. On a closed timer the future raises ``TimerClosed``.
         """
-        return _extras.call_threadsafe(self, fn, args)
+        return _threads.call_threadsafe(self, fn, args)
 
     @overload
     def schedule_threadsafe(
@@ -794,7 +761,7 @@ class Timer:
     ) -> concurrent.futures.Future[TimerHandle[Any]]:
         """``schedule_nowait`` from any thread: a ``concurrent.futures.Future`` of the
         handle. The delay counts from when the loop runs the request."""
-        return _extras.schedule_threadsafe(self, delay, callback, args, label)
+        return _threads.schedule_threadsafe(self, delay, callback, args, label)
 
     # -- conveniences -------------------------------------------------------------------
 
@@ -805,7 +772,7 @@ class Timer:
     async def sleep_until(self, deadline: SupportsFloat) -> None:
         """Sleep until ``deadline`` on the loop clock. ``TimerClosed`` if the timer is
         closed meanwhile (``aclose(drain=True)`` lets the sleep end first)."""
-        await _extras.sleep_until(self, deadline)
+        await sleep_until(self, deadline)
 
     def timeout(self, delay: SupportsFloat) -> Timeout:
         """``with timer.timeout(delay) as t:`` cancels the block and raises
