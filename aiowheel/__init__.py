@@ -15,7 +15,7 @@ from ._compiled import select_core as _select_core
 COMPILED: bool = _select_core(__name__, _Path(__file__).parent)
 
 from ._exceptions import TimerCancelled, TimerClosed, TimerError, TimerFull
-from ._handle import PeriodicHandle, TimerHandle
+from ._handle import TimerHandle
 from ._loop import (
     EventLoopPolicy,
     WheelEventLoop,
@@ -25,6 +25,7 @@ from ._loop import (
     new_uvloop_event_loop,
     run,
 )
+from ._periodic import PeriodicHandle
 from ._timeout import Timeout
 from ._timer import Timer, TimerStats
 from .purgatory import DelayedOperation, Purgatory

@@ -57,7 +57,6 @@ from ._handle import (
     _CANCELLED,
     _PENDING,
     _RUNNING,
-    PeriodicHandle,
     TimerHandle,
     TracedHandle,
     _Failure,
@@ -65,7 +64,7 @@ from ._handle import (
     without_frame,
 )
 from ._loophandle import LoopTimerHandle
-from ._periodic import Periodics
+from ._periodic import PeriodicHandle, Periodics
 from ._shutdown import break_engine, close_engine
 from ._tracing import Tracer
 from ._waiters import Waiters

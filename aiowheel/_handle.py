@@ -52,8 +52,6 @@ pending again; its run settles it only if nothing re-armed it meanwhile.
 
 from __future__ import annotations
 
-import math
-import sys
 from _thread import get_ident
 from collections.abc import Callable
 from contextvars import copy_context
@@ -66,14 +64,11 @@ if TYPE_CHECKING:
     from ._timer import Timer
     from ._tracing import Tracer
 
-__all__ = ["PeriodicHandle", "TimerHandle", "to_seconds"]
+__all__ = ["TimerHandle", "TracedHandle", "to_seconds"]
 
 T = TypeVar("T")
 _get_ident: Final = get_ident
 _INF: Final = float("inf")
-_FLOAT_MAX: Final = sys.float_info.max
-# A grid of more periods than floats resolve (2**52) cannot be stepped in floats.
-_GRID_LIMIT: Final = 2.0**52
 _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
 _copy_context: Final = copy_context
 
@@ -363,163 +358,3 @@ class TracedHandle(TimerHandle[T]):
         if tracer is not None:
             tracer.cancelled_now(self)
         return True
-
-
-class PeriodicHandle(TracedHandle[Any]):
-    """The handle of ``Timer.every``: it re-arms itself after each run.
-
-    Its callback slot holds ``self._run``, which calls the user's callback and then
-    re-arms, so the dispatcher treats periodic timers like any other. It is a
-    ``TracedHandle`` whether or not the timer traces (periodic timers are few): a
-    traced timer writes one row per period, all with the handle's ``timer_id``.
-    """
-
-    __slots__ = (
-        "_active",
-        "_anchor",
-        "_fixed_rate",
-        "_in_run",
-        "_interval",
-        "_k",
-        "_rearmed",
-        "_user_args",
-        "_user_cb",
-    )
-
-    # State (docs/design.md, "Periodic timers"): an active periodic timer is filed (in
-    # a wheel bucket), queued (its async run waits for a worker), or in a run
-    # (``_in_run``: its callback is being called or awaited). While in a run it holds
-    # the pending slot of its next period, so that period needs no admission when it
-    # is filed, and a reset() only records the next deadline (``_rearmed``): the next
-    # run is filed when this one ends, so runs never overlap.
-
-    def __init__(
-        self,
-        timer: Timer,
-        callback: Callable[..., Any],
-        args: tuple[Any, ...],
-        interval: float,
-        fixed_rate: bool,
-        start: float,
-    ) -> None:
-        super().__init__(timer, self._run, ())
-        self._user_cb = callback
-        self._user_args = args
-        self._interval = interval
-        self._fixed_rate = fixed_rate
-        # The grid: run k is due at anchor + k * interval (the first one at k == 1).
-        self._anchor = start
-        self._k = 1
-        self._active = True
-        self._in_run = False
-        self._rearmed = False
-
-    @property
-    def callback(self) -> Callable[..., Any]:
-        """The user's callable, run once per period."""
-        return self._user_cb
-
-    @property
-    def interval(self) -> float:
-        """Seconds between runs."""
-        return self._interval
-
-    def active(self) -> bool:
-        """True until ``cancel()`` (or the timer's close) stops it."""
-        return self._active
-
-    def cancelled(self) -> bool:
-        """True once stopped by ``cancel()`` or by the timer's close."""
-        return not self._active
-
-    def cancel(self) -> bool:
-        """Stop the periodic timer: True while it was active; no run starts after."""
-        if not self._active:
-            return False
-        return self._timer._periodic_stop(self)
-
-    def reset(self, delay: SupportsFloat) -> None:
-        """Move the next run to ``time() + delay`` (re-activating a stopped timer);
-        later runs follow from there. Called while a run is in progress, it sets the
-        deadline of the next run, which starts once this one has ended."""
-        self._timer._reset(self, delay)  # no lazy path: the grid restarts
-
-    def reset_at(self, deadline: SupportsFloat) -> None:
-        """Move the next run to the absolute ``deadline`` (see ``reset``)."""
-        self._timer._reset_at(self, deadline)
-
-    def _stop(self) -> None:
-        # While active, the callback slot holds the bound method self._run: a cycle
-        # (self -> method -> self). Break it when stopped, so a dropped handle is freed
-        # at once rather than by the garbage collector; _restart restores it.
-        self._active = False
-        self._rearmed = False
-        self._callback = _stopped
-
-    def _restart(self, deadline: float) -> None:
-        # Called by the timer when reset() re-arms it: the grid restarts at deadline
-        # (run 0 of the new grid; no subtraction, so no interval can overflow it).
-        self._anchor = deadline
-        self._k = 0
-        if not self._active:
-            self._active = True
-            self._callback = self._run
-
-    def _run(self) -> Any:
-        # The run starts (the timer reserves the next period's slot), the callback is
-        # called; a plain callback's run ends here, an async one's when its worker has
-        # awaited it (Engine._job_ended). The awaitable is handed back as it is, so a
-        # queued run that never starts is closed like any async callback's.
-        engine = self._timer._engine
-        assert engine is not None  # a run needs a started timer
-        engine.periodics.begin(self)
-        try:
-            result = self._user_cb(*self._user_args)
-        except BaseException:
-            engine.periodics.end(self)
-            raise
-        if result is not None and _is_awaitable(result):
-            engine.periodics.queued(self)
-            return result
-        engine.periodics.end(self)
-        return result
-
-    def _next_deadline(self, now: float) -> float:
-        """The deadline of the next run, the current one having finished at ``now``.
-
-        Never raises and never returns inf or NaN, whatever the interval: a grid
-        finer than the float spacing near ``now`` restarts just after ``now`` (one
-        run per tick at most), and a grid point beyond the largest float is the
-        largest float (it never comes, and nothing overflows)."""
-        interval = self._interval
-        previous = self._deadline
-        if not self._fixed_rate:
-            deadline = now + interval
-        else:
-            # Skip missed periods instead of bunching them: the first grid point at
-            # or after now, and never the same one twice.
-            periods = (now - self._anchor) / interval
-            if periods < _GRID_LIMIT:  # False for inf: the grid is finer than floats
-                k = self._k + 1
-                if periods > k:
-                    k = math.ceil(periods)
-                self._k = k
-                deadline = self._anchor + k * interval
-            else:
-                deadline = previous  # restarted below
-        if deadline != deadline or deadline == _INF:
-            return _FLOAT_MAX
-        if not deadline > previous:
-            # The grid cannot move on in floats: restart it just after now.
-            deadline = math.nextafter(max(now, previous), _INF)
-            self._anchor = deadline
-            self._k = 0
-        return deadline
-
-
-def _stopped() -> None:
-    """The callback of a stopped periodic timer (never called: it is not pending)."""
-
-
-def _is_awaitable(obj: object) -> bool:
-    return hasattr(type(obj), "__await__")

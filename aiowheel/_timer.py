@@ -101,12 +101,12 @@ from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import (
     _CANCELLED,
     _PENDING,
-    PeriodicHandle,
     TimerHandle,
     TracedHandle,
     to_seconds,
 )
 from ._host import Host
+from ._periodic import PeriodicHandle
 from ._timeout import Timeout, sleep_until
 from ._tracing import sample_every
 

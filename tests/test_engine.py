@@ -26,11 +26,11 @@ from aiowheel._engine import Engine
 from aiowheel._handle import (
     _CANCELLED,
     _PENDING,
-    PeriodicHandle,
     TimerHandle,
     TracedHandle,
     _Failure,
 )
+from aiowheel._periodic import PeriodicHandle
 from aiowheel._tracing import Tracer
 
 pytestmark = pytest.mark.anyio

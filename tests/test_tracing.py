@@ -11,7 +11,8 @@ import anyio
 import pytest
 
 from aiowheel import Timer, TimerHandle
-from aiowheel._handle import PeriodicHandle, TracedHandle
+from aiowheel._handle import TracedHandle
+from aiowheel._periodic import PeriodicHandle
 
 pytestmark = pytest.mark.anyio
 
