@@ -29,14 +29,13 @@ settle the handle first and then propagate (docs/design.md, guarantee 5).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Coroutine, Generator
 from contextvars import Context
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
 
-from ._handle import _RUNNING, TimerHandle, _Failure, without_frame
+from ._handle import TimerHandle, _Failure, without_frame
 from ._wheel import Bucket
 
 if TYPE_CHECKING:
@@ -110,13 +109,12 @@ class WorkerPool:
         # How workers start, are joined and tell their own cancellation apart is
         # the backend's (aiowheel/_driver.py, AsyncioBackend and TrioBackend).
         self._backend = backend
-        self._loop = backend.loop  # None on trio (see _task)
 
     # -- the timer's side ---------------------------------------------------------------
 
     def submit(self, handle: TimerHandle[Any], awaitable: Awaitable[Any]) -> None:
         """Queue an expired async callback (the host counts it pending again)."""
-        handle._result = awaitable
+        handle._become_queued(awaitable)
         self.queue.add(handle)
         if self._parked:
             self._parked.pop().set()
@@ -129,19 +127,11 @@ class WorkerPool:
         runs user code (docs/design.md, "Re-entrancy")."""
         return [_as_handle(entry) for entry in self.queue.take_all()]
 
-    def _task(self) -> object:
-        """The calling task (None outside of one: a loop callback on asyncio)."""
-        if self._loop is not None:
-            return asyncio.current_task(self._loop)
-        import trio
-
-        return trio.lowlevel.current_task()
-
     def _me(self) -> _Worker | None:
         """The worker record of the calling task, if it is one of ours."""
         if not self._workers:
             return None
-        return self._workers.get(self._task())
+        return self._workers.get(self._backend.current_task())
 
     def inside(self) -> bool:
         """True when called from one of the pool's worker tasks (from a job itself)."""
@@ -166,10 +156,8 @@ class WorkerPool:
         """Wait until every worker but the calling one has returned: asyncio's
         workers are tasks the backend joins by hand; trio's live in the timer's task
         group, and a job that calls aclose() waits here for the others' ``done``."""
-        if self._loop is not None:
-            await self._backend.join()
-            return
-        me = self._task()
+        await self._backend.join()  # asyncio's: every worker has ended after it
+        me = self._backend.current_task()
         for task, worker in list(self._workers.items()):
             if task is not me:
                 await worker.done.wait()
@@ -181,7 +169,7 @@ class WorkerPool:
         self._backend.spawn(self._worker)
 
     async def _worker(self) -> None:
-        task = self._task()
+        task = self._backend.current_task()
         worker = _Worker()
         self._workers[task] = worker
         try:
@@ -216,8 +204,7 @@ class WorkerPool:
 
     async def _run(self, handle: TimerHandle[Any], worker: _Worker) -> None:
         host = self._host
-        awaitable: Any = handle._result
-        handle._result = _RUNNING
+        awaitable: Any = handle._become_running()
         self.running[handle] = self.running.get(handle, 0) + 1
         self.busy += 1
         worker.handle = handle

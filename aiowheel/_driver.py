@@ -19,8 +19,9 @@ Both read time only from the loop's clock, so virtual clocks (``looptime``,
 The backend seam (anyio's shape: one class per backend). Everything the core does
 differently on asyncio/uvloop and on trio is a method of ``AsyncioBackend`` or
 ``TrioBackend``: the clock, the thread-safe call, the driver, and how the worker pool
-starts, joins and tells its own cancellation apart. The engine, the pool and the timer
-hold a ``Backend`` and never branch on its name; a new backend (or the drop-in event
+starts, joins and tells its own cancellation apart, and how ``timer.timeout()``
+cancels its block (``TaskCancel``, ``ScopeCancel``). The engine, the pool, the timer
+and the timeout hold a ``Backend`` and never branch on its name; a new backend (or the drop-in event
 loop) is one more class here.
 """
 
@@ -31,6 +32,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from types import TracebackType
 from typing import Any, Protocol
 
 import anyio
@@ -41,12 +43,14 @@ __all__ = [
     "AsyncioBackend",
     "AsyncioDriver",
     "Backend",
+    "BlockCancel",
     "Driver",
+    "ScopeCancel",
+    "TaskCancel",
     "TrioBackend",
     "backend_name",
     "loop_clock",
     "make_backend",
-    "make_driver",
     "round_up",
 ]
 
@@ -285,14 +289,90 @@ class AnyioDriver:
                     self._on_wakeup()
 
 
-def make_driver(backend: str, on_wakeup: Callable[[], None]) -> Driver:
-    """``call_at`` on asyncio and uvloop, a task in a movable cancel scope on trio."""
-    if backend in ("asyncio", "uvloop"):
-        return AsyncioDriver(on_wakeup)
-    return AnyioDriver(on_wakeup)
-
-
 Worker = Callable[[], Coroutine[Any, Any, None]]
+
+
+class BlockCancel(Protocol):
+    """How ``timer.timeout()`` cancels the block it guards (aiowheel/_timeout.py):
+    opened as the block is entered, ``cancel()`` when the deadline comes (or the timer
+    closes under it), ``leave()`` as the block ends."""
+
+    def cancel(self) -> None:
+        """Cancel the block (the deadline's callback calls it, once)."""
+
+    def leave(
+        self,
+        cancelled: bool,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """The block ends; ``cancelled`` says whether ``cancel()`` was called.
+        None when the block ended by that cancellation (the timeout raises its own
+        error); else what ``__exit__`` returns."""
+
+
+class TaskCancel:
+    """asyncio and uvloop: ``asyncio.timeout``'s own mechanism. The deadline cancels
+    the task (``task.cancel()``); leaving takes that request back (``task.uncancel()``)
+    and the ``CancelledError`` is the timeout's only when no other cancellation came
+    meanwhile, so a cancellation from outside wins and nested scopes unwind one at a
+    time."""
+
+    __slots__ = ("_cancelling", "_task")
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("timer.timeout() must be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+    def leave(
+        self,
+        cancelled: bool,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if not cancelled:
+            return False
+        if self._task.uncancel() > self._cancelling or exc_type is None:
+            return False
+        if not issubclass(exc_type, asyncio.CancelledError):
+            return False
+        return None
+
+
+class ScopeCancel:
+    """trio: a ``trio.CancelScope`` around the block, which the deadline cancels."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self) -> None:
+        import trio
+
+        self._scope = trio.CancelScope()
+        self._scope.__enter__()
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+    def leave(
+        self,
+        cancelled: bool,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        scope = self._scope
+        suppressed = bool(scope.__exit__(exc_type, exc, tb))
+        if not cancelled or not scope.cancelled_caught:
+            return suppressed
+        return None
 
 
 class Backend(Protocol):
@@ -315,6 +395,12 @@ class Backend(Protocol):
 
     async def join(self) -> None:
         """Wait for the worker tasks (but the calling one) to end."""
+
+    def current_task(self) -> object:
+        """The calling task, or None outside of one (a loop callback on asyncio)."""
+
+    def block_cancel(self) -> BlockCancel:
+        """Open the cancellation of a ``timer.timeout()`` block, in the calling task."""
 
     def cancelled_by_us(self, scope: anyio.CancelScope) -> bool:
         """In a worker whose job raised the backend's cancellation: True when the
@@ -365,11 +451,18 @@ class AsyncioBackend:
             # when the task is collected.
             task.exception()
 
+    def current_task(self) -> object:
+        assert self.loop is not None
+        return asyncio.current_task(self.loop)
+
     async def join(self) -> None:
         current = asyncio.current_task()
         tasks = [task for task in self._tasks if task is not current]
         if tasks:
             await asyncio.wait(tasks)
+
+    def block_cancel(self) -> BlockCancel:
+        return TaskCancel()
 
     def cancelled_by_us(self, scope: anyio.CancelScope) -> bool:
         if scope.cancel_called:
@@ -405,6 +498,14 @@ class TrioBackend:
 
     async def join(self) -> None:
         pass  # the workers live in the timer's task group, which waits for them
+
+    def current_task(self) -> object:
+        import trio
+
+        return trio.lowlevel.current_task()
+
+    def block_cancel(self) -> BlockCancel:
+        return ScopeCancel()
 
     def cancelled_by_us(self, scope: anyio.CancelScope) -> bool:
         return True  # user code cannot raise trio.Cancelled

@@ -259,6 +259,32 @@ class Engine:
         handle._scheduled_at = now
         handle._id = 0
 
+    # -- the counters: their one writer (docs/design.md, "Accounting") ------------------
+    # Every other room changes them through these methods. The two hot paths of
+    # Timer (schedule_nowait and cancel) keep inline copies, each tagged with the
+    # method it copies. Each is `+=`/`-=` only: they commute with a re-entrant change
+    # made meanwhile by a finalizer (docs/design.md, "Re-entrancy").
+
+    def reserve_slot(self) -> None:
+        """A new pending timer: one more pending, one more scheduled."""
+        self.pending += 1
+        self.scheduled += 1
+
+    def release_slot(self) -> None:
+        """Undo ``reserve_slot``: the timer it counted never became pending."""
+        self.pending -= 1
+        self.scheduled -= 1
+
+    def count_cancelled(self, count: int = 1) -> None:
+        """``count`` pending timers were cancelled."""
+        self.pending -= count
+        self.cancelled += count
+
+    def count_closed(self, count: int) -> None:
+        """The close cancelled the ``count`` timers still pending: none is left."""
+        self.cancelled += count
+        self.pending = 0
+
     def file(self, handle: TimerHandle[Any], deadline: float, due: bool, *, new: bool) -> None:
         """File a handle that is in no bucket, count it if it is a new pending timer,
         and move the driver's wake-up earlier if its bucket comes due first."""
@@ -271,8 +297,7 @@ class Engine:
         if self.closed:
             self.closed_while_filing(handle, new)
         if new:
-            self.pending += 1
-            self.scheduled += 1
+            self.reserve_slot()
         if isinstance(handle, TracedHandle):
             handle._level = _level_of(handle)
         self.arm_if_earlier(when)
@@ -284,7 +309,7 @@ class Engine:
         call fails with TimerClosed, and the counters stay exact: nothing is pending
         on a closed timer. (Inline copy: ``Timer.schedule_nowait``.)"""
         self.take_back(handle, new)
-        handle._result = _CANCELLED
+        handle._become_cancelled()
         raise self._closed_error()
 
     def take_back(self, entry: WheelEntry, new: bool) -> None:
@@ -326,8 +351,7 @@ class Engine:
         due = deadline <= now
         if bucket is None:
             # Fired or cancelled: a new pending period starts.
-            old = handle._result
-            handle._result = _PENDING
+            old = handle._become_pending()
             if isinstance(handle, TracedHandle):
                 handle._scheduled_at = now
             self.file(handle, deadline, due, new=True)
@@ -335,8 +359,7 @@ class Engine:
             return
         if bucket is self.pool.queue:
             self.pool.queue.remove(handle)
-            old = handle._result
-            handle._result = _PENDING
+            old = handle._become_pending()
             self.file(handle, deadline, due, new=False)
             close_awaitable(old)  # user code (a coroutine's finally): last
             return
@@ -356,10 +379,8 @@ class Engine:
         if bucket is None:
             return False
         bucket.remove(handle)
-        previous = handle._result
-        handle._result = _CANCELLED
-        self.pending -= 1
-        self.cancelled += 1
+        previous = handle._become_cancelled()
+        self.count_cancelled()
         if bucket._first is None or previous is not _PENDING or self.notify_cancel:
             self.after_cancel(handle, bucket, previous)
         if isinstance(handle, TracedHandle) and handle._tracer is not None:
@@ -536,7 +557,7 @@ class Engine:
                             self.to_worker(handle, result)
                             continue
                         if handle._bucket is None:
-                            handle._result = result
+                            handle._result = result  # inline copy of TimerHandle._settle
                     if self.waiters.handles:
                         self.waiters.settle(handle, result)
         except BaseException as exc:
@@ -586,7 +607,7 @@ class Engine:
                     return
                 outcome = result
                 if handle._bucket is None:
-                    handle._result = result
+                    handle._settle(result)
             if self.waiters.handles:
                 self.waiters.settle(handle, outcome)
             if tracer is not None:
@@ -607,7 +628,7 @@ class Engine:
         self.failed += 1
         outcome = _Failure(without_frame(exc))
         if handle._bucket is None:  # unless it re-armed itself
-            handle._result = outcome
+            handle._settle(outcome)
         if isinstance(exc, _EXIT):
             # Settle this one, then let it stop the loop (run_due re-files the rest).
             self.waiters.settle(handle, outcome)
@@ -636,8 +657,7 @@ class Engine:
         at = self.wheel.insert(handle, when)
         if self.closed:
             self.loop_closed_while_filing(handle)
-        self.pending += 1
-        self.scheduled += 1
+        self.reserve_slot()
         armed = self.wake_at
         if at < armed:  # arm-if-earlier
             self.wake_at = at
@@ -650,8 +670,7 @@ class Engine:
                 # engine believed in an arming that failed, and no later timer fired).
                 self.wake_at = armed
                 self.wheel.remove(handle)
-                self.pending -= 1
-                self.scheduled -= 1
+                self.release_slot()
                 raise
 
     def loop_closed_while_filing(self, handle: LoopTimerHandle[Any]) -> NoReturn:
@@ -667,8 +686,7 @@ class Engine:
 
     def loop_cancelled(self, bucket: Bucket) -> None:
         """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
-        self.pending -= 1
-        self.cancelled += 1
+        self.count_cancelled()
         if bucket._first is None and bucket.time == self.wake_at:
             self.driver.recheck(self.sync_wakeup_unless_passing)  # as after_cancel
         if self.notify_cancel:
@@ -723,8 +741,7 @@ class Engine:
             if bucket is not None:
                 bucket.remove(entry)
                 count += 1
-        self.pending -= count
-        self.cancelled += count
+        self.count_cancelled(count)
         return dropped
 
     def refile(self, buckets: list[Bucket]) -> None:
@@ -787,8 +804,7 @@ class Engine:
         # A handle re-armed while it ran may have a newer run still going, or be
         # pending again: then wait() waits for that one (the newest firing).
         if last and handle._bucket is None:
-            if handle._result is _RUNNING:
-                handle._result = outcome
+            handle._settle_if_running(outcome)
             if self.waiters.handles:
                 self.waiters.settle(handle, outcome)
         self.pending_fell()
@@ -801,7 +817,7 @@ class Engine:
             handle._in_run = False  # the close stopped it
         if handle._result is _RUNNING:
             stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
-            handle._result = stopped
+            handle._settle(stopped)
             self.waiters.settle(handle, stopped)
 
     # -- closing (aiowheel/_shutdown.py) --------------------------------------------

@@ -5,43 +5,48 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 (four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
 (docs/benchmarks.md gives the bytes per pending timer on each core).
 
-A handle talks to its timer through six methods, ``Timer._cancel``,
-``Timer._reset``, ``Timer._reset_at``, ``Timer._wait``, ``Timer._cancelled_error`` and
-``Timer._periodic_stop`` (a periodic handle's run calls the engine's periodic
-timers, ``Periodics.begin``/``queued``/``end``, aiowheel/_periodic.py), and reads
+A handle talks to its timer through five methods, ``Timer._cancel``,
+``Timer._reset``, ``Timer._reset_at``, ``Timer._wait`` and ``Timer._cancelled_error``
+(a periodic handle, aiowheel/_periodic.py, adds ``Timer._periodic_stop``), and reads
 ``Timer._now`` (the loop clock) and asks ``Timer._on_owner_loop()`` (the caller's
 thread and loop: the owner check) for the one path it keeps inline: the lazy ``reset``
 of the idle-timeout pattern, which runs on every read of every connection and would
 pay a third of its cost for the full ``_reset``. The timer and its engine own every
-counter and every state change; the handle owns its two state slots, which the
-modules below write.
+counter and decide every change of state; the handle owns its two state slots.
 
 State lives in two slots. ``_bucket`` is the container holding the handle while it is
-pending, ``None`` otherwise; ``_result`` says the rest. The states, and who writes
-each slot to enter them:
+pending, ``None`` otherwise: the container links and unlinks it (``Bucket``,
+``RunQueue``). ``_result`` says the rest, and changes only through the transition
+methods at the end of ``TimerHandle`` (two hot paths keep tagged inline copies: the
+pass, ``Engine.run_due``, and ``Timer._cancel``). The states, the transition that
+enters each, and the rooms that decide it:
 
-=========  =================================  ============================  ==========
-state      ``_bucket``                        ``_result``                   written by
-=========  =================================  ============================  ==========
-pending    a wheel bucket, or a bucket the    ``_PENDING``                  ``_wheel``
-           wheel handed back as expired                                     (bucket);
-                                                                            ``_handle``,
-                                                                            ``_engine``
-                                                                            (result)
-queued     the pool's run queue (``RunQueue``) the awaitable to run         ``_dispatch``
-running    ``None``                           ``_PENDING`` (a plain         ``_dispatch``
-                                              callback, in the pass) or     (``_RUNNING``)
-                                              ``_RUNNING`` (an async one,
+=========  =================================  ============================  ==============
+state      ``_bucket``                        ``_result``                   entered by
+=========  =================================  ============================  ==============
+pending    a wheel bucket, or a bucket the    ``_PENDING``                  ``__init__``,
+           wheel handed back as expired                                     ``_become_
+                                                                            pending``
+                                                                            (``_engine``,
+                                                                            ``_periodic``)
+queued     the pool's run queue (``RunQueue``) the awaitable to run         ``_become_
+                                                                            queued``
+                                                                            (``_dispatch``)
+running    ``None``                           ``_PENDING`` (a plain         ``_become_
+                                              callback, in the pass) or     running``
+                                              ``_RUNNING`` (an async one,   (``_dispatch``)
                                               on a worker)
-done       ``None``                           the return value, or a        ``_engine``;
-                                              ``_Failure``                  ``_shutdown``
-                                                                            (a run the
-                                                                            close stopped)
-cancelled  ``None``                           ``_CANCELLED``                ``_timer``,
+done       ``None``                           the return value, or a        ``_settle``,
+                                              ``_Failure``                  ``_settle_if_
+                                                                            running``
+                                                                            (``_engine``,
+                                                                            ``_shutdown``)
+cancelled  ``None``                           ``_CANCELLED``                ``_become_
+                                                                            cancelled``
+                                                                            (``_timer``,
                                                                             ``_engine``,
-                                                                            ``_shutdown``
-                                                                            (the close)
-=========  =================================  ============================  ==========
+                                                                            ``_shutdown``)
+=========  =================================  ============================  ==============
 
 *Pending* covers queued (``pending()`` is true for both: they count in ``len(timer)``).
 *Running* is a callback that has started and not finished (``WorkerPool.running``
@@ -318,6 +323,49 @@ class TimerHandle(WheelEntry, Generic[T]):
                 # exception leaves with its stored traceback (callers add theirs).
                 exc.__traceback__ = tb
         return outcome  # type: ignore[no-any-return]
+
+    # -- the transitions of ``_result`` (the state table above): its one writer ------
+    # Each is called once the transition is decided, by the room named in the table.
+    # The ones that replace a value return it: the caller releases it (or closes an
+    # awaitable) only once its change is complete, because dropping it may run a
+    # finalizer (docs/design.md, "Re-entrancy"). Two hot paths keep inline copies,
+    # tagged with the method they copy: the pass (``Engine.run_due``) and
+    # ``Timer._cancel``.
+
+    def _become_pending(self) -> Any:
+        """Fired or cancelled (or queued, re-armed) -> pending; returns the old value."""
+        old = self._result
+        self._result = _PENDING
+        return old
+
+    def _become_cancelled(self) -> Any:
+        """Pending or queued -> cancelled; returns the old value (an awaitable, if it
+        was queued, which the caller closes)."""
+        old = self._result
+        self._result = _CANCELLED
+        return old
+
+    def _become_queued(self, awaitable: Any) -> None:
+        """Its callback returned an awaitable: it waits in the run queue for a worker."""
+        self._result = awaitable
+
+    def _become_running(self) -> Any:
+        """Queued -> running on a worker; returns the awaitable to run."""
+        awaitable = self._result
+        self._result = _RUNNING
+        return awaitable
+
+    def _settle(self, outcome: Any) -> None:
+        """-> done: the callback's return value, or its ``_Failure``."""
+        self._result = outcome
+
+    def _settle_if_running(self, outcome: Any) -> bool:
+        """Running on a worker -> done with ``outcome``, unless a re-arm or the close
+        settled it meanwhile; True when it did."""
+        if self._result is _RUNNING:
+            self._result = outcome
+            return True
+        return False
 
 
 class TracedHandle(TimerHandle[T]):

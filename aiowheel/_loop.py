@@ -72,10 +72,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_INF = math.inf
 _isfinite = math.isfinite
 _BASES = ("asyncio", "uvloop")
-# Past this (about 31 years of loop time) a microsecond is near float resolution.
 
 
 def _guard_internals() -> None:

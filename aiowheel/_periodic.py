@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, SupportsFloat, final
 
 from ._checks import too_far
-from ._handle import _PENDING, TracedHandle, release
+from ._handle import TracedHandle, release
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -71,9 +71,7 @@ class Periodics:
         # A run starts (plain: in the pass; async: on its worker).
         handle._in_run = True
         if handle._active:
-            engine = self.engine
-            engine.pending += 1
-            engine.scheduled += 1
+            self.engine.reserve_slot()
 
     def queued(self, handle: PeriodicHandle) -> None:
         # The callback returned an awaitable: the pass queues it for a worker, where it
@@ -81,9 +79,7 @@ class Periodics:
         # for the next one (the worker reserves it again when the run really starts).
         handle._in_run = False
         if handle._active:
-            engine = self.engine
-            engine.pending -= 1
-            engine.scheduled -= 1
+            self.engine.release_slot()
 
     def end(self, handle: PeriodicHandle) -> None:
         # A run ended: file the next period in the slot it holds (no admission).
@@ -106,8 +102,7 @@ class Periodics:
         engine.wheel.reserve(deadline)  # levels first (see Engine.move)
         if self.stopped_meanwhile(handle):
             return
-        previous: Any = handle._result
-        handle._result = _PENDING
+        previous: Any = handle._become_pending()
         handle._scheduled_at = now
         engine.file(handle, deadline, deadline <= now, new=False)
         release(previous)  # its finalizer may run now: the period is filed (see move)
@@ -124,8 +119,7 @@ class Periodics:
         handle._stop()
         self.active.discard(handle)
         engine = self.engine
-        engine.pending -= 1
-        engine.cancelled += 1
+        engine.count_cancelled()
         engine.pending_fell()
 
     def stop(self, handle: PeriodicHandle) -> bool:
@@ -147,8 +141,7 @@ class Periodics:
             if not handle._active:
                 # Stopped during this run: re-activating arms a new period.
                 engine.admit()
-                engine.pending += 1
-                engine.scheduled += 1
+                engine.reserve_slot()
                 self.active.add(handle)
             handle._restart(deadline)
             handle._deadline = deadline

@@ -12,7 +12,6 @@ Both cores run the same classes, so they answer copy, pickle and weak references
 from __future__ import annotations
 
 import copyreg
-from _thread import get_ident as _get_ident
 from collections.abc import Callable, Hashable, Iterable
 from types import TracebackType
 from typing import Any, Final, Self, SupportsFloat, SupportsIndex, TypeVar
@@ -44,34 +43,6 @@ _NEW: Final = 0
 _WATCHED: Final = 1
 _COMPLETED: Final = 2
 _CANCELLED: Final = 3
-
-
-def _check_owner(timer: Timer) -> None:
-    """Raise the timer's ``RuntimeError`` unless called from the loop that runs it.
-
-    The purgatory has no lock: its watch lists, counts and operations' waiters belong to
-    the timer's event loop, like the timer's own state. Every public method that changes
-    something calls this first, so a foreign call raises before it changes anything
-    (it used to mark an operation completed and only then reach the timer's check).
-    The rule is the one the timer applies on its own hot paths (``schedule_nowait``,
-    ``cancel``: an inline copy of ``Affinity.here``, the owner's thread and no other
-    loop running in it), applied while the timer runs; a thread goes through
-    ``timer.call_threadsafe``. See docs/purgatory.md, "Threads". Not the running-loop
-    comparison of ``Affinity.check`` (for the calls that wait, ``wait()`` here):
-    ``asyncio._get_running_loop()`` makes a system call (getpid), and two of them were
-    a sixth of a request's cycle on uvloop.
-    """
-    live = timer._live
-    if live is not None and (_get_ident() != timer._loop_thread or live.affinity.elsewhere()):
-        raise live.affinity.foreign()
-
-
-def _check_owner_waiting(timer: Timer) -> None:
-    """``_check_owner`` for a call that waits: the timer's full check (its running
-    loop too, ``Timer._check_owner``)."""
-    live = timer._live
-    if live is not None:
-        timer._check_owner(live)
 
 
 _NOT_INITIALISED = (
@@ -304,7 +275,7 @@ class _DelayedOperation(_Link):
         from outside its purgatory's loop."""
         purgatory = self._purgatory
         if purgatory is not None:
-            _check_owner_waiting(purgatory._timer)
+            purgatory._timer._owner_check(True)
         if self._state < _COMPLETED:
             event = self._event
             if event is None:
@@ -508,7 +479,7 @@ class _Purgatory:
         ``aiowheel.TimerClosed`` when the purgatory or its timer is closed (or the
         timer is not started), ``RuntimeError`` from outside the timer's loop.
         """
-        _check_owner(self._timer)
+        self._timer._owner_check()
         state = _state_of(op)
         if type(keys) is tuple:
             watched: tuple[Hashable, ...] = keys
@@ -526,9 +497,7 @@ class _Purgatory:
             return True  # completed by force_complete() before it was ever watched
         if self._closed:
             raise TimerClosed(f"purgatory {self._name!r} is closed")
-        # A running timer has an engine (_live); `closed` is read only when it has none
-        # (compiled, it is a global look-up).
-        if self._timer._live is None and self._timer.closed:
+        if self._timer.closed:
             raise TimerClosed(f"the timer of purgatory {self._name!r} is closed")
 
         if op.try_complete():
@@ -548,7 +517,7 @@ class _Purgatory:
         """Try to complete every operation watched on ``key`` (call it after changing
         what ``key`` stands for). Completed operations found in the list leave it.
         Returns how many operations this call completed; 0 for an unknown key."""
-        _check_owner(self._timer)
+        self._timer._owner_check()
         watch_list = self._watchers.get(key)
         if watch_list is None:
             return 0
@@ -578,7 +547,7 @@ class _Purgatory:
         ``aiowheel.TimerCancelled``. Returns them in watch order; ``[]`` for an
         unknown key. Entries the operations have under other keys are dropped when
         those keys are checked or purged, like those of completed operations."""
-        _check_owner(self._timer)
+        self._timer._owner_check()
         watch_list = self._watchers.pop(key, None)
         if watch_list is None:
             return []
@@ -604,7 +573,7 @@ class _Purgatory:
         ones. None of the cancelled operations completes or expires afterwards.
         Returns them. Idempotent. Close the purgatory before its timer: a timer closed
         under delayed operations drops their timeouts, and they would wait forever."""
-        _check_owner(self._timer)
+        self._timer._owner_check()
         self._closed = True
         cancelled: list[Any] = []
         for key in list(self._watchers):
@@ -642,77 +611,27 @@ def _watch(purgatory: _Purgatory, op: _DelayedOperation, keys: tuple[Hashable, .
     parked, False when user code completed it meanwhile, None when it must be prepared
     again (a watch list it looked up left the map meanwhile).
 
-    The change (the timeout's handle, the state, the links) runs no user code and
-    allocates nothing: everything that may run user code comes first. That is the keys'
+    Three steps, and the re-entrancy rule is their boundary (docs/purgatory.md,
+    "Re-entrancy"). *Prepare* does everything that may run user code: the keys'
     look-ups (their ``__hash__``/``__eq__``), making the lists and the nodes, and
-    scheduling the timeout: any allocation may run the garbage collector and a
-    finalizer (docs/purgatory.md, "Re-entrancy"). Then what that user code may have
-    changed is checked again, and undone when it must be: nothing half-changed is
-    ever seen.
+    scheduling the timeout (any allocation may run the garbage collector and a
+    finalizer). *Re-check* asks whether that user code changed what the preparation
+    relied on, and undoes the preparation when it did. *Commit* (the timeout's handle,
+    the state, the links) runs no user code and allocates nothing: nothing
+    half-changed is ever seen.
     """
+    # Prepare.
     watchers = purgatory._watchers
-    # The keys' lists, distinct (the same key twice: one entry): the first, and a list
-    # of the others only for an operation watched on several keys (one key, the common
-    # case, allocates nothing here but a new key's list).
-    first: Watchers | None = None
-    others: list[Watchers] | None = None
-    try:
-        for key in keys:
-            watch_list = watchers.get(key)
-            if watch_list is None:
-                # setdefault: a nested call that made the key's list meanwhile keeps it.
-                watch_list = watchers.setdefault(key, Watchers(key))
-            if first is None:
-                first = watch_list
-            elif watch_list is not first:
-                if others is None:
-                    others = [watch_list]
-                else:
-                    for seen in others:
-                        if seen is watch_list:
-                            break
-                    else:
-                        others.append(watch_list)
-    except BaseException:
-        # A key's look-up raised (its __hash__/__eq__: user code, hashable when it was
-        # checked): the lists made for the keys before it must not stay in the map
-        # empty (each keeps its key alive until that key is checked).
-        if first is not None:
-            _forget_empty(watchers, first, others)
-        raise
-    assert first is not None  # keys is not empty
+    first, others = _watch_lists(watchers, keys)
     more: list[_Entry] | None = None
     if others is not None:
         more = [_Entry(op) for _ in range(len(others))]
-    timer = purgatory._timer
-    handle: TimerHandle[None] | None = None
-    try:
-        if op._state == _NEW and op._purgatory is None and not purgatory._closed:
-            handle = timer.schedule_nowait(op._timeout, _expire, op, label=purgatory._name)
-    finally:
-        if handle is None:
-            _forget_empty(watchers, first, others)  # nothing was changed: undo
-    # Check again what user code may have changed (no user code from here to the end
-    # of the change).
-    changed = op._state != _NEW or op._purgatory is not None or purgatory._closed or not first._live
-    if not changed and others is not None:
-        for watch_list in others:
-            if not watch_list._live:
-                changed = True
-                break
-    if changed:
-        if handle is not None:
-            handle.cancel()
-            _forget_empty(watchers, first, others)
-        if op._purgatory is not None:
-            raise RuntimeError(f"{op!r} was already handed to {op._purgatory!r}")
-        if op._state != _NEW:
-            return False  # completed (force_complete) while it was being prepared
-        if purgatory._closed:
-            raise TimerClosed(f"purgatory {purgatory._name!r} is closed")
-        return None
+    handle = _schedule_timeout(purgatory, op, first, others)
+    # Re-check (no user code from here to the end of the commit).
+    if _changed_meanwhile(purgatory, op, first, others):
+        return _undo(purgatory, op, handle, first, others)
     assert handle is not None
-    # The change.
+    # Commit.
     op._handle = handle
     op._state = _WATCHED
     op._purgatory = purgatory
@@ -727,6 +646,97 @@ def _watch(purgatory: _Purgatory, op: _DelayedOperation, keys: tuple[Hashable, .
     op._entries = entries
     purgatory._watched += entries
     return True
+
+
+def _watch_lists(
+    watchers: dict[Hashable, Watchers], keys: tuple[Hashable, ...]
+) -> tuple[Watchers, list[Watchers] | None]:
+    """Prepare: the keys' watch lists, distinct (the same key twice: one list), made
+    where missing. The first, and a list of the others only for an operation watched
+    on several keys (one key, the common case, allocates nothing here but a new key's
+    list). Runs user code (the keys' ``__hash__``/``__eq__``)."""
+    first: Watchers | None = None
+    others: list[Watchers] | None = None
+    try:
+        for key in keys:
+            watch_list = watchers.get(key)
+            if watch_list is None:
+                # setdefault: a nested call that made the key's list meanwhile keeps it.
+                watch_list = watchers.setdefault(key, Watchers(key))
+            if first is None:
+                first = watch_list
+            elif watch_list is not first:
+                if others is None:
+                    others = [watch_list]
+                elif not _holds(others, watch_list):
+                    others.append(watch_list)
+    except BaseException:
+        # A key's look-up raised (its __hash__/__eq__: user code, hashable when it was
+        # checked): the lists made for the keys before it must not stay in the map
+        # empty (each keeps its key alive until that key is checked).
+        if first is not None:
+            _forget_empty(watchers, first, others)
+        raise
+    assert first is not None  # keys is not empty
+    return first, others
+
+
+def _holds(lists: list[Watchers], watch_list: Watchers) -> bool:
+    """Whether ``watch_list`` is one of ``lists`` (by identity: a key's ``__eq__`` is
+    user code)."""
+    return any(seen is watch_list for seen in lists)
+
+
+def _schedule_timeout(
+    purgatory: _Purgatory, op: _DelayedOperation, first: Watchers, others: list[Watchers] | None
+) -> TimerHandle[None] | None:
+    """Prepare: the operation's timeout on the wheel, unless user code already
+    finished or handed it over (then None). On failure the lists made for it go."""
+    handle: TimerHandle[None] | None = None
+    try:
+        if op._state == _NEW and op._purgatory is None and not purgatory._closed:
+            handle = purgatory._timer.schedule_nowait(
+                op._timeout, _expire, op, label=purgatory._name
+            )
+    finally:
+        if handle is None:
+            _forget_empty(purgatory._watchers, first, others)  # nothing was changed: undo
+    return handle
+
+
+def _changed_meanwhile(
+    purgatory: _Purgatory, op: _DelayedOperation, first: Watchers, others: list[Watchers] | None
+) -> bool:
+    """Re-check: whether user code run by the preparation finished or handed over the
+    operation, closed the purgatory, or took out a watch list it looked up."""
+    if op._state != _NEW or op._purgatory is not None or purgatory._closed or not first._live:
+        return True
+    if others is not None:
+        for watch_list in others:
+            if not watch_list._live:
+                return True
+    return False
+
+
+def _undo(
+    purgatory: _Purgatory,
+    op: _DelayedOperation,
+    handle: TimerHandle[None] | None,
+    first: Watchers,
+    others: list[Watchers] | None,
+) -> bool | None:
+    """Re-check failed: take the preparation back, then say why (``_watch``'s
+    answer, or the error the change would have met)."""
+    if handle is not None:
+        handle.cancel()
+        _forget_empty(purgatory._watchers, first, others)
+    if op._purgatory is not None:
+        raise RuntimeError(f"{op!r} was already handed to {op._purgatory!r}")
+    if op._state != _NEW:
+        return False  # completed (force_complete) while it was being prepared
+    if purgatory._closed:
+        raise TimerClosed(f"purgatory {purgatory._name!r} is closed")
+    return None
 
 
 def _forget_empty(
@@ -746,14 +756,14 @@ def _complete(op: _DelayedOperation) -> bool:
     handle = op._handle
     if handle is not None:
         # A watched operation's timeout: its cancel() makes the owner check (the
-        # timer's own, the same as _check_owner) before anything changes, so the
+        # timer's own, Timer._owner_check) before anything changes, so the
         # purgatory does not make it a second time. Nothing else changed yet.
         handle.cancel()
         op._handle = None
     else:
         purgatory = op._purgatory
         if purgatory is not None:
-            _check_owner(purgatory._timer)
+            purgatory._timer._owner_check()
     if op._state >= _COMPLETED:
         return False
     _settle(op)

@@ -77,14 +77,12 @@ def cancel_everything(engine: Engine) -> list[TimerHandle[Any]]:
     # The queued awaitables are closed (user code) and released at the very end.
     olds: list[Any] = []
     for handle in handles:
-        olds.append(handle._result)
-        handle._result = _CANCELLED
+        olds.append(handle._become_cancelled())
         engine.waiters.settle(handle, _CANCELLED)
     # Every periodic timer stops: the filed and queued ones are among the handles;
     # one whose run is in progress gives back its reserved period, cancelled too.
     reserved = engine.periodics.stop_all()
-    engine.cancelled += len(handles) + reserved
-    engine.pending = 0
+    engine.count_closed(len(handles) + reserved)
     # A task in sleep() or a timeout() block whose timer this was learns it now
     # (its guard will never fire): it raises TimerClosed.
     for handle in handles:
@@ -97,7 +95,7 @@ def cancel_everything(engine: Engine) -> list[TimerHandle[Any]]:
             continue  # the callback that called aclose() runs to its end
         # It started, so it stays fired(); its wait() raises TimerCancelled.
         outcome = _Failure(TimerCancelled(f"{handle!r} was cancelled by aclose() while running"))
-        handle._result = outcome
+        handle._settle(outcome)
         engine.waiters.settle(handle, outcome)
     # The trace rows last: everything above is settled whatever a recorder raises
     # (even SystemExit, which the tracer lets through); then the last batch goes

@@ -1,7 +1,7 @@
 """``timer.timeout(delay)``: a cancel scope whose deadline lives on the wheel.
 
 Native per backend (docs/usage.md, "Timeouts that can be pushed out"), with no anyio
-layer in between:
+layer in between (the backend's ``block_cancel``, aiowheel/_driver.py):
 
 * on asyncio and uvloop it is ``asyncio.timeout``'s own mechanism: the deadline is an
   aiowheel timer whose callback cancels the task (``task.cancel()``); leaving the block
@@ -16,7 +16,6 @@ lazy re-arm instead of a heap operation.
 
 from __future__ import annotations
 
-from asyncio import CancelledError, current_task
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
 
@@ -25,10 +24,7 @@ import anyio
 from ._checks import not_copyable, seconds
 
 if TYPE_CHECKING:
-    import asyncio
-
-    import trio
-
+    from ._driver import Backend, BlockCancel
     from ._handle import TimerHandle
     from ._timer import Timer
 
@@ -84,43 +80,35 @@ class _Expire(Guard):
         self.timeout._expire(_CLOSED)
 
 
-# A Timeout's life: created, entered, then expired (its deadline came) or closed (its
-# timer closed under it) while inside, and exited.
+# A Timeout's life (asyncio.timeouts' states): created, entered, then expired (its
+# deadline came) or closed (its timer closed under it) while inside, and exited. Each
+# transition asserts where it comes from.
 _CREATED: Final = 0
 _ENTERED: Final = 1
 _EXPIRED: Final = 2
 _CLOSED: Final = 3
 _EXITED: Final = 4
 
-_TrioScope: Any = None  # trio.CancelScope, imported on first use (trio is an extra)
 _ONE_BLOCK: Final = "a timeout guards one block, once; call timer.timeout() again"
 
 
 class Timeout:
-    """The context manager returned by ``Timer.timeout``; not reusable."""
+    """The context manager returned by ``Timer.timeout``; not reusable.
 
-    __slots__ = (
-        "_cancelling",
-        "_delay",
-        "_ended",
-        "_handle",
-        "_scope",
-        "_state",
-        "_task",
-        "_timer",
-        "_trio",
-    )
+    How the block is cancelled is the backend's (``Backend.block_cancel``,
+    aiowheel/_driver.py: the task's cancel on asyncio and uvloop, a cancel scope on
+    trio); this class keeps the deadline on the wheel and the state."""
 
-    def __init__(self, timer: Timer, delay: float, on_trio: bool = False) -> None:
+    __slots__ = ("_backend", "_cancel", "_delay", "_ended", "_handle", "_state", "_timer")
+
+    def __init__(self, timer: Timer, delay: float, backend: Backend) -> None:
         self._timer = timer
         self._delay = delay
-        self._trio = on_trio
+        self._backend = backend
         self._state = _CREATED
         self._ended = _CREATED  # what it was when the block ended: expired()
         self._handle: TimerHandle[Any] | None = None
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelling = 0
-        self._scope: trio.CancelScope | None = None
+        self._cancel: BlockCancel | None = None
 
     # A copy would share the deadline's timer handle: leaving the copy's block would
     # cancel the original's deadline. A Timeout is one block's guard, so it refuses.
@@ -136,26 +124,13 @@ class Timeout:
     def __enter__(self) -> Timeout:
         if self._state != _CREATED:
             raise RuntimeError("a Timeout can be entered only once")
-        if self._trio:
-            global _TrioScope
-            if _TrioScope is None:
-                import trio
-
-                _TrioScope = trio.CancelScope
-            scope = self._scope = _TrioScope()
-            scope.__enter__()
-            try:
-                self._handle = self._timer.schedule_nowait(self._delay, _Expire(self))
-            except BaseException as exc:
-                scope.__exit__(type(exc), exc, exc.__traceback__)
-                raise
-        else:
-            task = current_task()
-            if task is None:
-                raise RuntimeError("timer.timeout() must be used inside a task")
+        cancel = self._backend.block_cancel()  # outside a task on asyncio: RuntimeError
+        try:
             self._handle = self._timer.schedule_nowait(self._delay, _Expire(self))
-            self._task = task
-            self._cancelling = task.cancelling()
+        except BaseException as exc:
+            cancel.leave(False, type(exc), exc, exc.__traceback__)
+            raise
+        self._cancel = cancel
         self._state = _ENTERED
         return self
 
@@ -166,28 +141,17 @@ class Timeout:
         tb: TracebackType | None,
     ) -> bool:
         handle = self._handle
+        cancel = self._cancel
         assert handle is not None, "a Timeout is left only after it was entered"
+        assert cancel is not None
         handle.cancel()
         state = self._state
+        assert state in (_ENTERED, _EXPIRED, _CLOSED), state
         self._ended = state
         self._state = _EXITED
-        if self._trio:
-            scope = self._scope
-            assert scope is not None
-            suppressed = bool(scope.__exit__(exc_type, exc, tb))
-            if state == _ENTERED or not scope.cancelled_caught:
-                return suppressed
-        elif state == _ENTERED:
-            return False
-        else:
-            task = self._task
-            assert task is not None
-            # Take back our cancel request; only when no other one came meanwhile is the
-            # CancelledError ours to turn into TimeoutError (asyncio.timeout's rule).
-            if task.uncancel() > self._cancelling or exc_type is None:
-                return False
-            if not issubclass(exc_type, CancelledError):
-                return False
+        returned = cancel.leave(state != _ENTERED, exc_type, exc, tb)
+        if returned is not None:
+            return returned
         if state == _EXPIRED:
             raise TimeoutError(f"timed out after the deadline {handle.deadline:.6f}") from exc
         # The guard is gone with its timer: the block ends rather than run unguarded
@@ -199,13 +163,11 @@ class Timeout:
         # (_CLOSED): cancel the block, once.
         if self._state != _ENTERED:
             return
+        assert why in (_EXPIRED, _CLOSED), why
         self._state = why
-        if self._trio:
-            assert self._scope is not None
-            self._scope.cancel()
-        else:
-            assert self._task is not None
-            self._task.cancel()
+        cancel = self._cancel
+        assert cancel is not None
+        cancel.cancel()
 
     @property
     def deadline(self) -> float:

@@ -421,6 +421,21 @@ class Timer:
     def _check_owner(self, live: Engine) -> None:
         live.affinity.check()
 
+    def _owner_check(self, waiting: bool = False) -> None:
+        """The owner check for the rooms outside the core that keep their state on
+        the timer's loop (the purgatory, aiowheel/_purgatory.py): raise the timer's
+        ``RuntimeError`` unless called from its loop; nothing while the timer is not
+        running (the call then fails on its own, or has nothing to do). ``waiting``:
+        the full check, the running loop too (Affinity.check), for the calls that wait;
+        else Affinity.here, as the per-timer calls."""
+        live = self._live
+        if live is None:
+            return
+        if waiting:
+            live.affinity.check()
+        elif _get_ident() != self._loop_thread or live.affinity.elsewhere():
+            raise live.affinity.foreign()
+
     def _on_owner_loop(self) -> bool:
         """For the handle's inline reset: open, and called from the owner loop (inline
         copy of the owner check, Affinity.here)."""
@@ -493,7 +508,7 @@ class Timer:
             when = live.wheel.insert_due(handle, now + seconds_)
         if live.closed:  # inline copy of Engine.file's closed-while-filing check
             live.closed_while_filing(handle, True)
-        live.pending += 1
+        live.pending += 1  # inline copy of Engine.reserve_slot
         live.scheduled += 1
         if when < live.wake_at:  # inline copy of Engine.arm_if_earlier
             live.wake_at = when
@@ -666,9 +681,9 @@ class Timer:
         if bucket is None:
             return False
         bucket.remove(handle)
-        previous = handle._result
+        previous = handle._result  # inline copy of TimerHandle._become_cancelled
         handle._result = _CANCELLED
-        live.pending -= 1
+        live.pending -= 1  # inline copy of Engine.count_cancelled
         live.cancelled += 1
         # The rest is rare: the bucket the driver waits for emptied, an async callback
         # queued for a worker (its coroutine must be closed), someone waiting, or a
@@ -781,7 +796,7 @@ class Timer:
         the block runs, the block is cancelled and raises ``TimerClosed``."""
         delay = to_seconds(delay)
         live = self._open()
-        return Timeout(self, delay, live.loop is None)  # trio: no asyncio loop
+        return Timeout(self, delay, live.backend)
 
 
 def _not_started_clock() -> float:
