@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import anyio
 
 from ._handle import TimerHandle, _Failure, without_frame
-from ._wheel import Bucket
+from ._wheel import QUEUE_LEVEL, Bucket
 
 if TYPE_CHECKING:
     from ._driver import Backend
@@ -58,7 +58,7 @@ class RunQueue(Bucket):
     __slots__ = ()
 
     def __init__(self) -> None:
-        super().__init__(-2)
+        super().__init__(QUEUE_LEVEL)
 
 
 class _Worker:

@@ -68,7 +68,7 @@ from ._periodic import PeriodicHandle, Periodics
 from ._shutdown import break_engine, close_engine
 from ._tracing import Tracer
 from ._waiters import Waiters
-from ._wheel import Bucket, Wheel, WheelEntry
+from ._wheel import DUE_LEVEL, Bucket, Wheel, WheelEntry
 
 if TYPE_CHECKING:
     from ._dispatch import WorkerPool
@@ -872,4 +872,4 @@ class Engine:
 def _level_of(handle: TimerHandle[Any]) -> int:
     """The wheel the handle is filed in (-1: due at once)."""
     bucket = handle._bucket
-    return bucket.level if bucket is not None else -1
+    return bucket.level if bucket is not None else DUE_LEVEL

@@ -79,7 +79,16 @@ except ImportError:  # pure Python without mypy installed: the decorator does no
         return lambda cls: cls
 
 
-__all__ = ["HORIZON", "Bucket", "Wheel", "WheelEntry", "deadline_of"]
+__all__ = [
+    "DUE_LEVEL",
+    "FAR_LEVEL",
+    "HORIZON",
+    "QUEUE_LEVEL",
+    "Bucket",
+    "Wheel",
+    "WheelEntry",
+    "deadline_of",
+]
 
 # Final: compiled, these are C constants, not module-dict lookups; and math.ceil and
 # math.floor are called directly, which mypyc turns into C (docs/design.md, "Compiled
@@ -100,6 +109,13 @@ HORIZON: Final = 1 << 48
 _FAR_KEY: Final = -(1 << 16)
 
 
+# A bucket's level: 0, 1, ... for the wheels of growing tick widths, and these tags
+# for the buckets that are in no wheel.
+DUE_LEVEL: Final = -1  # entries already due when filed (Wheel._due, and its chunks)
+QUEUE_LEVEL: Final = -2  # the worker pool's run queue (aiowheel/_dispatch.py, RunQueue)
+FAR_LEVEL: Final = -3  # entries past the horizon (Wheel._far)
+
+
 def deadline_of(entry: WheelEntry) -> float:
     """Sort key: an entry's deadline."""
     return entry._deadline
@@ -117,8 +133,8 @@ class Bucket:
     ``tick`` is the tick at which the bucket comes due in its current revolution
     (``None`` while it is empty and unscheduled, or once it has been detached from the
     wheel for firing); ``time`` is the same instant on the loop clock; ``level`` is
-    the wheel the bucket belongs to (-1 for the "already due" bucket; the worker
-    pool's run queue, a bucket too, is -2).
+    the wheel the bucket belongs to, or a tag for a bucket in no wheel (``DUE_LEVEL``,
+    ``QUEUE_LEVEL``, ``FAR_LEVEL``).
 
     Invariant: ``entry._bucket is self`` exactly for the entries linked here, and an
     entry in no bucket has ``_prev`` and ``_next`` ``None`` (a handle a user keeps must
@@ -314,12 +330,12 @@ class Wheel:
         self._upper: list[tuple[int, int, list[Bucket]]] = []
         self._heap: list[tuple[int, int, float, Bucket]] = []
         # Entries that were already due when filed; they expire on the next advance.
-        self._due = Bucket(-1)
+        self._due = Bucket(DUE_LEVEL)
         # The buckets the last advance handed out, until the caller has emptied them
         # (release): clear() takes what is left in them.
         self._out: list[Bucket] = []
         # Entries past the horizon (see _file_far).
-        self._far = Bucket(-3)
+        self._far = Bucket(FAR_LEVEL)
         # What a pass holds outside every bucket for a moment, for `recover`: the
         # entry it is moving from one bucket to another (between the unlink and the
         # link), and the entries it is re-linking in a new order.
@@ -635,89 +651,107 @@ class Wheel:
         # Entries filed as due before this pass, sorted; they go out ahead of any
         # overdue bucket that comes due after their deadline.
         early: Bucket | None = self._take_due(now) if self._due._first is not None else None
-        size = self._size
         while heap and heap[0][2] <= now:
-            top = heap[0]
-            start, _key, when, bucket = top
-            level = bucket.level
-            if bucket.tick != start:
-                _heappop(heap)
-                continue  # emptied and already dropped by next_expiry
-            if bucket.empty():  # (not `._first is None`: mypy would keep it narrowed)
-                _heappop(heap)
-                bucket.tick = None
-                bucket.time = _INF
-                continue
-            if early is not None and early._first is not None and early._first._deadline < when:
+            start, _key, when, bucket = heap[0]
+            if bucket.tick != start or bucket.empty():
+                self._drop_top(bucket, start)
+            elif early is not None and early._first is not None and early._first._deadline < when:
                 self._emit_before(early, when, fired)
-                continue
-            if level == -3:
-                # The far bucket: not detached (its entries are not due), only
-                # re-examined against the clock at its tick.
-                _heappop(heap)
-                bucket.tick = None
-                bucket.time = _INF
-                if start > self._now:
-                    self._set_now(start)
-                self._due_far()
-                # Invariant: a pass hands out every entry due at `now`; whatever it
-                # files as due (into `_due`) it takes before it returns. An entry
-                # lazily extended inside the far bucket to the far bucket's own
-                # time is due right here (issue 28: it used to wait in `_due` for
-                # an advance that nothing asked for, and the model lost it).
-                if self._due._first is not None:
-                    fired.append(self._take_due(now))
-                continue
-            # Detach: new inserts during this pass must not land in a bucket we return.
-            # The replacement first: its allocation may run finalizers that change the
-            # heap, so look again if the top moved.
-            fresh = Bucket(level)
-            # Compare the fields, not the tuple's identity: compiled, `top` is an
-            # unboxed tuple, and boxing it again makes a new object every time.
-            if not heap or heap[0][3] is not bucket or heap[0][0] != start:
-                continue
-            _heappop(heap)
-            bucket.tick = None
-            # Listed in _out before it leaves its level: always findable (recover).
-            self._out.append(bucket)
-            self._levels[level][(start // self._widths[level]) % size] = fresh
-            if start > self._now:
-                self._set_now(start)
-            if level == 0:
-                # Entries filed at this tick are due now; entries whose deadline was
-                # moved later (extend) or that a float rounding put one tick early go
-                # back into the wheel, at a tick strictly after this one.
-                node: WheelEntry | None = bucket._first
-                while node is not None:
-                    after = node._next
-                    if node._deadline > when:
-                        e = self.due_tick_of(node._deadline)
-                        self._moving = node  # (for recover; see `_moving`)
-                        bucket.remove(node)
-                        self._file(node, e if e > start else start + 1)
-                    node = after
-                self._moving = None
-                if not bucket.empty():
-                    fired.append(bucket)
+            elif bucket.level == FAR_LEVEL:
+                self._far_came_due(start, now, fired)
+            elif not self._detach(bucket, start):
+                pass  # the heap moved while the replacement was allocated: look again
+            elif bucket.level == 0:
+                self._expire(bucket, start, when, fired)
             else:
-                # Cascade: re-file against the bucket's start; each entry moves down at
-                # least one level, or expires into the due bucket.
-                cascaded = bucket._first
-                while cascaded is not None:
-                    e = self.due_tick_of(cascaded._deadline)
-                    self._moving = cascaded
-                    bucket.remove(cascaded)
-                    self._file(cascaded, e, True)
-                    cascaded = bucket._first
-                self._moving = None
-                if self._due._first is not None:
-                    fired.append(self._take_due(now))
+                self._cascade(bucket, now, fired)
         if early is not None and early._first is not None:
             fired.append(early)
         target = math.floor((now - self.origin) / self.tick)
         if target > self._now:
             self._set_now(target)
         return fired
+
+    # The steps of advance, one per kind of heap top. Each runs with the top of the
+    # heap being (start, ..., bucket) and takes it off, or leaves the heap for the
+    # loop to look at again.
+
+    def _drop_top(self, bucket: Bucket, start: int) -> None:
+        # A stale heap item (the bucket was emptied and dropped by next_expiry, or
+        # the far bucket moved earlier), or an emptied bucket: unschedule it.
+        _heappop(self._heap)
+        if bucket.tick == start:
+            bucket.tick = None
+            bucket.time = _INF
+
+    def _far_came_due(self, start: int, now: float, fired: list[Bucket]) -> None:
+        # The far bucket: not detached (its entries are not due), only re-examined
+        # against the clock at its tick.
+        far = self._far
+        _heappop(self._heap)
+        far.tick = None
+        far.time = _INF
+        if start > self._now:
+            self._set_now(start)
+        self._due_far()
+        # Invariant: a pass hands out every entry due at `now`; whatever it files as
+        # due (into `_due`) it takes before it returns. An entry lazily extended
+        # inside the far bucket to the far bucket's own time is due right here
+        # (issue 28: it used to wait in `_due` for an advance that nothing asked
+        # for, and the model lost it; tests/test_wheel_model.py keeps the example).
+        if self._due._first is not None:
+            fired.append(self._take_due(now))
+
+    def _detach(self, bucket: Bucket, start: int) -> bool:
+        # Detach the top bucket: new inserts during this pass must not land in a
+        # bucket the pass returns. The replacement first: its allocation may run
+        # finalizers that change the heap, so False (look again) if the top moved.
+        level = bucket.level
+        fresh = Bucket(level)
+        heap = self._heap
+        # Compare the fields, not the tuple's identity: compiled, the top is an
+        # unboxed tuple, and boxing it again makes a new object every time.
+        if not heap or heap[0][3] is not bucket or heap[0][0] != start:
+            return False
+        _heappop(heap)
+        bucket.tick = None
+        # Listed in _out before it leaves its level: always findable (recover).
+        self._out.append(bucket)
+        self._levels[level][(start // self._widths[level]) % self._size] = fresh
+        if start > self._now:
+            self._set_now(start)
+        return True
+
+    def _expire(self, bucket: Bucket, start: int, when: float, fired: list[Bucket]) -> None:
+        # A detached level-0 bucket: entries filed at this tick are due now; entries
+        # whose deadline was moved later (extend) or that a float rounding put one tick
+        # early go back into the wheel, at a tick strictly after this one.
+        node: WheelEntry | None = bucket._first
+        while node is not None:
+            after = node._next
+            if node._deadline > when:
+                e = self.due_tick_of(node._deadline)
+                self._moving = node  # (for recover; see `_moving`)
+                bucket.remove(node)
+                self._file(node, e if e > start else start + 1)
+            node = after
+        self._moving = None
+        if not bucket.empty():
+            fired.append(bucket)
+
+    def _cascade(self, bucket: Bucket, now: float, fired: list[Bucket]) -> None:
+        # A detached coarser bucket: re-file against the bucket's start; each entry
+        # moves down at least one level, or expires into the due bucket.
+        cascaded = bucket._first
+        while cascaded is not None:
+            e = self.due_tick_of(cascaded._deadline)
+            self._moving = cascaded
+            bucket.remove(cascaded)
+            self._file(cascaded, e, True)
+            cascaded = bucket._first
+        self._moving = None
+        if self._due._first is not None:
+            fired.append(self._take_due(now))
 
     def in_order(self, buckets: list[Bucket]) -> list[Bucket]:
         """The entries of ``buckets`` (what ``advance`` just handed out) in deadline
@@ -854,7 +888,7 @@ class Wheel:
         # The due bucket itself is handed out (its entries stay linked in it), with
         # its entries in deadline order; a fresh one takes its place. An entry a float
         # rounding filed as due a hair after `now` waits for the next tick instead.
-        fresh = Bucket(-1)  # allocate before the change
+        fresh = Bucket(DUE_LEVEL)  # allocate before the change
         taken = self._due
         self._out.append(taken)  # listed before it is replaced (recover)
         self._due = fresh
@@ -890,7 +924,7 @@ class Wheel:
     def _emit_before(self, early: Bucket, when: float, fired: list[Bucket]) -> None:
         # Hand out, as a bucket of their own, the due entries whose deadline is
         # before `when`; the rest stay in `early`.
-        chunk = Bucket(-1)  # allocate before the change
+        chunk = Bucket(DUE_LEVEL)  # allocate before the change
         self._out.append(chunk)
         while early._first is not None and early._first._deadline < when:
             entry = early._first
