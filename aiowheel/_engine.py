@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, final
@@ -63,7 +62,7 @@ from ._handle import (
     release,
     without_frame,
 )
-from ._loophandle import LoopTimerHandle
+from ._loophandle import LoopTimerHandle, run_in_pass
 from ._periodic import PeriodicHandle, Periodics
 from ._shutdown import break_engine, close_engine
 from ._tracing import Tracer
@@ -314,7 +313,7 @@ class Engine:
 
     def take_back(self, entry: WheelEntry, new: bool) -> None:
         """The counters of *closed while filing* (``closed_while_filing``, and
-        ``loop_closed_while_filing`` for the drop-in loop's handles): ``entry`` leaves
+        ``_loophandle._closed_while_filing`` for the drop-in loop's handles): ``entry`` leaves
         the closed timer's wheel, counted cancelled exactly once."""
         if entry._bucket is not None:
             self.wheel.remove(entry)  # filed in the closed timer's wheel: take it back
@@ -326,8 +325,12 @@ class Engine:
     def rearm(self, handle: TimerHandle[Any], deadline: float) -> None:
         """``reset()``/``reset_at()`` past the fast path, at a valid deadline.
 
-        Admission first: nothing changes unless the whole re-arm can be done. (The
-        levels first: creating one may run finalizers that change the handle.)"""
+        Two verbs, as tokio's: extend in place (``Wheel.extend``: a pending handle
+        moved later, or earlier within the wheel) or re-file (a handle that fired, was
+        cancelled or waits in the run queue, or is due at once); ``move`` chooses.
+        Admission first: nothing changes unless the whole re-arm can be done. The
+        levels first, once, here: creating one may run finalizers that change the
+        handle, so its state is read only after (``move``, ``Periodics.rearm``)."""
         self.wheel.reserve(deadline)
         if self.closed:
             raise self._closed_error()  # the collector ran, and user code closed the timer
@@ -341,12 +344,12 @@ class Engine:
     def move(self, handle: TimerHandle[Any], deadline: float) -> None:
         """Re-file a handle at a valid deadline, wherever it is now. Cannot fail.
 
-        Re-entrancy: the levels the filing needs are created first (an allocation may
-        run the garbage collector, whose finalizers may re-arm this very handle), the
-        state is read after that, and the old result or awaitable, whose finalizer may
-        re-enter, is released only once the handle is filed and counted."""
+        Re-entrancy: the caller (``rearm``) created the levels the filing needs first
+        (an allocation may run the garbage collector, whose finalizers may re-arm this
+        very handle); the state is read here, after that, and the old result or
+        awaitable, whose finalizer may re-enter, is released only once the handle is
+        filed and counted."""
         now = self.clock()
-        self.wheel.reserve(deadline)
         bucket: object = handle._bucket
         due = deadline <= now
         if bucket is None:
@@ -521,8 +524,10 @@ class Engine:
                     if entry is None:
                         break
                     if not isinstance(entry, TimerHandle):
-                        # A drop-in loop's call_at handle: Handle._run's rules. Its
-                        # lateness counts as a timer's (stats().lateness_max).
+                        # A drop-in loop's call_at handle (aiowheel/_loophandle.py,
+                        # run_in_pass: Handle._run's rules). Its lateness counts as a
+                        # timer's (stats().lateness_max). Counted before it runs: it
+                        # may raise (SystemExit, KeyboardInterrupt).
                         self.pending -= 1
                         if cast("LoopTimerHandle[Any]", entry)._args is None:
                             # Cancelled from another thread, its unlink still queued
@@ -533,7 +538,7 @@ class Engine:
                         lateness = now - entry._deadline  # inline copy of note_lateness
                         if lateness > lateness_max:
                             lateness_max = lateness
-                        self.run_loop_handle(entry)
+                        run_in_pass(self, entry)
                         continue
                     handle = entry  # the timer files only these (and loop handles, above)
                     self.pending -= 1
@@ -645,104 +650,6 @@ class Engine:
         self.fired -= 1  # it fires when a worker starts it
         self.pending += 1
         self.pool.submit(handle, awaitable)
-
-    # -- the drop-in loop (aiowheel/_loop.py): its call_at handles on this wheel --------
-    # They count in pending/scheduled/fired/cancelled as the timer's own handles do
-    # (len(loop.timer) counts them); no admission, no tracing, no waiters.
-
-    def file_loop(self, handle: LoopTimerHandle[Any], when: float) -> None:
-        """``call_at`` on the drop-in loop: file its handle (finite ``when``)."""
-        if self.closed:
-            raise self._closed_error()  # only after an internal error (break_)
-        at = self.wheel.insert(handle, when)
-        if self.closed:
-            self.loop_closed_while_filing(handle)
-        self.reserve_slot()
-        armed = self.wake_at
-        if at < armed:  # arm-if-earlier
-            self.wake_at = at
-            try:
-                self.driver.arm(at)
-            except BaseException:
-                # The base loop refused the wake-up: the call fails and changes
-                # nothing. The driver kept its previous arming, wake_at says so again,
-                # and the handle leaves the wheel uncounted (issue 28, finding 4: the
-                # engine believed in an arming that failed, and no later timer fired).
-                self.wake_at = armed
-                self.wheel.remove(handle)
-                self.release_slot()
-                raise
-
-    def loop_closed_while_filing(self, handle: LoopTimerHandle[Any]) -> NoReturn:
-        """*Closed while filing*, for ``file_loop``: an allocation of the insert (a
-        level, the heap's tuple) ran the garbage collector, and user code closed the
-        loop (docs/design.md, "Re-entrancy"). The call fails as on a closed loop, and
-        the counters stay exact: nothing is pending on a closed timer."""
-        self.take_back(handle, True)  # a new handle, as every call_at's
-        loop = self.loop
-        if loop is not None and loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        raise self._closed_error()
-
-    def loop_cancelled(self, bucket: Bucket) -> None:
-        """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
-        self.count_cancelled()
-        if bucket._first is None and bucket.time == self.wake_at:
-            self.driver.recheck(self.sync_wakeup_unless_passing)  # as after_cancel
-        if self.notify_cancel:
-            self.pending_fell()
-
-    def loop_foreign(self) -> bool:
-        """True in a thread other than the one running the drop-in loop (debug mode
-        asks, for ``LoopTimerHandle.cancel``; the thread is the one ``run_forever``
-        bound, ``Timer._bind_thread``)."""
-        loop = self.loop
-        return loop is not None and loop.is_running() and get_ident() != self.affinity.thread
-
-    def unlink_soon(self, handle: LoopTimerHandle[Any]) -> None:
-        """A loop handle cancelled from another thread: take it off the wheel in the
-        loop's thread (``unlink_cancelled``). A loop closed meanwhile has dropped
-        its timers: nothing is left to do, and cancel() does not raise."""
-        loop = self.loop
-        if loop is None:
-            return
-        try:
-            loop.call_soon_threadsafe(self.unlink_cancelled, handle)
-        except RuntimeError:
-            pass  # closed: the close dropped the handle with the rest
-
-    def unlink_cancelled(self, handle: LoopTimerHandle[Any]) -> None:
-        """In the loop's thread: the rest of a cross-thread ``cancel()``, unless a pass
-        met the handle first (it counted it cancelled then: ``run_due``)."""
-        bucket = handle._bucket
-        if bucket is not None:
-            bucket.remove(handle)
-            self.loop_cancelled(bucket)
-
-    def run_loop_handle(self, entry: WheelEntry) -> None:
-        handle = cast("LoopTimerHandle[Any]", entry)
-        debug_run = self.loop_debug_run
-        if self.loop_debug and debug_run is not None:
-            debug_run(handle)  # measured, as the base loop measures its callbacks
-            return
-        handle._run()
-
-    def drop_loop_handles(self) -> list[WheelEntry]:
-        """``loop.close()`` (through ``close``, the engine already closed): the loop's
-        pending handles are dropped (not cancelled), as the base loop drops its heap;
-        counted cancelled here. Returned: the caller releases them once the close is
-        complete (their finalizers are user code)."""
-        # Walking the wheel allocates (a gc.callbacks hook may cancel a handle already
-        # collected here): count only what is still linked when it is taken.
-        dropped = [entry for entry in self.wheel if not isinstance(entry, TimerHandle)]
-        count = 0
-        for entry in dropped:
-            bucket = entry._bucket
-            if bucket is not None:
-                bucket.remove(entry)
-                count += 1
-        self.count_cancelled(count)
-        return dropped
 
     def refile(self, buckets: list[Bucket]) -> None:
         # One at a time: each entry stays linked (pending, findable by aclose) until

@@ -11,7 +11,7 @@ next wake-up, armed through the *base* class's ``call_at`` (never the override).
 One wheel, one engine. ``loop.timer`` is opened with the loop (``Timer._open_for_loop``:
 its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver (an
 ``AsyncioDriver`` given the base class's ``call_at``) arms the base loop directly.
-``call_at`` files its handle through ``Engine.file_loop`` (the loop sets compiled
+``call_at`` files its handle through ``_loophandle.file_loop`` (the loop sets compiled
 ``call_at``/``call_later`` on itself, ``_loophandle.LoopCalls``: no Python frame per
 timer; the Python methods below keep the same rules for debug mode and subclasses
 that override them); the engine's pass
@@ -55,7 +55,7 @@ from typing import Any, TypeVar, cast
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
 from ._engine import Engine
-from ._loophandle import IntWhenHandle, LoopCalls, LoopTimerHandle, when_of
+from ._loophandle import IntWhenHandle, LoopCalls, LoopTimerHandle, file_loop, when_of
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
@@ -242,14 +242,14 @@ class _WheelLoop(WheelEventLoop):
         if call_soon is not None and when <= loop.time():
             call_soon(handle._run)  # uvloop's rule for a due timer (_loophandle._soon)
             return handle
-        engine.file_loop(handle, when)
+        file_loop(engine, handle, when)
         return handle
 
     # -- debug mode: the slow-callback warning names the slow timer ------------------
     # The base loop measures each callback it runs and warns about a slow one by name;
     # the wheel's timers run inside one base-loop callback, the pass, which the base
     # loop would name instead (AsyncioDriver._wake: issue 28, finding 11). So in debug
-    # mode the pass measures each of the loop's timers itself (Engine.run_loop_handle
+    # mode the pass measures each of the loop's timers itself (_loophandle.run_in_pass
     # calls _debug_run), and the base loop does not warn about the pass
     # (_measured_pass, armed by _arm_at while debug mode is on).
 

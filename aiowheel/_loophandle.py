@@ -16,10 +16,12 @@ is cancelled exactly when ``_args`` is ``None`` (``cancel()`` drops the callback
 its arguments, as ``Handle.cancel`` does; a live handle's arguments are a tuple).
 
 Who writes what: the loop's ``call_at`` (``_loop.py``) makes the handle, sets
-``_source_traceback`` in debug mode and files it through ``Engine.file_loop`` on the
-wheel of ``loop.timer``'s engine, whose pass (``Engine.run_due``) runs it with
-``_run``; ``cancel()`` unlinks it and tells the engine (``Engine.loop_cancelled``),
-which keeps the counts (``len(loop.timer)``) and the wake-up.
+``_source_traceback`` in debug mode and files it with ``file_loop`` on the wheel of
+``loop.timer``'s engine, whose pass (``Engine.run_due``) runs it through
+``run_in_pass``; ``cancel()`` unlinks it (``_cancelled``), and the close drops what
+is left (``drop_all``). Those functions, at the end of this module, are the engine's
+whole side of the drop-in loop's handles: the engine keeps the counts (through its
+counter methods: ``len(loop.timer)``) and the wake-up.
 """
 
 from __future__ import annotations
@@ -27,17 +29,28 @@ from __future__ import annotations
 import asyncio
 import asyncio.format_helpers as _format_helpers
 import sys
+from _thread import get_ident
 from collections.abc import Callable
 from contextvars import Context, copy_context
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast, final
 
 from ._handle import release
-from ._wheel import WheelEntry
+from ._wheel import Bucket, WheelEntry
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["IntWhenHandle", "LoopCalls", "LoopTimerHandle", "call_at", "call_later", "when_of"]
+__all__ = [
+    "IntWhenHandle",
+    "LoopCalls",
+    "LoopTimerHandle",
+    "call_at",
+    "call_later",
+    "drop_all",
+    "file_loop",
+    "run_in_pass",
+    "when_of",
+]
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
@@ -129,7 +142,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
             if self._args is None:
                 return  # the repr's user code cancelled it meanwhile
             self._repr = cached
-            if engine.loop_foreign():
+            if _foreign(engine):
                 # From a thread other than the running loop's (debug mode tells them
                 # apart; the base loops' cancel() never raises there, issue 28,
                 # finding 6): cancelled now, as asyncio's Handle.cancel is; the wheel
@@ -139,7 +152,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
                 self._args = None
                 self._callback = None
                 if self._bucket is not None:
-                    engine.unlink_soon(self)
+                    _unlink_soon(engine, self)
                 release(callback)
                 release(args)
                 return
@@ -149,7 +162,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         bucket = self._bucket
         if bucket is not None:
             bucket.remove(self)
-            self._engine.loop_cancelled(bucket)
+            _cancelled(self._engine, bucket)
         # Released here, once the cancel is complete (compiled, a local dies at its
         # last use: release() is that use, aiowheel/_handle.py).
         release(callback)
@@ -433,5 +446,111 @@ def _file(
         handle = IntWhenHandle(when, callback, args, engine, context)
     else:
         handle = LoopTimerHandle(when, callback, args, engine, context)
-    engine.file_loop(handle, when)
+    file_loop(engine, handle, when)
     return handle
+
+
+# -- the engine's side: the drop-in loop's handles on its wheel --------------------------
+# They count in pending/scheduled/fired/cancelled as the timer's own handles do
+# (len(loop.timer) counts them), through the engine's counter methods; no admission,
+# no tracing, no waiters. The engine's pass calls run_in_pass; the close, drop_all.
+
+
+def file_loop(engine: Engine, handle: LoopTimerHandle[Any], when: float) -> None:
+    """``call_at`` on the drop-in loop: file its handle (finite ``when``)."""
+    if engine.closed:
+        raise engine._closed_error()  # only after an internal error (break_)
+    at = engine.wheel.insert(handle, when)
+    if engine.closed:
+        _closed_while_filing(engine, handle)
+    engine.reserve_slot()
+    try:
+        engine.arm_if_earlier(at)
+    except BaseException:
+        # The base loop refused the wake-up: the call fails and changes nothing. The
+        # driver kept its previous arming, and so did the engine (arm_if_earlier);
+        # the handle leaves the wheel uncounted (issue 28, finding 4: the engine
+        # believed in an arming that failed, and no later timer fired).
+        engine.wheel.remove(handle)
+        engine.release_slot()
+        raise
+
+
+def _closed_while_filing(engine: Engine, handle: LoopTimerHandle[Any]) -> NoReturn:
+    """*Closed while filing*, for ``file_loop``: an allocation of the insert (a level,
+    the heap's tuple) ran the garbage collector, and user code closed the loop
+    (docs/design.md, "Re-entrancy"). The call fails as on a closed loop, and the
+    counters stay exact: nothing is pending on a closed timer."""
+    engine.take_back(handle, True)  # a new handle, as every call_at's
+    loop = engine.loop
+    if loop is not None and loop.is_closed():
+        raise RuntimeError("Event loop is closed")
+    raise engine._closed_error()
+
+
+def _cancelled(engine: Engine, bucket: Bucket) -> None:
+    """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
+    engine.count_cancelled()
+    if bucket._first is None and bucket.time == engine.wake_at:
+        engine.driver.recheck(engine.sync_wakeup_unless_passing)  # as Engine.after_cancel
+    if engine.notify_cancel:
+        engine.pending_fell()
+
+
+def _foreign(engine: Engine) -> bool:
+    """True in a thread other than the one running the drop-in loop (debug mode asks,
+    for ``LoopTimerHandle.cancel``; the thread is the one ``run_forever`` bound,
+    ``Timer._bind_thread``)."""
+    loop = engine.loop
+    return loop is not None and loop.is_running() and get_ident() != engine.affinity.thread
+
+
+def _unlink_soon(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
+    """A loop handle cancelled from another thread: take it off the wheel in the
+    loop's thread (``_unlink_cancelled``). A loop closed meanwhile has dropped its
+    timers: nothing is left to do, and cancel() does not raise."""
+    loop = engine.loop
+    if loop is None:
+        return
+    try:
+        loop.call_soon_threadsafe(_unlink_cancelled, engine, handle)
+    except RuntimeError:
+        pass  # closed: the close dropped the handle with the rest
+
+
+def _unlink_cancelled(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
+    """In the loop's thread: the rest of a cross-thread ``cancel()``, unless a pass met
+    the handle first (it counted it cancelled then: ``run_in_pass``)."""
+    bucket = handle._bucket
+    if bucket is not None:
+        bucket.remove(handle)
+        _cancelled(engine, bucket)
+
+
+def run_in_pass(engine: Engine, entry: WheelEntry) -> None:
+    """The pass (``Engine.run_due``) met a live loop handle, and counted it fired: run
+    it, measured in debug mode as the base loop measures its callbacks."""
+    handle = cast("LoopTimerHandle[Any]", entry)
+    debug_run = engine.loop_debug_run
+    if engine.loop_debug and debug_run is not None:
+        debug_run(handle)
+    else:
+        handle._run()
+
+
+def drop_all(engine: Engine) -> list[WheelEntry]:
+    """``loop.close()`` (through the engine's close, the engine already closed): the
+    loop's pending handles are dropped (not cancelled), as the base loop drops its
+    heap; counted cancelled here. Returned: the caller releases them once the close
+    is complete (their finalizers are user code)."""
+    # Walking the wheel allocates (a gc.callbacks hook may cancel a handle already
+    # collected here): count only what is still linked when it is taken.
+    dropped: list[WheelEntry] = [e for e in engine.wheel if isinstance(e, LoopTimerHandle)]
+    count = 0
+    for entry in dropped:
+        bucket = entry._bucket
+        if bucket is not None:
+            bucket.remove(entry)
+            count += 1
+    engine.count_cancelled(count)
+    return dropped

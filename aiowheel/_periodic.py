@@ -99,7 +99,7 @@ class Periodics:
             deadline = handle._deadline
         else:
             deadline = handle._next_deadline(now)
-        engine.wheel.reserve(deadline)  # levels first (see Engine.move)
+        engine.wheel.reserve(deadline)  # levels first (see Engine.rearm)
         if self.stopped_meanwhile(handle):
             return
         previous: Any = handle._become_pending()

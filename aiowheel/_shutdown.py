@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ._dispatch import close_awaitable
 from ._exceptions import TimerCancelled
 from ._handle import _CANCELLED, TimerHandle, TracedHandle, _Failure, release
+from ._loophandle import drop_all
 from ._timeout import Guard
 from ._wheel import deadline_of
 
@@ -52,7 +53,7 @@ def close_engine(engine: Engine) -> list[TimerHandle[Any]]:
     engine.closed = True
     dropped: list[Any] | None = None
     if engine.loop_timers:
-        dropped = engine.drop_loop_handles()  # the loop's handles: dropped, not cancelled
+        dropped = drop_all(engine)  # the loop's handles: dropped, not cancelled
     engine.wake_at = _INF
     engine._on_close()  # the owner stops accepting timers first
     engine.driver.stop()
