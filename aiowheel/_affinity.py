@@ -17,52 +17,36 @@ from _thread import get_ident
 from collections.abc import Callable
 from typing import Final, final
 
-__all__ = ["Affinity"]
+__all__ = ["Affinity", "affinity_for"]
 
 _get_running_loop: Final = asyncio._get_running_loop
 
 
-@final
 class Affinity:
-    """The owner's thread and event loop (None on trio), and how to ask them."""
+    """The owner's thread and event loop (None on trio), and how to ask them.
+
+    Which test ``elsewhere()`` makes depends on the loop, and is chosen once, when the
+    timer starts (``affinity_for``): this class is the one for trio, where there is no
+    asyncio loop to compare; ``_AsyncioAffinity`` and ``_LoopAffinity`` are the ones
+    for asyncio's own loop and for any other (uvloop)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None, backend: str) -> None:
         # Built in the owner's thread, by the engine that the owner starts there.
         self.thread = get_ident()
         self.loop = loop
         self.backend = backend  # its name, for the error
-        # For elsewhere(): whether the loop is asyncio's own (looptime's too), which
-        # keeps the thread that runs it as ``_thread_id`` (None while it is stopped).
-        # Read as an attribute, never through vars(loop): on CPython 3.11+ asking for
-        # an object's __dict__ materialises it, and every attribute access of the
-        # loop's own methods then takes the slower dict path (task steps 1.1x slower
-        # on any asyncio loop a Timer ran on; `aiowheel bench -w loop-steps`,
-        # docs/loop.md, "Figures"; tests/test_loop_affinity.py).
-        self.loop_is_asyncio = isinstance(loop, asyncio.BaseEventLoop)
-        # Any other loop (uvloop): its is_running(), bound once (no lookup per call).
-        self.loop_running: Callable[[], bool] | None = loop.is_running if loop is not None else None
 
     def elsewhere(self) -> bool:
         """True when, in the owner's thread (checked first by the caller), the event
         loop that runs is not the timer's: a second loop in the same thread (the
-        *owner check*'s second half).
+        *owner check*'s second half). Cheap enough for every call that changes the
+        timer.
 
-        Cheap enough for every call that changes the timer: asyncio's own loop says in
-        one attribute which thread runs it (None once stopped);
-        uvloop's is_running() is one C call; on trio, the only other loop that can run
-        in its thread is an asyncio one nested in it, and
-        ``asyncio._get_running_loop()`` answers None without a system call when no
-        asyncio loop runs (the getpid() it makes otherwise is what makes it too slow
-        for the asyncio case)."""
-        loop_running = self.loop_running
-        if loop_running is None:
-            return _get_running_loop() is not None
-        if self.loop_is_asyncio:
-            # The owner loop runs in the owner's thread (it started the timer there),
-            # and asyncio runs one loop per thread: in that thread, another loop runs
-            # only while the owner's is stopped (None), all that is left to catch.
-            return getattr(self.loop, "_thread_id", None) is None
-        return not loop_running()
+        On trio, the only other loop that can run in its thread is an asyncio one
+        nested in it, and ``asyncio._get_running_loop()`` answers None without a
+        system call when no asyncio loop runs (the getpid() it makes otherwise is what
+        makes it too slow for the asyncio case)."""
+        return _get_running_loop() is not None
 
     def here(self) -> bool:
         """The owner check: the owner's thread, and no other loop running in it."""
@@ -83,3 +67,42 @@ class Affinity:
             "from that loop, or from another thread use timer.call_threadsafe() or "
             "timer.schedule_threadsafe()"
         )
+
+
+@final
+class _AsyncioAffinity(Affinity):
+    """asyncio's own loop (looptime's too), which keeps the thread that runs it as
+    ``_thread_id`` (None while it is stopped)."""
+
+    def elsewhere(self) -> bool:
+        # The owner loop runs in the owner's thread (it started the timer there), and
+        # asyncio runs one loop per thread: in that thread, another loop runs only
+        # while the owner's is stopped (None), all that is left to catch. Read as an
+        # attribute, never through vars(loop): on CPython 3.11+ asking for an object's
+        # __dict__ materialises it, and every attribute access of the loop's own
+        # methods then takes the slower dict path (task steps 1.1x slower on any
+        # asyncio loop a Timer ran on; `aiowheel bench -w loop-steps`, docs/loop.md,
+        # "Figures"; tests/test_loop_affinity.py).
+        return getattr(self.loop, "_thread_id", None) is None
+
+
+@final
+class _LoopAffinity(Affinity):
+    """Any other asyncio loop (uvloop): its ``is_running()``, one C call, bound once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, backend: str) -> None:
+        super().__init__(loop, backend)
+        self._running: Callable[[], bool] = loop.is_running
+
+    def elsewhere(self) -> bool:
+        return not self._running()
+
+
+def affinity_for(loop: asyncio.AbstractEventLoop | None, backend: str) -> Affinity:
+    """The owner check for a timer started now, in this thread, on ``loop`` (None on
+    trio): the test ``elsewhere()`` makes is chosen here, once."""
+    if loop is None:
+        return Affinity(None, backend)
+    if isinstance(loop, asyncio.BaseEventLoop):
+        return _AsyncioAffinity(loop, backend)
+    return _LoopAffinity(loop, backend)

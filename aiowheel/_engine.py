@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, cast, final
 
 import anyio
 
-from ._affinity import Affinity
+from ._affinity import affinity_for
 from ._checks import full
 from ._dispatch import close_awaitable
 from ._driver import Backend, Driver
@@ -149,7 +149,7 @@ class Engine:
         self.clock: Callable[[], float] = backend.clock
         self.loop: asyncio.AbstractEventLoop | None = backend.loop
         # The owner check's thread and loop (the owner starts the engine in its thread).
-        self.affinity = Affinity(self.loop, backend.name)
+        self.affinity = affinity_for(self.loop, backend.name)
         self.wheel = Wheel(tick, wheel_size, self.clock())
         self.driver: Driver = backend.make_driver(self.fire_due)
         # The owner's supervisor waits on `closing`; `stopped` once it has returned.
