@@ -207,3 +207,88 @@ def test_a_cycle_is_found_and_named() -> None:
         "_a": 1,
         "_b": 0,
     }
+
+
+# -- one writer per piece of state (docs/design.md, "Accounting") ----------------------
+
+COUNTERS = {"pending", "scheduled", "fired", "cancelled"}
+TAG = "inline copy of "
+
+
+def _writes(attributes: set[str]) -> list[tuple[str, int, str]]:
+    """(module, line, source line) of every assignment to one of ``attributes`` on
+    another object (``x.attr = ...``, ``x.attr += ...``) in the core's modules."""
+    found: list[tuple[str, int, str]] = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines), str(path))):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in attributes:
+                    found.append((path.stem, target.lineno, lines[target.lineno - 1]))
+    return found
+
+
+def _tagged(module: str, line: int) -> bool:
+    """Whether the write at ``line`` belongs to a tagged inline copy: the tag on that
+    line or on the one just before it (a copy of two statements)."""
+    lines = (PACKAGE / f"{module}.py").read_text().splitlines()
+    return any(TAG in lines[n - 1] for n in (line, line - 1) if n >= 1)
+
+
+def test_the_counters_have_one_writer() -> None:
+    """The counters change in _engine.py; elsewhere only in a copy tagged with the
+    Engine method it copies (the hot paths of Timer). (_tracing's ``scheduled`` and
+    ``cancelled`` are its own columns, not the counters.)"""
+    outside = [
+        (module, line, text.strip())
+        for module, line, text in _writes(COUNTERS)
+        if module not in ("_engine", "_tracing") and not _tagged(module, line)
+    ]
+    assert outside == []
+    for module, line, _text in _writes(COUNTERS):
+        if module not in ("_engine", "_tracing"):
+            lines = (PACKAGE / f"{module}.py").read_text().splitlines()
+            tag = next(text for text in (lines[line - 1], lines[line - 2]) if TAG in text)
+            method = tag.split(TAG, 1)[1].split()[0]
+            assert method.startswith("Engine."), (module, line, method)
+            assert f"def {method.split('.')[1]}(" in (PACKAGE / "_engine.py").read_text()
+
+
+def test_a_handles_state_has_one_writer() -> None:
+    """A handle's ``_result`` changes in _handle.py's transition methods; elsewhere
+    only in a copy tagged with the method it copies (the pass, ``Timer._cancel``)."""
+    outside = [
+        (module, line, text.strip())
+        for module, line, text in _writes({"_result"})
+        if module != "_handle" and not _tagged(module, line)
+    ]
+    assert outside == []
+    handle_source = (PACKAGE / "_handle.py").read_text()
+    for module, line, _text in _writes({"_result"}):
+        if module != "_handle":
+            lines = (PACKAGE / f"{module}.py").read_text().splitlines()
+            tag = next(text for text in (lines[line - 1], lines[line - 2]) if TAG in text)
+            method = tag.split(TAG, 1)[1].split()[0]
+            assert method.startswith("TimerHandle."), (module, line, method)
+            assert f"def {method.split('.')[1]}(" in handle_source
+
+
+def test_no_module_but_the_driver_imports_trio() -> None:
+    """The backend seam is whole (aiowheel/_driver.py): no other core module imports
+    trio, at module level, inside a function or for types."""
+    importers: set[str] = set()
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            if any(name.split(".")[0] == "trio" for name in names):
+                importers.add(path.stem)
+    assert importers <= {"_driver"}
