@@ -31,7 +31,9 @@ import pytest
 import aiowheel
 
 PACKAGE = Path(aiowheel.__file__).parent
-DESIGN = PACKAGE.parent / "docs" / "design.md"
+# The checkout's docs, beside these tests: the package may be installed elsewhere
+# (nox installs it into its own environment), and its sources are read from there.
+DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 
 RUNTIME = "runtime"
 TYPE_ONLY = "type"
