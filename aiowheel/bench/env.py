@@ -34,6 +34,7 @@ from .contenders import Contender
 
 __all__ = [
     "Env",
+    "GcClock",
     "TraceFactory",
     "TrioNativeTimers",
     "open_env",
@@ -41,6 +42,36 @@ __all__ = [
     "percentile",
     "run_fresh",
 ]
+
+
+class GcClock:
+    """Time spent in the cyclic garbage collector while installed (``gc.callbacks``:
+    from each collection's start to its stop), and how many collections of each
+    generation ran."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self.by_generation = [0, 0, 0]
+        self.longest = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            pause = time.perf_counter() - self._start
+            self.seconds += pause
+            self.longest = max(self.longest, pause)
+            self.collections += 1
+            self.by_generation[info["generation"]] += 1
 
 
 def run_fresh(

@@ -29,6 +29,8 @@ the fastest plain loop at moving a deadline).
                      closed, never run: a test suite makes one per test).
 ``loop-memory``      bytes per pending ``call_later`` timer at N (tracemalloc growth,
                      as ``memory``).
+``loop-collector``   the garbage collector's pauses with N ``call_later`` timers
+                     pending, as ``collector``.
 
 ``loop-reschedule`` and ``loop-steps`` also report the time spent in the garbage
 collector (``gc.callbacks``, from a collection's start to its stop) per operation: on
@@ -54,13 +56,14 @@ from typing import Any, ClassVar
 import aiowheel
 
 from .contenders import Contender
-from .env import Env
+from .env import Env, GcClock
 from .settings import Settings
 from .workload import Metric, RepeatedWorkload
-from .workloads import Memory
+from .workloads import Collector, Memory
 
 __all__ = [
     "LOOP_GROUP",
+    "LoopCollector",
     "LoopFew",
     "LoopMemory",
     "LoopReschedule",
@@ -105,29 +108,6 @@ async def _fill(delays: Sequence[float]) -> list[asyncio.TimerHandle]:
 def _cancel_all(handles: list[asyncio.TimerHandle]) -> None:
     for handle in handles:
         handle.cancel()
-
-
-class _GcClock:
-    """Time spent in the garbage collector while installed (``gc.callbacks``)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.collections = 0
-        self._start = 0.0
-
-    def __enter__(self) -> _GcClock:
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._start
-            self.collections += 1
 
 
 class _LoopWorkload(RepeatedWorkload):
@@ -185,7 +165,7 @@ class LoopReschedule(_LoopWorkload):
         sleep = asyncio.sleep
         perf = time.perf_counter
         gc.collect()
-        with _GcClock() as collector:
+        with GcClock() as collector:
             t0 = perf()
             for batch in data.moves:
                 for i, delay in batch:
@@ -264,7 +244,7 @@ class LoopSteps(_LoopWorkload):
         await asyncio.gather(*[stepper() for _ in range(_STEP_TASKS)])
         plain = time.perf_counter() - t0
         gc.collect()
-        with _GcClock() as collector:
+        with GcClock() as collector:
             t0 = time.perf_counter()
             await asyncio.gather(*[keeper() for _ in range(_STEP_TASKS)])
             keeping = time.perf_counter() - t0
@@ -452,3 +432,14 @@ class LoopMemory(_LoopWorkload, Memory):
             "rloop": "a lower bound: tracemalloc sees Python objects, not rloop's own "
             "Rust allocations (its timer heap)",
         }
+
+
+# -- loop-collector -------------------------------------------------------------------
+
+
+class LoopCollector(_LoopWorkload, Collector):
+    name = "loop-collector"
+    title = "the garbage collector with N call_later timers pending"
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [100_000] if quick else [1_000_000]

@@ -8,10 +8,18 @@ The only module that imports the workloads: they import their interfaces
 from __future__ import annotations
 
 from .kafka import Cycle, Kafka
-from .loop_workloads import LOOP_GROUP, LoopFew, LoopMemory, LoopReschedule, LoopSteps, LoopTimeout
+from .loop_workloads import (
+    LOOP_GROUP,
+    LoopCollector,
+    LoopFew,
+    LoopMemory,
+    LoopReschedule,
+    LoopSteps,
+    LoopTimeout,
+)
 from .server import Server
 from .workload import AnyWorkload
-from .workloads import Churn, Fire, Idle, Memory, Rearm, Spread, TimeoutScope
+from .workloads import Churn, Collector, Fire, Idle, Memory, Rearm, Spread, TimeoutScope
 
 __all__ = ["DEFAULT_WORKLOADS", "GROUPS", "WORKLOADS"]
 
@@ -25,6 +33,7 @@ WORKLOADS: dict[str, AnyWorkload] = {
         Kafka(),
         Cycle(),
         Memory(),
+        Collector(),
         Idle(),
         TimeoutScope(),
         LoopReschedule(),
@@ -32,6 +41,7 @@ WORKLOADS: dict[str, AnyWorkload] = {
         LoopTimeout(),
         LoopFew(),
         LoopMemory(),
+        LoopCollector(),
         Server(),
     )
 }

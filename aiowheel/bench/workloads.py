@@ -17,6 +17,9 @@ repetition: all contenders see the same workload.
 ``spread``  N timers due uniformly over 5 s: driver wake-ups (loop iterations for the
             peers), CPU seconds per million fired, lateness p99.
 ``memory``  bytes per pending timer at N (tracemalloc growth over N pending timers).
+``collector`` N pending timers and the cyclic garbage collector: the pause of a full
+            collection and of a young one (``gc.callbacks``, start to stop), and what
+            each pending timer adds to a full collection (ns per timer).
 ``idle``    N connections, each with an idle timeout re-armed on every read; reads hit
             random connections flat out for a few seconds, after a warm-up of one
             timeout: ns per read, everything included (aiowheel ``reset``; uvicorn's
@@ -47,12 +50,21 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .contenders import Contender
-from .env import Env, percentile
+from .env import Env, GcClock, percentile
 from .results import Result
 from .settings import Settings
 from .workload import Metric, RepeatedWorkload
 
-__all__ = ["Churn", "Fire", "Idle", "Memory", "Rearm", "Spread", "TimeoutScope"]
+__all__ = [
+    "Churn",
+    "Collector",
+    "Fire",
+    "Idle",
+    "Memory",
+    "Rearm",
+    "Spread",
+    "TimeoutScope",
+]
 
 _BATCH = 1_000
 #: churn's time budget stops the pairs no sooner than this many batches.
@@ -303,6 +315,105 @@ class Memory(RepeatedWorkload):
                 f"deadline ({_MEMORY_LEAD:g} s): some fired, so the figure would be low"
             )
         return {"bytes": (after - before) / max(n, 1), "_n": float(n)}
+
+
+# -- collector ----------------------------------------------------------------------
+
+#: Timed collections per figure (the median is kept): full ones walk every pending
+#: timer, young ones only what is new.
+_FULL_COLLECTIONS: Final = 3
+_YOUNG_COLLECTIONS: Final = 7
+
+
+def _pause(generation: int, times: int) -> float:
+    """The median pause of ``times`` collections of ``generation`` (seconds), each
+    timed by ``gc.callbacks`` from its start to its stop."""
+    pauses = []
+    for _ in range(times):
+        with GcClock() as clock:
+            gc.collect(generation)
+        pauses.append(clock.seconds)
+    return sorted(pauses)[len(pauses) // 2]
+
+
+class Collector(RepeatedWorkload):
+    """What N pending timers cost CPython's cyclic garbage collector.
+
+    A full collection visits every object the collector tracks; a pending timer is
+    one or more of them (its handle, the callback's arguments, the ``Context`` it
+    runs in) for as long as it is pending, and a server holding a million timeouts
+    pays that in every full collection, as a pause of the whole loop. Young
+    collections visit only what was allocated since the last one: with the timers
+    already there, their pause should not grow with N.
+
+    Measured with the harness frozen (``gc.freeze()`` after the deadlines are drawn,
+    as ``kafka`` does and docs/purgatory.md advises a server), so that a collection
+    walks the event loop and what the contender allocated, nothing of the bench's:
+    first with nothing pending, then with N timers pending (deadlines 600 to 630 s
+    out: none fires). ``per_timer_ns`` is the difference over N. ``tracked`` counts
+    the objects the collector tracks per pending timer (``gc.get_objects()``, which
+    leaves out the frozen ones): the pause's cause, without the machine's noise.
+    """
+
+    name = "collector"
+    title = "the garbage collector with N timers pending"
+    metrics = (
+        Metric("full_ms", "full collection (gc.collect()) pause", "ms", "lower"),
+        Metric("young_us", "young collection (gc.collect(0)) pause", "us", "lower"),
+        Metric("per_timer_ns", "a pending timer's share of a full collection", "ns", "lower"),
+        Metric("tracked", "objects the collector tracks per pending timer", "", "lower"),
+    )
+    kinds = frozenset({"aiowheel", "call_later"})
+    traced = False  # its timers never end: a trace would be N cancellations
+
+    def default_sizes(self, quick: bool) -> list[int]:
+        return [100_000] if quick else [1_000_000]
+
+    def prepare(self, n: int, rep: int, settings: Settings) -> list[float]:
+        rng = _rng(settings, self.name, n, rep)
+        return [_MEMORY_LEAD + rng.uniform(0.0, 30.0) for _ in range(n)]
+
+    def params(self, settings: Settings) -> dict[str, Any]:
+        return {
+            "method": "gc.callbacks, a collection's start to its stop; medians of "
+            f"{_FULL_COLLECTIONS} full and {_YOUNG_COLLECTIONS} young collections",
+            "harness": "gc.freeze() before the timers are scheduled",
+            "deadlines": f"{_MEMORY_LEAD:g} to {_MEMORY_LEAD + 30:g} s ahead (none fires)",
+        }
+
+    async def run(
+        self, env: Env, n: int, data: list[float], settings: Settings, state: dict[str, float]
+    ) -> dict[str, float]:
+        schedule = env.call_later
+        noop = _noop
+        await _settle(env)
+        gc.collect()
+        gc.freeze()
+        try:
+            empty = _pause(2, _FULL_COLLECTIONS)
+            objects = len(gc.get_objects())
+            t0 = time.perf_counter()
+            for delay in data:
+                schedule(delay, noop)
+            await _settle(env)
+            took = time.perf_counter() - t0
+            full = _pause(2, _FULL_COLLECTIONS)
+            young = _pause(0, _YOUNG_COLLECTIONS)
+            tracked = len(gc.get_objects()) - objects
+        finally:
+            gc.unfreeze()
+        if took >= _MEMORY_LEAD:
+            raise RuntimeError(
+                f"collector: scheduling {n:,} timers took {took:.0f} s, past the first "
+                f"deadline ({_MEMORY_LEAD:g} s): some fired"
+            )
+        return {
+            "full_ms": full * 1e3,
+            "young_us": young * 1e6,
+            "per_timer_ns": max(0.0, full - empty) / max(n, 1) * 1e9,
+            "tracked": tracked / max(n, 1),
+            "_empty_ms": empty * 1e3,
+        }
 
 
 # -- fire ---------------------------------------------------------------------------

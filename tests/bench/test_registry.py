@@ -20,6 +20,7 @@ def test_every_workload_in_the_default_order() -> None:
         "kafka",
         "purgatory",
         "memory",
+        "collector",
         "idle",
         "timeout",
         "loop-reschedule",
@@ -27,6 +28,7 @@ def test_every_workload_in_the_default_order() -> None:
         "loop-timeout",
         "loop-few",
         "loop-memory",
+        "loop-collector",
         "server",
     ]
     for name, workload in WORKLOADS.items():

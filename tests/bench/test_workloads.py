@@ -81,7 +81,7 @@ def test_workload_figures_are_plausible(
     # runs of the test above when it ran first: no need to measure twice).
     results = [
         row
-        for workload in ("fire", "spread", "memory")
+        for workload in ("fire", "spread", "memory", "collector")
         for row in results_of(run_alone(runs, capsys, workload))
     ]
 
@@ -112,6 +112,12 @@ def test_workload_figures_are_plausible(
     for name, row in figures("memory", "bytes").items():
         if name in AIOWHEEL:
             assert row["min"] >= TimerHandle.__basicsize__, name
+    # A pending timer is at least one object the collector tracks (its handle), on
+    # every contender; the collections were timed.
+    for name, row in figures("collector", "tracked").items():
+        assert row["min"] >= 1, name
+    for row in figures("collector", "full_ms").values():
+        assert row["min"] > 0
 
 
 def test_trio_native_sits_out_sizes_above_the_task_cap() -> None:
