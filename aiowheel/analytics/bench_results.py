@@ -37,11 +37,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HEADLINE_COLUMNS",
+    "KAFKA_RATE_COLUMNS",
     "BenchResults",
     "BenchResultsError",
     "drop_in",
     "find_bench_results",
     "headline",
+    "kafka_rates",
     "load_bench_results",
 ]
 
@@ -253,6 +255,54 @@ def _ratio_frame(bench: BenchResults, kind: str) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=list(HEADLINE_COLUMNS))
+
+
+#: kafka_rates' columns: one row per contender, case, target rate and figure.
+KAFKA_RATE_COLUMNS: Final = (
+    "contender",
+    "case",
+    "rate",
+    "metric",
+    "label",
+    "unit",
+    "value",
+    "sustained",
+)
+
+
+def kafka_rates(bench: BenchResults) -> pd.DataFrame:
+    """The kafka workload's figures at its fixed target rates (CPU per 1,000,000
+    requests, the collector's time per second), as Kafka's proposal drew them against
+    the offered rate; ``sustained`` is the contender's sustained rate in that case (NaN
+    when the run has none). A rate a contender fell behind at has no row. Empty when
+    the run measured no target rate."""
+    import pandas as pd
+
+    sustained: dict[tuple[str, str], float] = {}
+    rows: list[dict[str, Any]] = []
+    for r in bench.results:
+        if r["workload"] != "kafka":
+            continue
+        params = r.get("params") or {}
+        value = _float(r.get("median"))
+        if r["metric"] == "sustained_rps" and "rate" not in params:
+            sustained[(r["contender"], str(r["variant"]))] = value
+        if "rate" not in params or r.get("skipped") or math.isnan(value):
+            continue
+        rows.append(
+            {
+                "contender": r["contender"],
+                "case": str(params.get("case", "")),
+                "rate": _float(params["rate"]),
+                "metric": r["metric"],
+                "label": r.get("label", r["metric"]),
+                "unit": r.get("unit", ""),
+                "value": value,
+            }
+        )
+    for row in rows:
+        row["sustained"] = sustained.get((row["contender"], row["case"]), math.nan)
+    return pd.DataFrame(rows, columns=list(KAFKA_RATE_COLUMNS))
 
 
 def _float(value: Any) -> float:

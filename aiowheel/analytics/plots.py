@@ -30,6 +30,7 @@ __all__ = [
     "contender_colour",
     "metric_name",
     "plot_headline",
+    "plot_kafka_rates",
     "plot_lateness_cdf",
     "plot_lateness_p99",
     "plot_rates",
@@ -552,6 +553,56 @@ def plot_rates(windows: pd.DataFrame, path: Path) -> Figure:
         ax.set_xlabel("seconds since the run started", fontsize=8)
     _legend(figure, "Timers fired and cancelled per second, per workload", windows["contender"])
     _footnote(figure, left_out)
+    return _save(figure, path)
+
+
+# -- kafka's figures against the offered rate ---------------------------------------
+
+
+def plot_kafka_rates(rates: pd.DataFrame, path: Path) -> Figure:
+    """Kafka's proposal's figure: CPU per 1,000,000 requests (left) and the
+    collector's time per second (right) against the offered rate, one line per
+    contender, one row per case (``bench_results.kafka_rates``' frame). A line ends
+    where its contender fell behind; a dotted vertical mark is its sustained rate."""
+    cases = list(dict.fromkeys(rates["case"])) or [""]
+    figure, axes = _figure(len(cases), 2, 2.6)
+    panels = (
+        ("cpu_s_per_m", "CPU s per 1,000,000 requests"),
+        ("gc_ms_per_s", "collector ms per s"),
+    )
+    for row_axes, case in zip(axes, cases, strict=True):
+        part = rates[rates["case"] == case]
+        for ax, (metric, what) in zip(row_axes, panels, strict=True):
+            ax.set_title(f"kafka {case}: {what}", loc="left", fontsize=10)
+            lines = part[part["metric"] == metric]
+            if lines.empty:
+                _empty(ax, "no contender held any target rate")
+                continue
+            for contender in contender_order(lines["contender"]):
+                line = lines[lines["contender"] == contender].sort_values("rate")
+                colour = contender_colour(contender)
+                ax.plot(
+                    line["rate"],
+                    line["value"],
+                    color=colour,
+                    marker="o",
+                    markersize=4,
+                    linewidth=1.6,
+                    zorder=_zorder(contender),
+                )
+                held = float(line["sustained"].iloc[0])
+                if math.isfinite(held) and held > 0:
+                    ax.axvline(held, color=colour, linestyle=":", linewidth=1.0, alpha=0.7)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.25)
+            ax.xaxis.set_major_formatter(_count_formatter())
+            ax.set_xlabel("offered rate (requests/s)", fontsize=8)
+    _legend(
+        figure,
+        "Kafka's purgatory benchmark: cost against the offered rate (lower is better;"
+        " dotted: each contender's sustained rate)",
+        rates["contender"],
+    )
     return _save(figure, path)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from .bench_results import BenchResults
+from .bench_results import BenchResults, kafka_rates
 from .inputs import TraceFiles, completeness_lines, sampling_lines
 from .plots import metric_name, times
 from .schema import (
@@ -18,6 +18,7 @@ from .schema import (
     CDF_PNG,
     HEADLINE_PNG,
     IMPOSSIBLY_EARLY_S,
+    KAFKA_PNG,
     P99_PNG,
     RATES_PNG,
     SEARCHED_WORKLOADS,
@@ -315,6 +316,55 @@ The figures (medians) behind the ratios:
 """
 
 
+def _kafka_section(headline: Headline) -> str:
+    """Kafka's figures against the offered rate (issue 31): the figure, and the
+    medians behind it; empty when the bench measured no target rate."""
+    if headline.bench is None:
+        return ""
+    rates = kafka_rates(headline.bench)
+    if rates.empty:
+        return ""
+    names = contender_order(rates["contender"])
+    tables = []
+    for metric, title in (
+        ("cpu_s_per_m", "CPU seconds per 1,000,000 requests"),
+        ("gc_ms_per_s", "the collector's milliseconds per second of load"),
+    ):
+        part = rates[rates["metric"] == metric]
+        keys = list(dict.fromkeys(zip(part["case"], part["rate"], strict=True)))
+        rows = []
+        for case, rate in keys:
+            at = part[(part["case"] == case) & (part["rate"] == rate)]
+            values = dict(zip(at["contender"], at["value"], strict=True))
+            rows.append(
+                [
+                    f"{case} at {rate:,.0f} req/s",
+                    *(f"{_figure(values[n])}" if n in values else "behind" for n in names),
+                ]
+            )
+        tables.append(f"{title}:\n\n{_markdown_table(['offered', *names], rows, 1)}")
+    held = rates.drop_duplicates(["contender", "case"])
+    sustained = ", ".join(
+        f"`{row.contender}` {row.sustained:,.0f} req/s ({row.case})"
+        for row in held.itertuples()
+        if math.isfinite(row.sustained)
+    )
+    return f"""## Kafka's purgatory benchmark: cost against the offered rate
+
+As Kafka's purgatory proposal measured its timer: each contender held at fixed
+request rates (requests with a 200 ms timeout, most completed before it), the process's
+CPU per 1,000,000 requests and the time the cyclic garbage collector ran, per second
+of load. Lower is better; "behind" means the contender could not hold that rate.
+Sustained rates (the search above): {sustained or "none"}.
+
+![Kafka's figures against the offered rate]({KAFKA_PNG})
+
+{tables[0]}
+
+{tables[1]}
+"""
+
+
 def _drop_in_figures(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Medians: one row per workload variant and metric, one column per contender."""
     # Each plain loop next to the drop-in loop on its base.
@@ -576,6 +626,7 @@ def render_markdown(
 {sampled_section(files)}
 {_headline_section(headline)}
 {_drop_in_section(headline)}
+{_kafka_section(headline)}
 ## The traces
 
 {rows:,} timers from {len(paths)} trace file(s), analysed with Spark {version} ({master}).

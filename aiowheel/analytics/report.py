@@ -44,6 +44,7 @@ from .bench_results import (
     drop_in,
     find_bench_results,
     headline,
+    kafka_rates,
     load_bench_results,
 )
 from .inputs import (
@@ -61,6 +62,7 @@ from .schema import (
     BENCH_RESULTS,
     CDF_PNG,
     HEADLINE_PNG,
+    KAFKA_PNG,
     OUTPUTS,
     P99_PNG,
     RATES_PNG,
@@ -846,6 +848,10 @@ def _write_outputs(
             subtitle = headline_subtitle(source.bench)
             plots.plot_headline(source.ratios, staging / HEADLINE_PNG, subtitle)
             written.append(HEADLINE_PNG)
+        rates = kafka_rates(source.bench) if source.bench is not None else None
+        if rates is not None and not rates.empty:
+            plots.plot_kafka_rates(rates, staging / KAFKA_PNG)
+            written.append(KAFKA_PNG)
         plots.plot_lateness_cdf(result.summary, staging / CDF_PNG)
         written.append(CDF_PNG)
         per_run = result.windows.groupby("run_id")["elapsed_s"].max()

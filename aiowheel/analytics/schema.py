@@ -20,6 +20,7 @@ __all__ = [
     "CONTENDERS",
     "HEADLINE_PNG",
     "IMPOSSIBLY_EARLY_S",
+    "KAFKA_PNG",
     "LIFETIME_QUANTILES",
     "OUTPUTS",
     "P99_PNG",
@@ -78,8 +79,11 @@ HEADLINE_PNG: Final = "headline.png"
 CDF_PNG: Final = "lateness_cdf.png"
 P99_PNG: Final = "lateness_p99.png"
 RATES_PNG: Final = "fired_cancelled.png"
+#: Kafka's figures against the offered rate (only when the bench measured them).
+KAFKA_PNG: Final = "kafka_rates.png"
 REPORT_MD: Final = "report.md"
-#: Every file the report may write (headline.png only with the bench's results).
+#: Every file the report may write (headline.png only with the bench's results,
+#: kafka_rates.png only when they hold kafka's target rates).
 OUTPUTS: Final = (
     SUMMARY_PARQUET,
     SUMMARY_CSV,
@@ -88,6 +92,7 @@ OUTPUTS: Final = (
     CDF_PNG,
     P99_PNG,
     RATES_PNG,
+    KAFKA_PNG,
     REPORT_MD,
 )
 

@@ -104,6 +104,20 @@ def _rates(text: str) -> tuple[float, float]:
     return start, top
 
 
+def _targets(text: str) -> tuple[float, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        rates = tuple(float(p.replace("_", "")) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected req/s separated by commas (or none), got {text!r}"
+        ) from None
+    if not all(0 < r < float("inf") for r in rates):
+        raise argparse.ArgumentTypeError(f"every rate must be a positive number, got {text!r}")
+    return tuple(sorted(set(rates)))
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text.replace("_", ""))
@@ -230,6 +244,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="kafka: search from START doubling up to at most MAX req/s (25000,1600000)",
     )
     parser.add_argument(
+        "--kafka-targets",
+        type=_targets,
+        metavar="RATE,...",
+        help="kafka: fixed rates at which CPU and collector time are measured, as Kafka's "
+        "proposal did (25000,50000,100000; none: skip)",
+    )
+    parser.add_argument(
+        "--kafka-target-seconds",
+        type=_seconds,
+        help="kafka: seconds of load at each fixed rate (3; 1 quick)",
+    )
+    parser.add_argument(
         "--loop-seconds",
         type=_seconds,
         help="loop-few: seconds the N tasks sleep 1 ms over and over (1; 0.3 quick)",
@@ -321,6 +347,10 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         kafka_seconds=ns.kafka_seconds or (1.0 if quick else 10.0),
         kafka_start_rate=ns.kafka_rates[0] if ns.kafka_rates else 25_000.0,
         kafka_max_rate=ns.kafka_rates[1] if ns.kafka_rates else 1_600_000.0,
+        kafka_targets=(
+            ns.kafka_targets if ns.kafka_targets is not None else (25_000.0, 50_000.0, 100_000.0)
+        ),
+        kafka_target_seconds=ns.kafka_target_seconds or (1.0 if quick else 3.0),
         loop_seconds=ns.loop_seconds or (0.3 if quick else 1.0),
         server_seconds=ns.server_seconds,
         server_rounds=ns.reps,

@@ -35,6 +35,16 @@ raised to ``GC_YOUNG_THRESHOLD``, as docs/purgatory.md advises a server, for eve
 contender alike. Contenders are probed
 in turn, step by step (ABAB...), so drift hits all of them alike.
 
+Then, as the proposal also did, each contender is held at fixed target rates
+(``--kafka-targets``: 25,000, 50,000 and 100,000 req/s by default) for
+``--kafka-target-seconds`` (3 s; 1 s quick), and two figures are read at each: the CPU
+seconds the process spent per 1,000,000 requests (``time.process_time()``: the
+load generator's share is the same for every contender), and the time the cyclic
+garbage collector ran per second of load (``gc.callbacks``, a collection's start to
+its stop). A contender that falls behind at a rate has no figure there: it is
+saturated below it (the proposal's lines end at saturation too). Their variants are
+named ``"<case> at <rate>"``; ``aiowheel report`` draws CPU against rate.
+
 It is a ``SearchedWorkload`` (``workload.py``): the runner hands it the contenders
 and it returns every figure.
 
@@ -60,12 +70,21 @@ from typing import Any
 import aiowheel
 
 from .contenders import Contender
-from .env import Env, open_env, percentile, run_fresh
+from .env import Env, GcClock, open_env, percentile, run_fresh
 from .results import Result
 from .settings import Settings
 from .workload import Metric, Progress, Remote, RepeatedWorkload, SearchedWorkload, Trace
 
-__all__ = ["CASES", "GC_YOUNG_THRESHOLD", "Cycle", "Kafka", "ProbeResult", "run_probe"]
+__all__ = [
+    "CASES",
+    "GC_YOUNG_THRESHOLD",
+    "TARGET_METRICS",
+    "Cycle",
+    "Kafka",
+    "ProbeResult",
+    "run_probe",
+    "target_variant",
+]
 
 TIMEOUT = 0.200
 #: case -> (completion p50, p75), seconds
@@ -93,6 +112,21 @@ class ProbeResult:
     completed: int
     cpu_pct: float
     implementation: str
+    #: CPU seconds of the whole process over the probe's load.
+    cpu_s: float = 0.0
+    #: The cyclic collector's time over the probe's load, and its collections.
+    gc_s: float = 0.0
+    gc_collections: int = 0
+
+    @property
+    def cpu_s_per_m(self) -> float:
+        """CPU seconds per 1,000,000 requests."""
+        return self.cpu_s / self.arrivals * 1e6 if self.arrivals else math.nan
+
+    @property
+    def gc_ms_per_s(self) -> float:
+        """The collector's milliseconds per second of load."""
+        return self.gc_s / self.seconds * 1e3
 
 
 # The harness keeps its numbers in arrays of C doubles, not lists of floats: a list is
@@ -240,33 +274,34 @@ async def run_probe(
     lags: array[float] = array("d")
     lag = lags.append
     key = 0
-    cpu0 = time.process_time()
-    start = now()
-    end = start + seconds
-    next_arrival = start + exponential[0] * spacing
-    while True:
-        t = now()
-        if t >= end:
-            break
-        burst = 0
-        while next_arrival <= t and burst < _MAX_BURST:
-            lag(t - next_arrival)
-            request = arrive(key, t)
-            draw = completion[key % size]
-            if draw < TIMEOUT:
-                push(heap, (t + draw, key, request))
-            key += 1
-            burst += 1
-            next_arrival += exponential[key % size] * spacing
-        while heap and heap[0][0] <= t:
-            complete(pop(heap)[2])
-        wake = min(next_arrival, heap[0][0]) if heap else next_arrival
-        delay = wake - now()
-        if delay > 0.0005:
-            await sleep(delay)
-        else:
-            await checkpoint()
-    cpu = time.process_time() - cpu0
+    with GcClock() as collector:  # the collector's time over the load alone
+        cpu0 = time.process_time()
+        start = now()
+        end = start + seconds
+        next_arrival = start + exponential[0] * spacing
+        while True:
+            t = now()
+            if t >= end:
+                break
+            burst = 0
+            while next_arrival <= t and burst < _MAX_BURST:
+                lag(t - next_arrival)
+                request = arrive(key, t)
+                draw = completion[key % size]
+                if draw < TIMEOUT:
+                    push(heap, (t + draw, key, request))
+                key += 1
+                burst += 1
+                next_arrival += exponential[key % size] * spacing
+            while heap and heap[0][0] <= t:
+                complete(pop(heap)[2])
+            wake = min(next_arrival, heap[0][0]) if heap else next_arrival
+            delay = wake - now()
+            if delay > 0.0005:
+                await sleep(delay)
+            else:
+                await checkpoint()
+        cpu = time.process_time() - cpu0
     backlog = max(0.0, end - next_arrival)
     lags_sorted = sorted(lags)
     late = sorted(counters.late)
@@ -286,6 +321,9 @@ async def run_probe(
         completed=counters.completed,
         cpu_pct=100.0 * cpu / seconds,
         implementation=implementation,
+        cpu_s=cpu,
+        gc_s=collector.seconds,
+        gc_collections=collector.collections,
     )
 
 
@@ -375,26 +413,51 @@ class _Search:
             self.rate = math.sqrt(self.lo * self.hi)
 
 
+#: The figures read at each fixed target rate (variant ``target_variant(case, rate)``).
+TARGET_METRICS = (
+    Metric("cpu_s_per_m", "CPU per 1,000,000 requests at this rate", "s", "lower"),
+    Metric("gc_ms_per_s", "collector's time per second at this rate", "ms", "lower"),
+)
+
+
+def target_variant(case: str, rate: float) -> str:
+    """The variant of the figures read at a fixed target rate."""
+    return f"{case} at {rate:,.0f} req/s"
+
+
 class Kafka(SearchedWorkload):
     name = "kafka"
-    title = "Kafka purgatory proposal: highest sustained request rate"
-    metrics = (
+    title = "Kafka purgatory proposal: sustained rate, and CPU and collector time at fixed rates"
+    search_metrics = (
         Metric("sustained_rps", "sustained rate", "req/s", "higher"),
         Metric("probe_rps", "highest rate passing a search probe", "req/s", "higher"),
         Metric("late_p99_ms", "expiry lateness p99 at that rate", "ms", "lower", ratio=False),
         Metric("cpu_pct", "CPU at that rate", "%", "lower", ratio=False),
     )
+    metrics = (*search_metrics, *TARGET_METRICS)
 
     def __init__(self) -> None:
         self._pools: _Pools | None = None
         self._pool_key: tuple[int, tuple[str, ...], int] | None = None
 
     def variants(self, settings: Settings) -> list[str]:
-        return list(settings.kafka_cases)
+        return [
+            *settings.kafka_cases,
+            *(
+                target_variant(case, rate)
+                for case in settings.kafka_cases
+                for rate in settings.kafka_targets
+            ),
+        ]
+
+    def variant_metrics(self, variant: str) -> tuple[Metric, ...]:
+        return self.search_metrics if variant in CASES else TARGET_METRICS
 
     def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
-        # A typical search: about 6 probes, a confirmation and a traced probe.
-        return 8 * len(settings.kafka_cases) * len(contenders)
+        # A typical search: about 6 probes, a confirmation and a traced probe; then
+        # one probe per target rate.
+        per_case = 8 + len(settings.kafka_targets)
+        return per_case * len(settings.kafka_cases) * len(contenders)
 
     def pools(self, settings: Settings) -> _Pools:
         # Enough draws for the longest probe at the highest rate, up to _POOL (then
@@ -416,6 +479,10 @@ class Kafka(SearchedWorkload):
             "max_lag_ms": settings.kafka_max_lag * 1e3,
             "aiowheel": "Purgatory",
             "gc": f"gc.freeze() after start-up; gc.set_threshold({GC_YOUNG_THRESHOLD}, ...)",
+            "target_rates": list(settings.kafka_targets),
+            "target_s": settings.kafka_target_seconds,
+            "cpu": "time.process_time() of the whole process over the load",
+            "collector": "gc.callbacks: each collection's start to its stop",
         }
 
     def probe_once(
@@ -524,7 +591,7 @@ class Kafka(SearchedWorkload):
                         n=None,
                         params=extra,
                     )
-                    for metric in self.metrics
+                    for metric in self.search_metrics
                 )
                 traced = trace(f"kafka-{case}", search.contender) if search.sustained else None
                 if traced is not None:
@@ -538,6 +605,59 @@ class Kafka(SearchedWorkload):
                         settings,
                         recorder,
                     )
+            results.extend(self._at_targets(settings, contenders, case, probe, progress))
+        return results
+
+    def _at_targets(
+        self,
+        settings: Settings,
+        contenders: list[Contender],
+        case: str,
+        probe: Callable[[Contender, float, float, str], ProbeResult],
+        progress: Progress,
+    ) -> list[Result]:
+        """CPU per request and the collector's time at each fixed target rate, every
+        contender in turn at each rate (so that drift hits all alike)."""
+        results: list[Result] = []
+        params = self.params(settings)
+        seconds = settings.kafka_target_seconds
+        for rate in settings.kafka_targets:
+            variant = target_variant(case, rate)
+            for contender in contenders:
+                progress(f"kafka {case}: {contender.name} at {rate:,.0f}/s for {seconds:g} s")
+                p = probe(contender, rate, seconds, case)
+                extra = {
+                    **params,
+                    "case": case,
+                    "rate": rate,
+                    "implementation": p.implementation,
+                    "probe": {
+                        "ok": p.ok,
+                        "achieved_rps": round(p.achieved),
+                        "lag_p99_ms": round(p.lag_p99_ms, 3),
+                        "backlog_ms": round(p.backlog_ms, 3),
+                        "late_p99_ms": round(p.late_p99_ms, 3),
+                        "cpu_s": round(p.cpu_s, 4),
+                        "gc_s": round(p.gc_s, 4),
+                        "gc_collections": p.gc_collections,
+                    },
+                }
+                # Behind at this rate: saturated below it, so no figure (a CPU per
+                # request read while falling behind is not the rate's).
+                skipped = None if p.ok else f"fell behind at {rate:,.0f} req/s (saturated)"
+                values = {"cpu_s_per_m": p.cpu_s_per_m, "gc_ms_per_s": p.gc_ms_per_s}
+                results.extend(
+                    self.result(
+                        metric,
+                        contender,
+                        [] if skipped else [values[metric.key]],
+                        variant=variant,
+                        n=None,
+                        params=extra,
+                        skipped=skipped,
+                    )
+                    for metric in TARGET_METRICS
+                )
         return results
 
 

@@ -227,7 +227,7 @@ class Runner:
                     metric, contender, [], variant=variant, n=None, params=params, skipped=reason
                 )
                 for contender, reason in self._skipped(workload, None)
-                for metric in workload.metrics
+                for metric in workload.variant_metrics(variant)
             )
         fill_ratios(results)
         self.results.extend(results)

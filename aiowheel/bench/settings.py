@@ -48,6 +48,10 @@ class Settings:
     #: kafka: the search starts at this rate and stops at the maximum (req/s).
     kafka_start_rate: float = 25_000.0
     kafka_max_rate: float = 1_600_000.0
+    #: kafka: the fixed rates (req/s) at which the CPU and the collector's time are
+    #: measured, as Kafka's proposal did (empty: none), and each probe's length.
+    kafka_targets: tuple[float, ...] = (25_000.0, 50_000.0, 100_000.0)
+    kafka_target_seconds: float = 3.0
     #: loop-few: seconds the N tasks sleep 1 ms over and over.
     loop_seconds: float = 1.0
     #: server: seconds of load per phase (None: 0.5 quick, 2 otherwise).
@@ -77,6 +81,8 @@ class Settings:
             "kafka_cases": list(self.kafka_cases),
             "kafka_probe": self.kafka_probe,
             "kafka_seconds": self.kafka_seconds,
+            "kafka_targets": list(self.kafka_targets),
+            "kafka_target_seconds": self.kafka_target_seconds,
             "loop_seconds": self.loop_seconds,
             "server_seconds": self.server_seconds,
             "server_rounds": self.server_rounds,

@@ -179,6 +179,10 @@ class SearchedWorkload(Workload):
     def variants(self, settings: Settings) -> list[str]:
         """The variants ``measure`` returns results for (kafka: its cases)."""
 
+    def variant_metrics(self, variant: str) -> tuple[Metric, ...]:
+        """The metrics a variant has (kafka's target rates have figures of their own)."""
+        return self.metrics
+
     @abstractmethod
     def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
         """About how many ``progress`` calls ``measure`` makes (for the progress bar)."""

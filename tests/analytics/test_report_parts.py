@@ -743,3 +743,97 @@ def test_the_cdf_legend_names_only_what_its_panels_draw_and_its_ticks_do_not_col
     assert len([t for t in ticks if t < 0]) == 1  # one label on the early side
     assert 0.0 in ticks
     assert cdf_ax.xaxis.get_minor_locator().tick_values(0, 1) == []
+
+
+# == kafka's figures against the offered rate (issue 31) ====================================
+
+
+def _kafka_bench(tmp_path: Path) -> Any:
+    """bench-results.json of a kafka run with two target rates; call_later-asyncio fell
+    behind at the higher one."""
+    import json
+
+    def row(
+        variant: str, metric: str, name: str, median: float | None, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        kind, backend = name.split("-")
+        return {
+            "type": "result", "workload": "kafka", "variant": variant, "n": None,
+            "metric": metric, "label": metric, "unit": "s", "better": "lower",
+            "contender": name, "kind": kind, "backend": backend, "core": None,
+            "core_reason": None, "median": median, "min": median, "max": median,
+            "samples": [] if median is None else [median], "reps": 1, "ratios": {},
+            "skipped": None if median is not None else "fell behind at 50,000 req/s",
+            "params": params,
+        }  # fmt: skip
+
+    results = [
+        row("high", "sustained_rps", "aiowheel-asyncio", 80_000.0, {"case": "high"}),
+        row("high", "sustained_rps", "call_later-asyncio", 40_000.0, {"case": "high"}),
+    ]
+    for rate, ours, theirs in ((25_000.0, 6.0, 9.0), (50_000.0, 5.5, None)):
+        at = {"case": "high", "rate": rate}
+        variant = f"high at {rate:,.0f} req/s"
+        results += [
+            row(variant, "cpu_s_per_m", "aiowheel-asyncio", ours, at),
+            row(variant, "gc_ms_per_s", "aiowheel-asyncio", ours / 10, at),
+            row(variant, "cpu_s_per_m", "call_later-asyncio", theirs, at),
+            row(variant, "gc_ms_per_s", "call_later-asyncio", theirs and theirs / 10, at),
+        ]
+    path = tmp_path / "bench-results.json"
+    path.write_text(json.dumps({"version": 1, "settings": {"quick": True, "reps": 1},
+                                "machine": {}, "results": results}))  # fmt: skip
+    return load_bench_results(path)
+
+
+def test_kafka_target_rates_are_drawn_against_the_offered_rate(tmp_path: Path) -> None:
+    from aiowheel.analytics.bench_results import kafka_rates
+
+    bench = _kafka_bench(tmp_path)
+    rates = kafka_rates(bench)
+    # A rate a contender fell behind at has no row; the search's figures are not here.
+    assert sorted(zip(rates["contender"], rates["rate"], rates["metric"], strict=True)) == [
+        ("aiowheel-asyncio", 25_000.0, "cpu_s_per_m"),
+        ("aiowheel-asyncio", 25_000.0, "gc_ms_per_s"),
+        ("aiowheel-asyncio", 50_000.0, "cpu_s_per_m"),
+        ("aiowheel-asyncio", 50_000.0, "gc_ms_per_s"),
+        ("call_later-asyncio", 25_000.0, "cpu_s_per_m"),
+        ("call_later-asyncio", 25_000.0, "gc_ms_per_s"),
+    ]
+    held = dict(zip(rates["contender"], rates["sustained"], strict=False))
+    assert held == {"aiowheel-asyncio": 80_000.0, "call_later-asyncio": 40_000.0}
+    figure = plots.plot_kafka_rates(rates, tmp_path / schema.KAFKA_PNG)
+    assert (tmp_path / schema.KAFKA_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    titles = _panel_titles(figure)
+    assert titles == ["kafka high: CPU s per 1,000,000 requests", "kafka high: collector ms per s"]
+    cpu_ax = figure.axes[0]
+    # One line per contender in its colour, ending where it fell behind; a dotted mark
+    # at each sustained rate.
+    solid = {
+        to_hex(line.get_color()): list(line.get_xdata())
+        for line in cpu_ax.lines
+        if line.get_linestyle() == "-"
+    }
+    assert solid == {
+        plots.contender_colour("aiowheel-asyncio"): [25_000.0, 50_000.0],
+        plots.contender_colour("call_later-asyncio"): [25_000.0],
+    }
+    dotted = sorted(line.get_xdata()[0] for line in cpu_ax.lines if line.get_linestyle() == ":")
+    assert dotted == [40_000.0, 80_000.0]
+
+    summary = _bench_runs(["fire"])
+    text = render.render_markdown(
+        summary.drop(columns=["lateness_cdf"]), _files(), 4, "local[2]", "4.3.0",
+        Headline(bench, headline(bench), ""),
+    )  # fmt: skip
+    assert "\n## Kafka's purgatory benchmark: cost against the offered rate\n" in text
+    assert f"]({schema.KAFKA_PNG})" in text
+    assert text.index("## Kafka's purgatory") < text.index("## The traces")
+    assert "| high at 25,000 req/s | 6 | 9 |" in text
+    assert "| high at 50,000 req/s | 5.5 | behind |" in text
+    assert "`aiowheel-asyncio` 80,000 req/s (high)" in text
+
+
+def test_no_kafka_section_without_target_rates() -> None:
+    bench = load_bench_results(BENCH)
+    assert render._kafka_section(Headline(bench, headline(bench), "")) == ""

@@ -46,6 +46,10 @@ TINY = [
     "0.1",
     "--kafka-rates",
     "2000,4000",
+    "--kafka-targets",
+    "2000,3000",
+    "--kafka-target-seconds",
+    "0.1",
     "--loop-seconds",
     "0.02",
 ]

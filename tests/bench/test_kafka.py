@@ -8,7 +8,7 @@ import pytest
 from bench_support import TINY, applicable, results_of, run_json
 
 from aiowheel.bench.contenders import CONTENDERS
-from aiowheel.bench.kafka import Cycle, Kafka, ProbeResult, _Search
+from aiowheel.bench.kafka import TARGET_METRICS, Cycle, Kafka, ProbeResult, _Search
 from aiowheel.bench.registry import WORKLOADS
 from aiowheel.bench.settings import Settings
 from aiowheel.bench.workload import SearchedWorkload
@@ -16,7 +16,7 @@ from aiowheel.bench.workload import SearchedWorkload
 
 def test_kafka_search(capsys: pytest.CaptureFixture[str]) -> None:
     results = results_of(run_json(capsys, "-w", "kafka", "--kafka-case", "both", *TINY))
-    metrics = [m.key for m in Kafka.metrics]
+    metrics = [m.key for m in Kafka.search_metrics]
     for case in ("high", "low"):
         rows = [r for r in results if r["variant"] == case]
         assert {(r["contender"], r["metric"]) for r in rows} == {
@@ -48,12 +48,66 @@ def test_kafka_search(capsys: pytest.CaptureFixture[str]) -> None:
                 assert params["implementation"] in (expected, None)
 
 
+def test_kafka_reads_cpu_and_the_collector_at_each_target_rate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Kafka's proposal measured CPU against offered rate, below saturation, and the
+    # collector's time (issue 31): one probe per contender at each fixed rate.
+    results = results_of(run_json(capsys, "-w", "kafka", *TINY))
+    targets = [r for r in results if r["variant"] != "high"]
+    assert {r["variant"] for r in targets} == {"high at 2,000 req/s", "high at 3,000 req/s"}
+    assert {(r["variant"], r["contender"], r["metric"]) for r in targets} == {
+        (v, c, m.key)
+        for v in ("high at 2,000 req/s", "high at 3,000 req/s")
+        for c in applicable("kafka")
+        for m in TARGET_METRICS
+    }
+    for row in targets:
+        params = row["params"]
+        assert params["case"] == "high"
+        assert params["rate"] in (2000, 3000)
+        probe = params["probe"]
+        assert probe["gc_collections"] >= 0
+        if row["skipped"] is not None:
+            # Behind at this rate: no figure, and the probe says why.
+            assert not probe["ok"]
+            assert row["samples"] == []
+            continue
+        assert probe["ok"]
+        assert probe["cpu_s"] > 0
+        (value,) = row["samples"]
+        if row["metric"] == "cpu_s_per_m":
+            # CPU seconds per million requests: the probe's CPU over its requests.
+            assert value > 0
+        else:
+            assert value >= 0.0
+            assert math.isclose(value, probe["gc_s"] / 0.1 * 1e3, rel_tol=0.01, abs_tol=0.05)
+
+
+def test_a_probe_counts_its_cpu_and_collector_time() -> None:
+    settings = Settings(workloads=["kafka"], kafka_probe=0.05, kafka_max_rate=4000.0)
+    ours = next(c for c in CONTENDERS if c.name == "aiowheel-asyncio")
+    result = Kafka().probe_once(ours, 2000.0, 0.2, "high", settings)
+    assert result.cpu_s > 0
+    assert result.cpu_s_per_m == pytest.approx(result.cpu_s / result.arrivals * 1e6)
+    assert result.gc_ms_per_s == pytest.approx(result.gc_s / 0.2 * 1e3)
+    assert result.gc_s >= 0.0
+    assert result.gc_collections >= 0
+
+
 def test_kafka_is_a_searched_workload() -> None:
     kafka = WORKLOADS["kafka"]
     assert isinstance(kafka, SearchedWorkload)
     settings = Settings(workloads=["kafka"], kafka_cases=("high", "low"))
-    assert kafka.variants(settings) == ["high", "low"]
-    assert kafka.planned_steps(settings, list(CONTENDERS[:3])) == 8 * 2 * 3
+    assert kafka.variants(settings)[:2] == ["high", "low"]
+    assert kafka.variants(settings)[2:] == [
+        f"{case} at {rate} req/s"
+        for case in ("high", "low")
+        for rate in ("25,000", "50,000", "100,000")
+    ]
+    assert kafka.variant_metrics("high") == Kafka.search_metrics
+    assert kafka.variant_metrics("low at 25,000 req/s") == TARGET_METRICS
+    assert kafka.planned_steps(settings, list(CONTENDERS[:3])) == (8 + 3) * 2 * 3
 
 
 def test_probe_uses_the_purgatory_for_aiowheel() -> None:
