@@ -253,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kafka-target-seconds",
         type=_seconds,
-        help="kafka: seconds of load at each fixed rate (3; 1 quick)",
+        help="kafka: seconds of load at each fixed rate (3; 0.6 quick)",
     )
     parser.add_argument(
         "--loop-seconds",
@@ -350,7 +350,7 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         kafka_targets=(
             ns.kafka_targets if ns.kafka_targets is not None else (25_000.0, 50_000.0, 100_000.0)
         ),
-        kafka_target_seconds=ns.kafka_target_seconds or (1.0 if quick else 3.0),
+        kafka_target_seconds=ns.kafka_target_seconds or (0.6 if quick else 3.0),
         loop_seconds=ns.loop_seconds or (0.3 if quick else 1.0),
         server_seconds=ns.server_seconds,
         server_rounds=ns.reps,

@@ -37,7 +37,7 @@ in turn, step by step (ABAB...), so drift hits all of them alike.
 
 Then, as the proposal also did, each contender is held at fixed target rates
 (``--kafka-targets``: 25,000, 50,000 and 100,000 req/s by default) for
-``--kafka-target-seconds`` (3 s; 1 s quick), and two figures are read at each: the CPU
+``--kafka-target-seconds`` (3 s; 0.6 s quick), and two figures are read at each: the CPU
 seconds the process spent per 1,000,000 requests (``time.process_time()``: the
 load generator's share is the same for every contender), and the time the cyclic
 garbage collector ran per second of load (``gc.callbacks``, a collection's start to
