@@ -390,11 +390,7 @@ class ParquetRecorder:
         self._spare: collections.deque[tuple[bytearray, list[Any]]] = collections.deque()
         # The same for the timer's column lists (take_columns).
         self._spare_columns: collections.deque[list[list[Any]]] = collections.deque()
-        self._packers: dict[tuple[str, int], struct.Struct] = {}  # the writer's
         self._last_columns: list[_Columns] = []  # partial batches, for close()
-        self._nones: list[None] = []  # the writer's, to empty written columns
-        self._repeats: dict[int, tuple[list[pa.Array], list[pa.Array]]] = {}  # the writer's
-        self._null_labels: dict[int, pa.Array] = {}  # the writer's (_no_labels)
         self._take_chunk: Callable[[], _Chunk | None] = _nothing  # see _make_record
         self._thread: threading.Thread | None = None
         # Set by the writer when a stint holding the GIL starts, and when it ends
@@ -406,10 +402,8 @@ class ParquetRecorder:
         self._handing = batch_rows >= _HAND_OVER_ROWS
         self._held_up_until = 0.0
         self._dropped_full = 0  # written by the loop thread only
-        self._dropped_failed = 0  # written by the writer thread only
-        self._written = 0  # written by the writer thread only
-        self._constants: dict[str, Any] = {}  # the writer thread's typed Arrow scalars
-        self._indices: tuple[pa.Array, pa.Array] | None = None  # the writer's (_strides)
+        # The writer thread's side: its state is written by that thread only.
+        self._writer = _TraceWriter(self)
         self._bind_record(self._record_unopened)
 
     # -- the TraceRecorder protocol --------------------------------------------------
@@ -425,7 +419,7 @@ class ParquetRecorder:
         self.backend = backend
         self._state = "open"
         self._thread = threading.Thread(
-            target=self._write_all, name=f"aiowheel-trace-{self.run_id}", daemon=True
+            target=self._writer.run, name=f"aiowheel-trace-{self.run_id}", daemon=True
         )
         self._thread.start()
         self._bind_record(self._make_record())
@@ -569,17 +563,17 @@ class ParquetRecorder:
     @property
     def dropped(self) -> int:
         """How many rows were dropped, because the writer could not keep up or failed."""
-        return self._dropped_full + self._dropped_failed
+        return self._dropped_full + self._writer.dropped_failed
 
     @property
     def written(self) -> int:
         """Rows written to the file so far."""
-        return self._written
+        return self._writer.written
 
     def __repr__(self) -> str:
         return (
             f"<ParquetRecorder {self._state} {str(self.path)!r} run_id={self.run_id!r} "
-            f"written={self._written} dropped={self.dropped}>"
+            f"written={self.written} dropped={self.dropped}>"
         )
 
     # -- the loop side ----------------------------------------------------------------
@@ -668,20 +662,46 @@ class ParquetRecorder:
 
     # -- the writer thread ------------------------------------------------------------
 
-    def _write_all(self) -> None:
+
+class _TraceWriter:
+    """The writer thread's side of a ``ParquetRecorder``.
+
+    The recorder is two rooms that meet at its bounded queue: the loop's side
+    (``ParquetRecorder``: ``record``, ``take_columns``, the hand-over) and this one,
+    which runs on the writer thread. Everything here is written by the writer thread
+    only: the cached Arrow pieces and packers, and the counts of rows written and of
+    rows lost to a failure (the loop reads the counts, through
+    ``ParquetRecorder.written`` and ``dropped``). Of the recorder's state it writes
+    only ``error`` and the two events that hand the GIL over (``_took``, ``_handed``),
+    and it gives written buffers back through the spare deques.
+    """
+
+    def __init__(self, recorder: ParquetRecorder) -> None:
+        self.recorder = recorder
+        self.written = 0
+        self.dropped_failed = 0
+        self._packers: dict[tuple[str, int], struct.Struct] = {}
+        self._nones: list[None] = []  # to empty written columns
+        self._repeats: dict[int, tuple[list[pa.Array], list[pa.Array]]] = {}
+        self._null_labels: dict[int, pa.Array] = {}  # _no_labels
+        self._constants: dict[str, Any] = {}  # typed Arrow scalars
+        self._indices: tuple[pa.Array, pa.Array] | None = None  # _strides
+
+    def run(self) -> None:
+        recorder = self.recorder
         writer: pq.ParquetWriter | None = None
-        get = self._queue.get
+        get = recorder._queue.get
         chunk: object = _NO_CHUNK
         try:
             schema = trace_schema()
             self._constants = {
-                name: self._pa.scalar(getattr(self, name), schema.field(name).type)
+                name: recorder._pa.scalar(getattr(recorder, name), schema.field(name).type)
                 for name in (*_RUN_COLUMNS, "clock_anchor", "wall_anchor")
             }
-            writer = self._pq.ParquetWriter(
-                self._partial,
+            writer = recorder._pq.ParquetWriter(
+                recorder._partial,
                 schema,
-                compression=self._compression,
+                compression=recorder._compression,
                 # Dictionary pages pay off for the repetitive strings only: on the
                 # float columns (all distinct) building them cost ~0.5 us per row
                 # before the writer gave up on them.
@@ -694,16 +714,16 @@ class ParquetRecorder:
                 write_statistics=list(_STATISTICS_COLUMNS),
                 column_encoding=dict.fromkeys(_DOUBLE_COLUMNS, "BYTE_STREAM_SPLIT"),
             )
-            took = self._took.set
+            took = recorder._took.set
             while (chunk := get()) is not _STOP:
                 took()  # a stint starts (_hand_over)
                 assert isinstance(chunk, tuple)
                 if len(chunk) == 2:
                     columns, count = chunk
-                    self._write_columns(writer, columns, count)
+                    self.write_columns(writer, columns, count)
                     took()  # the GIL again, after the encoding: the next stint
-                    self._written += count
-                    if count == self.batch_rows:
+                    self.written += count
+                    if count == recorder.batch_rows:
                         # Emptied here, where the values were just read: freeing them
                         # on the loop, as it overwrites each slot a batch later,
                         # touched one cold object per value (+35% on the churn's
@@ -713,47 +733,47 @@ class ParquetRecorder:
                             nones = self._nones = [None] * count
                         for column in columns:
                             column[:] = nones
-                        self._spare_columns.append(columns)
+                        recorder._spare_columns.append(columns)
                     continue
-                self._handed.set()  # record()'s chunks: kernels release the GIL anyway
-                self._write_batch(writer, chunk)
+                recorder._handed.set()  # record()'s chunks: kernels release the GIL anyway
+                self.write_batch(writer, chunk)
                 took()
-                self._written += chunk[2]
-                if chunk[2] == self.batch_rows:
+                self.written += chunk[2]
+                if chunk[2] == recorder.batch_rows:
                     # Written: the arrays viewing the buffer are gone (pc.take copies).
-                    self._spare.append((chunk[0], chunk[1]))
+                    recorder._spare.append((chunk[0], chunk[1]))
             # The trace says itself whether it is complete: the rows dropped because
             # the writer could not keep up go into the file's footer (close() put the
             # last chunk and the stop after the loop's last record(), so the count is
             # final here). ``aiowheel report`` states them (docs/analytics.md).
             writer.add_key_value_metadata(
                 {
-                    DROPPED_ROWS_KEY: str(self._dropped_full),
-                    RUN_ID_KEY: self.run_id,
-                    SAMPLE_EVERY_KEY: str(self.every),
+                    DROPPED_ROWS_KEY: str(recorder._dropped_full),
+                    RUN_ID_KEY: recorder.run_id,
+                    SAMPLE_EVERY_KEY: str(recorder.every),
                 }
             )
             writer.close()
             writer = None
-            os.replace(self._partial, self.path)
+            os.replace(recorder._partial, recorder.path)
         except BaseException as exc:
-            self.error = exc
+            recorder.error = exc
             if isinstance(chunk, tuple):
-                self._dropped_failed += chunk[-1]
+                self.dropped_failed += chunk[-1]
             # Keep consuming until close() says stop, so the loop side never blocks on
             # a dead writer (this includes a writer that failed before its first get).
             if chunk is not _STOP:
                 while (chunk := get()) is not _STOP:
-                    self._took.set()
-                    self._handed.set()
-                    self._dropped_failed += chunk[-1]
+                    recorder._took.set()
+                    recorder._handed.set()
+                    self.dropped_failed += chunk[-1]
             if writer is not None:
                 with contextlib.suppress(Exception):
                     writer.close()
             with contextlib.suppress(OSError):
-                os.unlink(self._partial)
+                os.unlink(recorder._partial)
 
-    def _write_batch(self, writer: pq.ParquetWriter, chunk: _Chunk) -> None:
+    def write_batch(self, writer: pq.ParquetWriter, chunk: _Chunk) -> None:
         # Runs on the writer thread. The buffer becomes Arrow arrays without a copy
         # (the bytearray, viewed as float64, int64 and int8 values) and the columns
         # are taken out of it with strided takes: Arrow kernels, not Python objects.
@@ -763,7 +783,7 @@ class ParquetRecorder:
         # for the level, one comparison per nullable column. Constant columns repeat
         # a typed Arrow scalar: repeating a Python str goes through Python per
         # element and cost 0.7 us per row.
-        pa = self._pa
+        pa = self.recorder._pa
         pc = pa.compute
         buffer, labels, n = chunk
         data = pa.py_buffer(buffer)
@@ -805,16 +825,16 @@ class ParquetRecorder:
         ]
         writer.write_batch(pa.RecordBatch.from_arrays(columns, schema=writer.schema))
 
-    def _write_columns(self, writer: pq.ParquetWriter, columns: list[list[Any]], n: int) -> None:
-        # Runs on the writer thread: one stint holding the GIL (the event loop waits
-        # off it when the writer is behind: _hand_in), then the Parquet encoding
-        # without the GIL while the loop runs. The timer wrote the trace's own
+    def write_columns(self, writer: pq.ParquetWriter, columns: list[list[Any]], n: int) -> None:
+        # Runs on the writer thread: one stint holding the GIL (the event loop
+        # waits off it when the writer is behind: ParquetRecorder._hand_in), then
+        # the Parquet encoding without the GIL while the loop runs. The timer wrote the trace's own
         # columns (aiowheel/_tracing.py), so each becomes an Arrow array in one call:
         # struct.pack for the numbers (~10 ns per value), pa.array where NaN stands
         # for null (~20 ns); the lateness is one Arrow kernel (which gets the GIL
         # straight back when the loop is waiting off it). Labels that are all None
         # (no label given) cost one list count and a cached array.
-        pa = self._pa
+        pa = self.recorder._pa
         if n != len(columns[0]):
             columns = [column[:n] for column in columns]
         ids, labels, scheduled, deadlines, fired, cancelled, levels = columns
@@ -842,15 +862,16 @@ class ParquetRecorder:
             *anchors,
         ]
         record_batch = pa.RecordBatch.from_arrays(batch, schema=writer.schema)
-        self._handed.set()  # the stint ends: the loop may go on (_hand_over)
+        self.recorder._handed.set()  # the stint ends: the loop may go on (_hand_over)
         writer.write_batch(record_batch)
 
     def _no_labels(self, n: int) -> pa.Array:
         # A label column of n nulls, built once per batch size (pa.nulls releases the
-        # GIL: see _write_columns).
+        # GIL: see write_columns).
         cached = self._null_labels.get(n)
         if cached is None:
-            cached = self._null_labels[n] = self._pa.nulls(n, self._pa.string())
+            pa = self.recorder._pa
+            cached = self._null_labels[n] = pa.nulls(n, pa.string())
         return cached
 
     def _repeated(self, n: int) -> tuple[list[pa.Array], list[pa.Array]]:
@@ -859,7 +880,7 @@ class ParquetRecorder:
         # are immutable); repeating the strings cost ~40 ns per row and batch.
         cached = self._repeats.get(n)
         if cached is None:
-            pa = self._pa
+            pa = self.recorder._pa
             constant = self._constants
             cached = self._repeats[n] = (
                 [pa.repeat(constant[name], n) for name in _RUN_COLUMNS],
@@ -871,7 +892,7 @@ class ParquetRecorder:
         # The indices of the first field of each of n rows, in 8-byte values and in
         # bytes; built once per chunk size (every chunk but the last is full).
         if self._indices is None or len(self._indices[0]) != n:
-            pa = self._pa
+            pa = self.recorder._pa
             rows = pa.array(range(0, n * _ROW_DOUBLES, _ROW_DOUBLES), pa.int64())
             self._indices = (rows, pa.compute.multiply(rows, 8))
         return self._indices

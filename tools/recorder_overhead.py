@@ -148,11 +148,11 @@ def micro(batch_rows: int = 32_768) -> None:
             recorder.record(i, "label" if i % 2 else None, 1.0 * i, 2.0 * i, 1, None, 1.5 * i)
         chunk = recorder._take_chunk()
         recorder.close()
-        # (close() leaves the writer's typed constants in place for _write_batch.)
+        # (close() leaves the writer's typed constants in place for write_batch.)
         keep = Keep()
         best = min(
             timeit.repeat(
-                lambda: recorder._write_batch(keep, chunk),  # type: ignore[arg-type]
+                lambda: recorder._writer.write_batch(keep, chunk),  # type: ignore[arg-type]
                 number=1,
                 repeat=20,
             )

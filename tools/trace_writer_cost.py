@@ -5,7 +5,7 @@
 Builds batches of 32,768 rows shaped as a churn's (schedule + cancel: int ids, no
 labels, scheduled and deadline times, fired_at the shared NaN, a cancel time, small
 levels), then times each step of the conversion that
-``ParquetRecorder._write_columns`` (aiowheel/trace.py) makes before it lets the loop
+``_TraceWriter.write_columns`` (aiowheel/trace.py) makes before it lets the loop
 go on, and the freeing of the rows' values that follows the write: ns per row,
 medians over BATCHES (default 15). The steps are the same calls, repeated here one
 by one so that each can be timed (docs/benchmarks.md, "What bounds the three that

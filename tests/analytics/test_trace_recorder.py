@@ -25,6 +25,7 @@ from aiowheel.trace import (
     SAMPLE_EVERY_KEY,
     TRACE_COLUMNS,
     ParquetRecorder,
+    _TraceWriter,
     dropped_rows,
     recording,
     sample_every,
@@ -43,18 +44,18 @@ def _read(path: Path) -> list[dict[str, Any]]:
 def _blocking_writer(
     monkeypatch: pytest.MonkeyPatch, method: str
 ) -> tuple[threading.Event, threading.Event]:
-    """Make the writer thread's ``method`` (``_write_batch`` or ``_write_columns``)
+    """Make the writer thread's ``method`` (``write_batch`` or ``write_columns``)
     set the first event and wait for the second before it writes."""
     writing = threading.Event()
     release = threading.Event()
-    real_write = getattr(ParquetRecorder, method)
+    real_write = getattr(_TraceWriter, method)
 
-    def slow_write(self: ParquetRecorder, writer: Any, *batch: Any) -> None:
+    def slow_write(self: _TraceWriter, writer: Any, *batch: Any) -> None:
         writing.set()
         assert release.wait(10)
         real_write(self, writer, *batch)
 
-    monkeypatch.setattr(ParquetRecorder, method, slow_write)
+    monkeypatch.setattr(_TraceWriter, method, slow_write)
     return writing, release
 
 
@@ -129,7 +130,7 @@ def test_many_batches_keep_every_row_in_order(tmp_path: Path) -> None:
 def test_a_full_queue_drops_whole_batches_and_counts_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writing, release = _blocking_writer(monkeypatch, "_write_batch")
+    writing, release = _blocking_writer(monkeypatch, "write_batch")
     recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
     row = (None, 1.0, 2.0, 0, 2.5, None)
     recorder.record(1, *row)
@@ -296,10 +297,10 @@ def test_a_bad_row_is_refused_at_the_call_and_the_rest_is_kept(
 def test_a_failing_writer_drops_rows_logs_and_leaves_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(self: ParquetRecorder, writer: Any, chunk: Any) -> None:
+    def broken(self: _TraceWriter, writer: Any, chunk: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(ParquetRecorder, "_write_batch", broken)
+    monkeypatch.setattr(_TraceWriter, "write_batch", broken)
     recorder = _opened(tmp_path, batch_rows=2)
     for i in range(5):
         recorder.record(i, None, 1.0, 2.0, 0, 2.5, None)
@@ -530,7 +531,7 @@ def test_column_batches_round_trip_and_a_full_queue_drops_them(
 ) -> None:
     # The timer's columns (aiowheel._tracing): what take_columns gets is what is
     # written, and a batch the queue has no room for is dropped and counted.
-    writing, release = _blocking_writer(monkeypatch, "_write_columns")
+    writing, release = _blocking_writer(monkeypatch, "write_columns")
     recorder = _opened(tmp_path, batch_rows=2, max_queued_batches=1)
 
     def batch(first: int) -> list[list[Any]]:
@@ -596,7 +597,7 @@ def test_the_loop_hands_the_gil_over_only_to_a_writer_that_is_behind(
     # A writer that keeps up lags by one batch at most and is not waited for (a
     # server's loop, which waits in select() now and then, never waits here); one
     # with a batch already waiting, or a full queue, gets the GIL handed over.
-    writing, release = _blocking_writer(monkeypatch, "_write_columns")
+    writing, release = _blocking_writer(monkeypatch, "write_columns")
     hand_overs: list[float] = []
 
     def hand_over(self: ParquetRecorder, take_wait: float) -> bool:
@@ -631,7 +632,7 @@ def test_a_writer_held_up_without_the_gil_is_not_waited_for(
 
     now = [100.0]
     monkeypatch.setattr(trace, "_clock", lambda: now[0])
-    writing, release = _blocking_writer(monkeypatch, "_write_columns")
+    writing, release = _blocking_writer(monkeypatch, "write_columns")
     rows = _HAND_OVER_ROWS
     recorder = _opened(tmp_path, batch_rows=rows, max_queued_batches=2)
     took: list[float | None] = []
@@ -680,7 +681,7 @@ def test_small_batches_are_never_handed_over(
     monkeypatch.setattr(
         ParquetRecorder, "_hand_over", lambda self, take_wait: pytest.fail("handed over")
     )
-    writing, release = _blocking_writer(monkeypatch, "_write_columns")
+    writing, release = _blocking_writer(monkeypatch, "write_columns")
     recorder = _opened(tmp_path, batch_rows=1, max_queued_batches=2)
     recorder.take_columns(_rows(1, 1), 1)  # the writer takes it and is held up
     assert writing.wait(10)
