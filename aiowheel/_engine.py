@@ -513,13 +513,14 @@ class Engine:
         # keeps this frame alive, and the frame must not keep the last handle alive.
         handle: TimerHandle[Any] | None = None
         result: Any = None
+        context: Any = None  # the copy a callback runs in (run_one)
         try:
             for index, bucket in enumerate(buckets):  # noqa: B007 - used after the loop
                 while True:
                     # Release the previous handle and result here, between two handles:
                     # dropping the last reference may run a finalizer (user code), which
                     # must not run between the pop below and the count (re-entrancy).
-                    handle = entry = result = None
+                    handle = entry = result = context = None
                     entry = bucket.pop_first()
                     if entry is None:
                         break
@@ -551,10 +552,11 @@ class Engine:
                         continue
                     # Inline copy of run_one (the *run one* rule), but the trace row.
                     try:
+                        context = handle._context = handle._context.copy()
                         if handle._args:
-                            result = handle._context.run(handle._callback, *handle._args)
+                            result = context.run(handle._callback, *handle._args)
                         else:
-                            result = handle._context.run(handle._callback)
+                            result = context.run(handle._callback)
                     except BaseException as exc:
                         result = self.callback_failed(handle, exc)
                     else:
@@ -575,7 +577,7 @@ class Engine:
         finally:
             self.fired += fired
             self.lateness_max = lateness_max
-            handle = entry = result = None
+            handle = entry = result = context = None
 
     def run_one(self, handle: TimerHandle[Any], now: float) -> None:
         """*Run one* expired handle (popped, counted fired, no longer pending): the
@@ -596,14 +598,19 @@ class Engine:
         args = handle._args
         outcome: Any = None
         result: Any = None
+        context: Any = None
         try:
             try:
-                # In the context captured at schedule time (loop.call_later's rule);
-                # without arguments, no tuple is built for the call.
+                # In a copy of the context captured at schedule time (loop.call_later's
+                # rule), kept as the handle's own: the one captured may be shared with
+                # other handles (TimerHandle.__init__), and what the callback sets must
+                # stay its own (its worker steps an async callback in it; a periodic
+                # timer's next run sees it). Without arguments, no tuple is built.
+                context = handle._context = handle._context.copy()
                 if args:
-                    result = handle._context.run(handle._callback, *args)
+                    result = context.run(handle._callback, *args)
                 else:
-                    result = handle._context.run(handle._callback)
+                    result = context.run(handle._callback)
             except BaseException as exc:
                 outcome = self.callback_failed(handle, exc)
             else:
@@ -622,7 +629,7 @@ class Engine:
             # frame links back to it), and the frame must not keep the handle, its
             # arguments or its outcome alive with it (pure Python; compiled functions
             # have no frame).
-            tracer = outcome = result = None
+            tracer = outcome = result = context = None
             del handle, args
 
     def callback_failed(self, handle: TimerHandle[Any], exc: BaseException) -> _Failure:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from _thread import get_ident
 from collections.abc import Callable
-from contextvars import copy_context
+from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
 from ._checks import not_copyable, seconds
@@ -69,13 +69,39 @@ if TYPE_CHECKING:
     from ._timer import Timer
     from ._tracing import Tracer
 
-__all__ = ["TimerHandle", "TracedHandle", "to_seconds"]
+__all__ = ["TimerHandle", "TracedHandle", "snapshot_context", "to_seconds"]
 
 T = TypeVar("T")
 _get_ident: Final = get_ident
 _INF: Final = float("inf")
 _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
 _copy_context: Final = copy_context
+# The last snapshot taken (snapshot_context), shared by the next handles scheduled in
+# an equal context. One per process, whatever the thread: a race between two threads
+# only costs a share that is not made.
+_last_context: Final[list[Any]] = [None]
+
+
+def snapshot_context() -> Context:
+    """A copy of the current context for a new handle, shared with the handles
+    scheduled before it while no variable changed.
+
+    A server's timeouts are scheduled by a few tasks whose variables rarely change,
+    and a ``Context`` per pending timer was 64 of a handle's 200 bytes and one more
+    object for every full collection to walk (docs/benchmarks.md, ``collector``).
+    Equal is cheap to ask: two copies of an unchanged context hold the same variable
+    map, and ``Context == Context`` compares the maps by identity first.
+
+    The invariant that makes the share invisible: **a shared snapshot is never run
+    in.** Whoever runs a callback runs it in a copy of the snapshot, and keeps that
+    copy as the handle's own (``Engine.run_one``, ``LoopTimerHandle._run``), so what
+    a callback sets stays its own, as with a copy per handle."""
+    context = _copy_context()
+    last = _last_context[0]
+    if context == last:
+        return cast("Context", last)
+    _last_context[0] = context
+    return context
 
 
 class _Sentinel:
@@ -180,8 +206,9 @@ class TimerHandle(WheelEntry, Generic[T]):
         self._args = args
         # The callback runs in a copy of the scheduler's context, as loop.call_later
         # does (docs/usage.md, "Context variables"): captured here, once per handle
-        # (a re-arm keeps it; a periodic timer's runs all use the one of every()).
-        self._context = _copy_context()
+        # (a re-arm keeps it; a periodic timer's runs all use the one of every()),
+        # and shared with the handles scheduled in an equal one (snapshot_context).
+        self._context = snapshot_context()
         self._result = _PENDING
         self._bucket = None
         self._prev = self._next = None

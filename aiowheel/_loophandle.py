@@ -31,10 +31,10 @@ import asyncio.format_helpers as _format_helpers
 import sys
 from _thread import get_ident
 from collections.abc import Callable
-from contextvars import Context, copy_context
+from contextvars import Context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast, final
 
-from ._handle import release
+from ._handle import release, snapshot_context
 from ._wheel import Bucket, WheelEntry
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ __all__ = [
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
-_copy_context: Final = copy_context
 _format_callback_source: Final = _format_helpers._format_callback_source
 _AsyncioTimerHandle: Final = asyncio.TimerHandle
 
@@ -84,6 +83,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         "_context",
         "_engine",
         "_repr",
+        "_shared_context",
         "_source_traceback",
     )
 
@@ -103,7 +103,15 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         # The loop's timer engine (loop.timer's), whose wheel holds this handle; the
         # loop is its ``loop`` (one slot for both: the memory target).
         self._engine = engine
-        self._context: Context = _copy_context() if context is None else context
+        # A context given is run in as it is (asyncio's rule: what the callback sets
+        # stays in it); without one, a snapshot of the current context, shared with
+        # other handles and so never run in: _run runs in a copy of it.
+        if context is None:
+            self._context: Context = snapshot_context()
+            self._shared_context = True
+        else:
+            self._context = context
+            self._shared_context = False
         # Set by the loop in debug mode (it knows which frames are its own).
         self._source_traceback: Any = None
         self._repr: str | None = None
@@ -192,11 +200,18 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         if args is None:
             return  # cancelled
         callback = self._callback
+        run_in = self._context
+        if self._shared_context:
+            # Kept as the handle's own: get_context() after the run is the context
+            # the callback ran in, as asyncio's (aiowheel/_handle.py, the invariant
+            # of snapshot_context).
+            run_in = self._context = run_in.copy()
+            self._shared_context = False
         try:
             if args:
-                self._context.run(callback, *args)  # type: ignore[arg-type]
+                run_in.run(callback, *args)  # type: ignore[arg-type]
             else:
-                self._context.run(callback)  # type: ignore[arg-type]
+                run_in.run(callback)  # type: ignore[arg-type]
         except _EXIT:
             raise
         except BaseException as exc:

@@ -49,6 +49,89 @@ async def test_a_callback_setting_a_variable_changes_nobody_else() -> None:
     assert seen == ["outer"]
 
 
+async def test_handles_scheduled_in_an_unchanged_context_share_one_snapshot() -> None:
+    # A context per pending timer was a third of a handle's memory (docs/usage.md,
+    # "Context variables"): handles scheduled while no variable changed share one.
+    async with Timer(tick=0.001) as timer:
+        request_id.set("one")
+        first = timer.schedule_nowait(10, lambda: None)
+        second = timer.schedule_nowait(10, lambda: None)
+        request_id.set("two")
+        third = timer.schedule_nowait(10, lambda: None)
+        assert first._context is second._context
+        assert third._context is not first._context
+        assert first._context[request_id] == "one"
+        assert third._context[request_id] == "two"
+        for handle in (first, second, third):
+            handle.cancel()
+
+
+async def test_callbacks_sharing_a_snapshot_in_one_pass_do_not_see_each_other() -> None:
+    # The shared snapshot is never run in: each callback runs in a copy of its own.
+    seen: list[str] = []
+    async with Timer(tick=0.001) as timer:
+        request_id.set("outer")
+
+        def first() -> None:
+            seen.append(request_id.get())
+            request_id.set("changed by first")
+
+        def second() -> None:
+            seen.append(request_id.get())
+            request_id.set("changed by second")
+
+        a = timer.schedule_nowait(0.01, first)
+        b = timer.schedule_nowait(0.01, second)  # the same bucket, the same pass
+        assert a._context is b._context
+        await b.wait()
+        c = timer.schedule_nowait(0, lambda: seen.append(request_id.get()))
+        await c.wait()
+        assert request_id.get() == "outer"
+    assert seen == ["outer", "outer", "outer"]
+
+
+async def test_async_bodies_sharing_a_snapshot_keep_what_they_set() -> None:
+    seen: list[tuple[str, str]] = []
+    async with Timer(tick=0.001) as timer:
+        request_id.set("outer")
+
+        async def job(name: str) -> None:
+            before = request_id.get()
+            request_id.set(name)
+            await anyio.lowlevel.checkpoint()  # the other job runs meanwhile
+            seen.append((before, request_id.get()))
+
+        a = timer.schedule_nowait(0.01, job, "a")
+        b = timer.schedule_nowait(0.01, job, "b")
+        await a.wait()
+        await b.wait()
+    assert sorted(seen) == [("outer", "a"), ("outer", "b")]
+
+
+async def test_a_periodic_run_sees_what_the_previous_run_set() -> None:
+    # docs/usage.md: every run of a periodic timer uses the context of every(), so a
+    # variable a run sets is seen by the next run, as in a task that loops.
+    counter: contextvars.ContextVar[int] = contextvars.ContextVar("counter", default=0)
+    seen: list[int] = []
+    async with Timer(tick=0.001) as timer:
+        done = anyio.Event()
+
+        def tick() -> None:
+            seen.append(counter.get())
+            counter.set(counter.get() + 1)
+            if len(seen) == 3:
+                done.set()
+
+        handle = timer.every(0.005, tick)
+        sibling = timer.schedule_nowait(10, lambda: None)  # shares every()'s snapshot
+        await done.wait()
+        handle.cancel()
+        assert counter.get() == 0
+        assert counter not in sibling._context  # the shared snapshot was never run in
+        sibling.cancel()
+    assert seen == [0, 1, 2]
+
+
 async def test_async_callback_is_created_in_the_scheduler_context() -> None:
     seen: list[str] = []
     async with Timer(tick=0.001) as timer:

@@ -53,6 +53,48 @@ def test_handle_contract(base: str) -> None:
 
 
 @pytest.mark.parametrize("base", BASES)
+def test_timers_share_a_snapshot_but_each_callback_runs_in_its_own_copy(base: str) -> None:
+    # docs/loop.md: timers scheduled without context= while no variable changed share
+    # one snapshot; each callback runs in a copy of its own, as on the base loop.
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="-")
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        done = loop.create_future()
+        var.set("outer")
+
+        def cb(name: str) -> None:
+            seen.append(f"{name} saw {var.get()}")
+            var.set(name)
+            if len(seen) == 2:
+                done.set_result(None)
+
+        first = loop.call_later(0.005, cb, "first")
+        second = loop.call_later(0.005, cb, "second")
+        assert first.get_context() is second.get_context()  # one snapshot
+        var.set("changed")
+        third = loop.call_later(10, cb, "third")
+        assert third.get_context() is not first.get_context()
+        third.cancel()
+        await done
+        # After its run, a handle's context is the copy it ran in, as asyncio's.
+        assert first.get_context()[var] == "first"
+        assert second.get_context()[var] == "second"
+        assert var.get() == "changed"
+        # A context given is run in as it is: what the callback sets stays in it.
+        given = contextvars.copy_context()
+        ran = loop.create_future()
+        loop.call_later(0.001, lambda: (var.set("set in given"), ran.set_result(None)),
+                        context=given)  # fmt: skip
+        await ran
+        assert given[var] == "set in given"
+        return seen
+
+    assert run_on(base, main) == ["first saw outer", "second saw outer"]
+
+
+@pytest.mark.parametrize("base", BASES)
 def test_exceptions_go_to_the_loop_handler(base: str) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
