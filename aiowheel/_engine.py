@@ -552,7 +552,9 @@ class Engine:
                         continue
                     # Inline copy of run_one (the *run one* rule), but the trace row.
                     try:
-                        context = handle._context = handle._context.copy()
+                        context = handle._context
+                        if type(handle) is not PeriodicHandle:
+                            context = context.copy()  # never run in a snapshot
                         if handle._args:
                             result = context.run(handle._callback, *handle._args)
                         else:
@@ -561,6 +563,7 @@ class Engine:
                         result = self.callback_failed(handle, exc)
                     else:
                         if result is not None and hasattr(type(result), "__await__"):
+                            handle._context = context  # its worker steps it there
                             self.to_worker(handle, result)
                             continue
                         if handle._bucket is None:
@@ -602,11 +605,14 @@ class Engine:
         try:
             try:
                 # In a copy of the context captured at schedule time (loop.call_later's
-                # rule), kept as the handle's own: the one captured may be shared with
-                # other handles (TimerHandle.__init__), and what the callback sets must
-                # stay its own (its worker steps an async callback in it; a periodic
-                # timer's next run sees it). Without arguments, no tuple is built.
-                context = handle._context = handle._context.copy()
+                # rule): that one may be a snapshot shared with other handles, never
+                # run in (aiowheel/_handle.py, snapshot_context), so each run starts
+                # from it and what the callback sets stays its own. A periodic
+                # handle's context is its own: run in directly, so a run sees what the
+                # last one set. Without arguments, no tuple is built for the call.
+                context = handle._context
+                if type(handle) is not PeriodicHandle:
+                    context = context.copy()
                 if args:
                     result = context.run(handle._callback, *args)
                 else:
@@ -615,6 +621,8 @@ class Engine:
                 outcome = self.callback_failed(handle, exc)
             else:
                 if result is not None and hasattr(type(result), "__await__"):
+                    # Its worker steps it in the copy its call ran in.
+                    handle._context = context
                     self.to_worker(handle, result)
                     return
                 outcome = result

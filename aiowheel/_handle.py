@@ -80,28 +80,45 @@ _copy_context: Final = copy_context
 # an equal context. One per process, whatever the thread: a race between two threads
 # only costs a share that is not made.
 _last_context: Final[list[Any]] = [None]
+_MISSING_VALUE: Final = object()
 
 
 def snapshot_context() -> Context:
     """A copy of the current context for a new handle, shared with the handles
-    scheduled before it while no variable changed.
+    scheduled before it while the context held the same variables.
 
-    A server's timeouts are scheduled by a few tasks whose variables rarely change,
-    and a ``Context`` per pending timer was 64 of a handle's 200 bytes and one more
-    object for every full collection to walk (docs/benchmarks.md, ``collector``).
-    Equal is cheap to ask: two copies of an unchanged context hold the same variable
-    map, and ``Context == Context`` compares the maps by identity first.
+    A server's timeouts are scheduled by tasks whose variables rarely change, and a
+    ``Context`` per pending timer was 64 of a handle's 200 bytes and one more object
+    for every full collection to walk (docs/benchmarks.md, ``collector``).
+
+    *The same variables* means the same objects, not equal ones (``Context ==
+    Context`` compares values with ``==``: ``1 == True``, and two equal dicts are two
+    request states): a callback must get the very objects its scheduler had.
 
     The invariant that makes the share invisible: **a shared snapshot is never run
-    in.** Whoever runs a callback runs it in a copy of the snapshot, and keeps that
-    copy as the handle's own (``Engine.run_one``, ``LoopTimerHandle._run``), so what
-    a callback sets stays its own, as with a copy per handle."""
+    in.** Whoever runs a callback runs it in a copy of the snapshot
+    (``Engine.run_one``, ``LoopTimerHandle._run``), so what a callback sets stays its
+    own, as with a copy per handle. Only a periodic timer's handle has a context of
+    its own, run in directly (``PeriodicHandle``: a run sees what the last one set)."""
     context = _copy_context()
     last = _last_context[0]
-    if context == last:
+    if last is not None and _same_variables(context, last):
         return cast("Context", last)
     _last_context[0] = context
     return context
+
+
+def _same_variables(context: Context, other: Context) -> bool:
+    """Whether two contexts hold the same variables bound to the same objects."""
+    n = len(context)
+    if n != len(other):
+        return False
+    if n:
+        get = other.get
+        for var, value in context.items():
+            if get(var, _MISSING_VALUE) is not value:
+                return False
+    return True
 
 
 class _Sentinel:

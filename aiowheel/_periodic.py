@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from contextvars import copy_context
 from typing import TYPE_CHECKING, Any, Final, SupportsFloat, final
 
 from ._checks import too_far
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["PeriodicHandle", "Periodics"]
 
 _INF: Final = math.inf
+_copy_context: Final = copy_context
 _FLOAT_MAX: Final = sys.float_info.max
 # A grid of more periods than floats resolve (2**52) cannot be stepped in floats.
 _GRID_LIMIT: Final = 2.0**52
@@ -217,6 +219,10 @@ class PeriodicHandle(TracedHandle[Any]):
         start: float,
     ) -> None:
         super().__init__(timer, self._run, ())
+        # A context of its own, not a shared snapshot: every run is run in it
+        # directly, so a run sees what the last one set (docs/usage.md, "Context
+        # variables"; aiowheel/_handle.py, snapshot_context).
+        self._context = _copy_context()
         self._user_cb = callback
         self._user_args = args
         self._interval = interval

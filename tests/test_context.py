@@ -66,6 +66,49 @@ async def test_handles_scheduled_in_an_unchanged_context_share_one_snapshot() ->
             handle.cancel()
 
 
+async def test_a_snapshot_is_shared_only_for_the_very_same_objects() -> None:
+    # Equal is not enough (Context == Context compares values with ==): 1 == True,
+    # and two equal dicts are two requests' states; each callback must get the
+    # object its scheduler had.
+    state: contextvars.ContextVar[object] = contextvars.ContextVar("state")
+    got: list[object] = []
+    async with Timer(tick=0.001) as timer:
+        first_state: dict[str, int] = {}
+        second_state: dict[str, int] = {}
+        assert first_state == second_state
+        state.set(first_state)
+        a = timer.schedule_nowait(0.01, lambda: got.append(state.get()))
+        state.set(second_state)
+        b = timer.schedule_nowait(0.01, lambda: got.append(state.get()))
+        state.set(1)
+        c = timer.schedule_nowait(0.01, lambda: got.append(state.get()))
+        state.set(True)
+        d = timer.schedule_nowait(0.01, lambda: got.append(state.get()))
+        assert len({id(h._context) for h in (a, b, c, d)}) == 4
+        await d.wait()
+    assert got[0] is first_state
+    assert got[1] is second_state
+    assert got[2] == 1
+    assert got[2] is not True
+    assert got[3] is True
+
+
+async def test_each_run_of_a_re_armed_handle_starts_from_its_snapshot() -> None:
+    seen: list[str] = []
+    async with Timer(tick=0.001) as timer:
+        request_id.set("scheduled")
+
+        def run() -> None:
+            seen.append(request_id.get())
+            request_id.set("set by a run")
+
+        handle = timer.schedule_nowait(0.005, run)
+        await handle.wait()
+        handle.reset(0.005)
+        await handle.wait()
+    assert seen == ["scheduled", "scheduled"]
+
+
 async def test_callbacks_sharing_a_snapshot_in_one_pass_do_not_see_each_other() -> None:
     # The shared snapshot is never run in: each callback runs in a copy of its own.
     seen: list[str] = []
@@ -122,8 +165,8 @@ async def test_a_periodic_run_sees_what_the_previous_run_set() -> None:
             if len(seen) == 3:
                 done.set()
 
-        handle = timer.every(0.005, tick)
-        sibling = timer.schedule_nowait(10, lambda: None)  # shares every()'s snapshot
+        handle = timer.every(0.005, tick)  # a context of its own, run in directly
+        sibling = timer.schedule_nowait(10, lambda: None)
         await done.wait()
         handle.cancel()
         assert counter.get() == 0
