@@ -81,6 +81,10 @@ _copy_context: Final = copy_context
 # only costs a share that is not made.
 _last_context: Final[list[Any]] = [None]
 _MISSING_VALUE: Final = object()
+# Contexts with more variables than this are not shared: asking whether two hold the
+# same objects walks them all, on every schedule, and a copy per handle (the old
+# rule) is the cheaper of the two there.
+_SHARE_LIMIT: Final = 16
 
 
 def snapshot_context() -> Context:
@@ -109,9 +113,10 @@ def snapshot_context() -> Context:
 
 
 def _same_variables(context: Context, other: Context) -> bool:
-    """Whether two contexts hold the same variables bound to the same objects."""
+    """Whether two contexts hold the same variables bound to the same objects (at
+    most _SHARE_LIMIT of them)."""
     n = len(context)
-    if n != len(other):
+    if n != len(other) or n > _SHARE_LIMIT:
         return False
     if n:
         get = other.get

@@ -109,6 +109,28 @@ async def test_each_run_of_a_re_armed_handle_starts_from_its_snapshot() -> None:
     assert seen == ["scheduled", "scheduled"]
 
 
+async def test_a_context_of_many_variables_is_copied_per_handle_not_walked() -> None:
+    # Asking whether two contexts hold the same objects walks every variable, on
+    # every schedule: past _SHARE_LIMIT variables, a copy per handle (the old rule).
+    from aiowheel._handle import _SHARE_LIMIT
+
+    many = [contextvars.ContextVar(f"v{i}") for i in range(_SHARE_LIMIT + 1)]
+    async with Timer(tick=0.001) as timer:
+        for var in many:  # up to _SHARE_LIMIT in all, with what the runner set
+            if len(contextvars.copy_context()) == _SHARE_LIMIT:
+                break
+            var.set(1)
+        assert len(contextvars.copy_context()) == _SHARE_LIMIT
+        at_limit = [timer.schedule_nowait(10, lambda: None) for _ in range(2)]
+        many[-1].set(1)
+        past = [timer.schedule_nowait(10, lambda: None) for _ in range(2)]
+        assert at_limit[0]._context is at_limit[1]._context
+        assert past[0]._context is not past[1]._context
+        assert past[0]._context[many[-1]] == 1
+        for handle in (*at_limit, *past):
+            handle.cancel()
+
+
 async def test_callbacks_sharing_a_snapshot_in_one_pass_do_not_see_each_other() -> None:
     # The shared snapshot is never run in: each callback runs in a copy of its own.
     seen: list[str] = []

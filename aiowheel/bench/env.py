@@ -46,14 +46,11 @@ __all__ = [
 
 class GcClock:
     """Time spent in the cyclic garbage collector while installed (``gc.callbacks``:
-    from each collection's start to its stop), and how many collections of each
-    generation ran."""
+    from each collection's start to its stop), and how many collections ran."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.collections = 0
-        self.by_generation = [0, 0, 0]
-        self.longest = 0.0
         self._start = 0.0
 
     def __enter__(self) -> GcClock:
@@ -67,11 +64,8 @@ class GcClock:
         if phase == "start":
             self._start = time.perf_counter()
         else:
-            pause = time.perf_counter() - self._start
-            self.seconds += pause
-            self.longest = max(self.longest, pause)
+            self.seconds += time.perf_counter() - self._start
             self.collections += 1
-            self.by_generation[info["generation"]] += 1
 
 
 def run_fresh(
