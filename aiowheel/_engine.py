@@ -525,21 +525,11 @@ class Engine:
                     if entry is None:
                         break
                     if not isinstance(entry, TimerHandle):
-                        # A drop-in loop's call_at handle (aiowheel/_loophandle.py,
-                        # run_in_pass: Handle._run's rules). Its lateness counts as a
-                        # timer's (stats().lateness_max). Counted before it runs: it
-                        # may raise (SystemExit, KeyboardInterrupt).
-                        self.pending -= 1
-                        if cast("LoopTimerHandle[Any]", entry)._args is None:
-                            # Cancelled from another thread, its unlink still queued
-                            # (LoopTimerHandle.cancel): counted as the cancel it is.
-                            self.cancelled += 1
-                            continue
-                        fired += 1
-                        lateness = now - entry._deadline  # inline copy of note_lateness
+                        # A drop-in loop's call_at handle: its lateness counts as a
+                        # timer's (stats().lateness_max).
+                        lateness = self.run_loop_entry(entry, now)
                         if lateness > lateness_max:
                             lateness_max = lateness
-                        run_in_pass(self, entry)
                         continue
                     handle = entry  # the timer files only these (and loop handles, above)
                     self.pending -= 1
@@ -552,9 +542,7 @@ class Engine:
                         continue
                     # Inline copy of run_one (the *run one* rule), but the trace row.
                     try:
-                        context = handle._context
-                        if type(handle) is not PeriodicHandle:
-                            context = context.copy()  # never run in a snapshot
+                        context = handle.run_context()  # never run in a snapshot
                         if handle._args:
                             result = context.run(handle._callback, *handle._args)
                         else:
@@ -571,16 +559,27 @@ class Engine:
                     if self.waiters.handles:
                         self.waiters.settle(handle, result)
         except BaseException as exc:
-            # SystemExit/KeyboardInterrupt (from a callback or on_error): put back
-            # what this pass did not get to, so nothing pending is lost.
-            self.refile(buckets[index:])
-            if isinstance(exc, _EXIT):
-                raise
-            logger.exception("aiowheel: the pass stopped early; the rest fires next pass")
+            self.pass_stopped(buckets[index:], exc)
         finally:
             self.fired += fired
             self.lateness_max = lateness_max
             handle = entry = result = context = None
+
+    def run_loop_entry(self, entry: WheelEntry, now: float) -> float:
+        """Run a drop-in loop's ``call_at`` handle the pass popped
+        (aiowheel/_loophandle.py, ``run_in_pass``: ``Handle._run``'s rules); return
+        its lateness, ``-inf`` when it did not run. Counted before it runs: it may
+        raise (SystemExit, KeyboardInterrupt)."""
+        self.pending -= 1
+        if cast("LoopTimerHandle[Any]", entry)._args is None:
+            # Cancelled from another thread, its unlink still queued
+            # (LoopTimerHandle.cancel): counted as the cancel it is.
+            self.cancelled += 1
+            return -_INF
+        self.fired += 1
+        lateness = now - entry._deadline
+        run_in_pass(self, entry)
+        return lateness
 
     def run_one(self, handle: TimerHandle[Any], now: float) -> None:
         """*Run one* expired handle (popped, counted fired, no longer pending): the
@@ -610,9 +609,7 @@ class Engine:
                 # from it and what the callback sets stays its own. A periodic
                 # handle's context is its own: run in directly, so a run sees what the
                 # last one set. Without arguments, no tuple is built for the call.
-                context = handle._context
-                if type(handle) is not PeriodicHandle:
-                    context = context.copy()
+                context = handle.run_context()
                 if args:
                     result = context.run(handle._callback, *args)
                 else:
@@ -665,6 +662,16 @@ class Engine:
         self.fired -= 1  # it fires when a worker starts it
         self.pending += 1
         self.pool.submit(handle, awaitable)
+
+    def pass_stopped(self, rest: list[Bucket], exc: BaseException) -> None:
+        """``exc`` stopped the pass (SystemExit/KeyboardInterrupt from a callback or
+        on_error, or a fault): put back what it did not get to, so nothing pending is
+        lost, and let an exit go on; anything else is logged, and the rest fires on
+        the next pass. Called in the ``except`` block (the log has the traceback)."""
+        self.refile(rest)
+        if isinstance(exc, _EXIT):
+            raise exc
+        logger.exception("aiowheel: the pass stopped early; the rest fires next pass")
 
     def refile(self, buckets: list[Bucket]) -> None:
         # One at a time: each entry stays linked (pending, findable by aclose) until

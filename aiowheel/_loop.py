@@ -604,12 +604,19 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
         asyncio.SelectorEventLoop.close(self)
 
 
+#: The uvloop module, once the first loop on the uvloop base asked for it (uvloop is an
+#: extra: importing aiowheel never imports it).
+_uvloop_module: Any = None
 _uvloop_class: type[Any] | None = None
+#: ``uvloop.Loop``, set with ``_uvloop_module``: the base class whose methods the
+#: overrides below call (no instance exists before it is set).
+_UvLoop: Any = None
 
 
-def _uvloop_loop_class() -> type[Any]:
-    global _uvloop_class
-    if _uvloop_class is None:
+def _uvloop() -> Any:
+    """The uvloop module; ImportError naming the extra when it is not installed."""
+    global _uvloop_module, _UvLoop
+    if _uvloop_module is None:
         try:
             import uvloop
         except ImportError as exc:
@@ -617,95 +624,112 @@ def _uvloop_loop_class() -> type[Any]:
                 "base='uvloop' needs uvloop: pip install 'aiowheel[uvloop]' "
                 "(from a checkout: pip install '.[uvloop]')"
             ) from exc
+        _uvloop_module = uvloop
+        _UvLoop = uvloop.Loop
+    return _uvloop_module
 
-        class _UvloopWheelLoop(_WheelLoop, uvloop.Loop):  # type: ignore[misc]
-            _base_grid = 1e3  # uvloop's clock: whole milliseconds
-            _aiowheel_base = "uvloop"  # loop_base()
 
-            def __init__(self, tick: float) -> None:
-                uvloop.Loop.__init__(self)
-                self._init_timer("uvloop", tick, self._base_grid)
+class _UvloopOverrides(_WheelLoop):
+    """What the uvloop base does differently from the asyncio base (``_AsyncioWheelLoop``).
 
-            def _base_call_at(
-                self,
-                when: float,
-                callback: Callable[..., object],
-                *args: Any,
-                context: Context | None = None,
-            ) -> asyncio.TimerHandle:
-                # uvloop's call_at goes through self.call_later (our override): call
-                # the base class's call_later directly, with the delay uvloop's own
-                # call_at computes. Unclamped: uvloop makes a negative delay 0 and
-                # refuses NaN with ValueError itself (max(0.0, nan) would be 0.0: a
-                # NaN timer firing at once, issue 28, finding 10).
-                return uvloop.Loop.call_later(
-                    self, when - self.time(), callback, *args, context=context
-                )
+    It cannot subclass ``uvloop.Loop`` here, where uvloop may not be installed: the loop
+    class is these overrides over ``uvloop.Loop``, put together by
+    ``_uvloop_loop_class`` when a loop on the uvloop base is first asked for. Every
+    ``_UvLoop.method(self, ...)`` below is that base class's method, called past
+    ``_WheelLoop``'s override of the same name.
+    """
 
-            def _due_call_soon(self) -> Callable[..., Any] | None:
-                return MethodType(uvloop.Loop.call_soon, self)
+    _base_grid = 1e3  # uvloop's clock: whole milliseconds
+    _aiowheel_base = "uvloop"  # loop_base()
 
-            def _wake_soon(self, callback: Callable[[], None]) -> Any:
-                return uvloop.Loop.call_soon(self, callback)
+    def __init__(self, tick: float) -> None:
+        _UvLoop.__init__(self)
+        self._init_timer("uvloop", tick, self._base_grid)
 
-            def _arm_at(self, when: float, wake: Callable[[], None]) -> Any:
-                # The driver's wake-up, on uvloop's real clock (its time() method may
-                # be patched: the wheel's clock is uvloop's own).
-                delay = when - uvloop.Loop.time(self)
-                if self.get_debug():
-                    return uvloop.Loop.call_later(self, delay, self._measured_pass, wake)
-                return uvloop.Loop.call_later(self, delay, wake)
+    def _base_call_at(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        # uvloop's call_at goes through self.call_later (our override): call
+        # the base class's call_later directly, with the delay uvloop's own
+        # call_at computes. Unclamped: uvloop makes a negative delay 0 and
+        # refuses NaN with ValueError itself (max(0.0, nan) would be 0.0: a
+        # NaN timer firing at once, issue 28, finding 10).
+        handle: asyncio.TimerHandle = _UvLoop.call_later(
+            self, when - self.time(), callback, *args, context=context
+        )
+        return handle
 
-            def _measured_pass(self, wake: Callable[[], None]) -> None:
-                self._debug_measured = 0.0
-                started = _monotonic()
-                wake()
-                took = _monotonic() - started
-                limit = self.slow_callback_duration
-                # uvloop would name this pass when it took over its limit (it measures
-                # a little more than this: half the limit is the margin), unless what
-                # was not measured in it (loop.timer's own callbacks) was slow itself.
-                if (
-                    self.get_debug()
-                    and took >= limit / 2
-                    and took - self._debug_measured < limit / 2
-                ):
-                    raise _PassMeasured
+    def _due_call_soon(self) -> Callable[..., Any] | None:
+        return MethodType(_UvLoop.call_soon, self)
 
-            def call_exception_handler(self, context: dict[str, Any]) -> None:
-                if isinstance(context.get("exception"), _PassMeasured):
-                    return  # not an error: see _PassMeasured
-                uvloop.Loop.call_exception_handler(self, context)
+    def _wake_soon(self, callback: Callable[[], None]) -> Any:
+        return _UvLoop.call_soon(self, callback)
 
-            def _check_loop_thread(self) -> None:
-                # uvloop's _check_thread is not reachable from Python, and its
-                # _thread_id is not readable: the running loop's thread is the one
-                # run_forever bound loop.timer to (_bind_timer).
-                if self.is_running() and _get_ident() != self._engine.affinity.thread:
-                    raise RuntimeError(
-                        "Non-thread-safe operation invoked on an event loop other "
-                        "than the current one"
-                    )
+    def _arm_at(self, when: float, wake: Callable[[], None]) -> Any:
+        # The driver's wake-up, on uvloop's real clock (its time() method may
+        # be patched: the wheel's clock is uvloop's own).
+        delay = when - _UvLoop.time(self)
+        if self.get_debug():
+            return _UvLoop.call_later(self, delay, self._measured_pass, wake)
+        return _UvLoop.call_later(self, delay, wake)
 
-            def _check_can_run(self) -> None:
-                # uvloop.Loop.run_forever's own checks, with its messages (its
-                # _check_closed is not reachable from Python).
-                if self.is_closed():
-                    raise RuntimeError("Event loop is closed")
-                if self.is_running():
-                    raise RuntimeError("this event loop is already running.")
-                if asyncio._get_running_loop() is not None:
-                    raise RuntimeError("Cannot run the event loop while another loop is running")
+    def _measured_pass(self, wake: Callable[[], None]) -> None:
+        self._debug_measured = 0.0
+        started = _monotonic()
+        wake()
+        took = _monotonic() - started
+        limit = self.slow_callback_duration
+        # uvloop would name this pass when it took over its limit (it measures
+        # a little more than this: half the limit is the margin), unless what
+        # was not measured in it (loop.timer's own callbacks) was slow itself.
+        if self.get_debug() and took >= limit / 2 and took - self._debug_measured < limit / 2:
+            raise _PassMeasured
 
-            def run_forever(self) -> None:
-                self._check_can_run()
-                self._bind_timer()
-                uvloop.Loop.run_forever(self)
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), _PassMeasured):
+            return  # not an error: see _PassMeasured
+        _UvLoop.call_exception_handler(self, context)
 
-            def close(self) -> None:
-                if not self.is_running() and not self.is_closed():
-                    self._close_timer()
-                uvloop.Loop.close(self)
+    def _check_loop_thread(self) -> None:
+        # uvloop's _check_thread is not reachable from Python, and its
+        # _thread_id is not readable: the running loop's thread is the one
+        # run_forever bound loop.timer to (_bind_timer).
+        if self.is_running() and _get_ident() != self._engine.affinity.thread:
+            raise RuntimeError(
+                "Non-thread-safe operation invoked on an event loop other than the current one"
+            )
+
+    def _check_can_run(self) -> None:
+        # uvloop.Loop.run_forever's own checks, with its messages (its
+        # _check_closed is not reachable from Python).
+        if self.is_closed():
+            raise RuntimeError("Event loop is closed")
+        if self.is_running():
+            raise RuntimeError("this event loop is already running.")
+        if asyncio._get_running_loop() is not None:
+            raise RuntimeError("Cannot run the event loop while another loop is running")
+
+    def run_forever(self) -> None:
+        self._check_can_run()
+        self._bind_timer()
+        _UvLoop.run_forever(self)
+
+    def close(self) -> None:
+        if not self.is_running() and not self.is_closed():
+            self._close_timer()
+        _UvLoop.close(self)
+
+
+def _uvloop_loop_class() -> type[Any]:
+    global _uvloop_class
+    if _uvloop_class is None:
+
+        class _UvloopWheelLoop(_UvloopOverrides, _uvloop().Loop):  # type: ignore[misc]
+            pass
 
         _uvloop_class = _UvloopWheelLoop
     return _uvloop_class

@@ -205,6 +205,7 @@ def test_missing_uvloop_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     import aiowheel._loop as module
 
     monkeypatch.setattr(module, "_uvloop_class", None)
+    monkeypatch.setattr(module, "_uvloop_module", None)
     monkeypatch.setitem(sys.modules, "uvloop", None)
     with pytest.raises(ImportError, match=r"aiowheel\[uvloop\]"):
         aiowheel.new_event_loop(base="uvloop")
@@ -213,7 +214,10 @@ def test_missing_uvloop_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize("base", BASES)
 def test_runner_and_policy(base: str) -> None:
     async def main() -> str:
-        return type(asyncio.get_running_loop()).__mro__[1].__name__
+        # The drop-in loop's own class, and above it the base's (on uvloop, through
+        # its overrides: aiowheel/_loop.py, _UvloopOverrides).
+        mro = [cls.__name__ for cls in type(asyncio.get_running_loop()).__mro__]
+        return "_WheelLoop" if "_WheelLoop" in mro[1:3] else mro[1]
 
     with asyncio.Runner(loop_factory=lambda: aiowheel.new_event_loop(base=base)) as runner:
         assert runner.run(main()) == "_WheelLoop"
