@@ -381,7 +381,7 @@ class LoopFew(_LoopWorkload):
         sleep = asyncio.sleep
         perf = time.perf_counter
         timeout = asyncio.timeout
-        ops = settings.ops if settings.ops is not None else 100_000
+        ops = settings.ops if settings.ops is not None else 30_000 if settings.quick else 100_000
         batches = range(max(ops // _BATCH, 1))
         inner = range(_BATCH)
         gc.collect()

@@ -111,10 +111,14 @@ class Runner:
         s = self.settings
         return [c for c in self._applicable(workload) if workload.skip_reason(c, n, s) is None]
 
+    def _searched(self, workload: SearchedWorkload) -> list[Contender]:
+        s = self.settings
+        return [c for c in self._applicable(workload) if workload.sits_out(c, s) is None]
+
     def _planned_steps(self, workload: AnyWorkload) -> int:
         s = self.settings
         if isinstance(workload, SearchedWorkload):
-            return workload.planned_steps(s, self._applicable(workload))
+            return workload.planned_steps(s, self._searched(workload))
         steps = 0
         for n in workload.sizes(s):
             per_rep = len(self._runnable(workload, n))
@@ -128,6 +132,10 @@ class Runner:
         if isinstance(workload, RepeatedWorkload) and n is not None:
             for c in self._applicable(workload):
                 if (reason := workload.skip_reason(c, n, s)) is not None:
+                    reasons[c] = reason
+        elif isinstance(workload, SearchedWorkload):
+            for c in self._applicable(workload):
+                if (reason := workload.sits_out(c, s)) is not None:
                     reasons[c] = reason
         return [(c, reasons[c]) for c in CONTENDERS if c in reasons]
 
@@ -210,7 +218,7 @@ class Runner:
 
     def _search(self, workload: SearchedWorkload) -> None:
         s = self.settings
-        contenders = self._applicable(workload)
+        contenders = self._searched(workload)
         steps = 0
 
         def progress(message: str) -> None:

@@ -183,6 +183,11 @@ class SearchedWorkload(Workload):
         """The metrics a variant has (kafka's target rates have figures of their own)."""
         return self.metrics
 
+    def sits_out(self, contender: Contender, settings: Settings) -> str | None:
+        """Why ``contender``, which the workload applies to, is not searched in this
+        run (``None``: it is)."""
+        return None
+
     @abstractmethod
     def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
         """About how many ``progress`` calls ``measure`` makes (for the progress bar)."""

@@ -110,11 +110,12 @@ class Churn(RepeatedWorkload):
     )
 
     def default_sizes(self, quick: bool) -> list[int]:
-        # Quick: 50,000 pending, not 100,000: trio-native's task per timer made the
-        # churn of 100,000 a quarter of `bench --report`'s time (fill, teardown and
-        # the full garbage collections that 100,000 tasks bring, 14 s of CPU per
-        # repetition), while the other contenders' figures barely move with N.
-        return [50_000] if quick else [1_000_000]
+        # Quick: 20,000 pending: trio-native's task per timer made the churn of
+        # 100,000 a quarter of `bench --report`'s time (fill, teardown and the full
+        # garbage collections that 100,000 tasks bring, 14 s of CPU per repetition),
+        # and at 50,000 still 23 s of its 5 minutes (issue 32), while the other
+        # contenders' figures barely move with N.
+        return [20_000] if quick else [1_000_000]
 
     def _ops(self, n: int, settings: Settings) -> int:
         if settings.ops is not None:
@@ -264,7 +265,9 @@ class Memory(RepeatedWorkload):
     traced = False  # its timers never end: a trace would be N cancellations
 
     def default_sizes(self, quick: bool) -> list[int]:
-        return [50_000] if quick else [1_000_000]
+        # Quick: bytes per timer do not depend on N (a heap's or a list's spare
+        # slots are a share of it at any N), and tracemalloc slows every allocation.
+        return [20_000] if quick else [1_000_000]
 
     def skip_reason(self, contender: Contender, n: int, settings: Settings) -> str | None:
         # Per-timer cost does not depend on N for tasks: trio is measured at the cap.

@@ -182,9 +182,18 @@ def test_report_runs_quick_sizes_unless_full() -> None:
     assert cli.settings_from(parser.parse_args(["--report"])).quick
     assert not cli.settings_from(parser.parse_args(["--report", "--full"])).quick
     assert not cli.settings_from(parser.parse_args([])).quick
-    # Three repetitions for the report too (one repetition's ratios flip, issue 21).
-    assert cli.settings_from(parser.parse_args(["--report"])).reps == 3
+    # More than one repetition for the report (one repetition's ratios flip, issue
+    # 21); two, so that the main job keeps to its 5 minutes (issue 32); --full: 3.
+    assert cli.settings_from(parser.parse_args(["--report"])).reps == 2
+    assert cli.settings_from(parser.parse_args(["--report", "--full"])).reps == 3
+    assert cli.settings_from(parser.parse_args(["--report", "--reps", "3"])).reps == 3
+    assert cli.settings_from(parser.parse_args([])).reps == 3
     assert cli.settings_from(parser.parse_args(["--quick"])).reps == 1
+    # The windows of the quick sizes (issue 32).
+    quick = cli.settings_from(parser.parse_args(["--report"]))
+    assert (quick.idle_timeout, quick.idle_seconds, quick.spread_window) == (0.5, 0.3, 0.5)
+    full = cli.settings_from(parser.parse_args([]))
+    assert (full.idle_timeout, full.idle_seconds, full.spread_window) == (1.0, 2.0, 5.0)
     # churn's pairs stop at half a second at the quick sizes (trio-native's took 7 s).
     assert cli.settings_from(parser.parse_args(["--report"])).op_seconds == 0.5
     assert cli.settings_from(parser.parse_args(["--report", "--full"])).op_seconds == 5.0

@@ -177,3 +177,24 @@ def test_the_purgatory_cycle_runs_for_both_kinds() -> None:
         contender = next(c for c in CONTENDERS if c.name == name)
         values = cycle.repetition(contender, 1_000, data, settings, {})
         assert values["cycle_ns"] > 0
+
+
+def test_kafka_quick_searches_on_asyncio_and_uvloop_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The main job's 5 minutes (issue 32): with --quick (and so --report) the trio
+    # contenders sit out the search, listed as skipped and why, in every variant.
+    argv = ["-w", "kafka", "--quick", "-c", "aiowheel-asyncio,trio-native", *TINY]
+    results = results_of(run_json(capsys, *argv))
+    assert {r["contender"] for r in results if r["skipped"] is None} == {"aiowheel-asyncio"}
+    skipped = [r for r in results if r["contender"] == "trio-native"]
+    assert {r["variant"] for r in skipped} == {
+        "high",
+        "high at 2,000 req/s",
+        "high at 3,000 req/s",
+    }
+    assert all("asyncio and uvloop only" in r["skipped"] for r in skipped)
+    # Without --quick every contender is searched.
+    full = Settings(workloads=["kafka"], quick=False)
+    trio = next(c for c in CONTENDERS if c.name == "trio-native")
+    assert Kafka().sits_out(trio, full) is None
