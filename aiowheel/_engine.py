@@ -542,7 +542,7 @@ class Engine:
                         continue
                     # Inline copy of run_one (the *run one* rule), but the trace row.
                     try:
-                        context = handle.run_context()  # never run in a snapshot
+                        context = handle._run_context()  # never run in a snapshot
                         if handle._args:
                             result = context.run(handle._callback, *handle._args)
                         else:
@@ -609,7 +609,7 @@ class Engine:
                 # from it and what the callback sets stays its own. A periodic
                 # handle's context is its own: run in directly, so a run sees what the
                 # last one set. Without arguments, no tuple is built for the call.
-                context = handle.run_context()
+                context = handle._run_context()
                 if args:
                     result = context.run(handle._callback, *args)
                 else:

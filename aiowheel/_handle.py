@@ -235,13 +235,13 @@ class TimerHandle(WheelEntry, Generic[T]):
         self._bucket = None
         self._prev = self._next = None
 
-    def run_context(self) -> Context:
+    def _run_context(self) -> Context:
         """The context a firing of this handle runs its callback in: a copy of the one
         captured at schedule, which may be a snapshot shared with other handles and is
         never run in itself (``snapshot_context``). So each run starts from what the
         scheduler saw, and what a callback sets stays its own, as with
         ``loop.call_later``. (A periodic handle runs in its own context directly:
-        ``PeriodicHandle.run_context``.)"""
+        ``PeriodicHandle._run_context``.)"""
         context: Context = self._context.copy()
         return context
 

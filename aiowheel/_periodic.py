@@ -234,7 +234,7 @@ class PeriodicHandle(TracedHandle[Any]):
         self._in_run = False
         self._rearmed = False
 
-    def run_context(self) -> Context:
+    def _run_context(self) -> Context:
         """Its own context, run in directly: a run sees what the last one set."""
         context: Context = self._context
         return context

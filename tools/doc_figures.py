@@ -160,8 +160,8 @@ def machine(run: Run) -> str:
     reps = s.get("reps")
     return (
         f"Reference run: Python {m['python']} ({m['implementation']}), {m['cpus']} CPUs, "
-        f"aiowheel's {m['core']} core, load average {load[0]} at the start (a machine "
-        f"shared with other work), {reps} repetitions (medians), "
+        f"aiowheel's {m['core']} core, load average {load[0]} at the start, "
+        f"{reps} repetitions (medians), "
         f"{'quick' if s.get('quick') else 'default'} sizes; `{REFERENCE.relative_to(ROOT)}`.\n"
     )
 
