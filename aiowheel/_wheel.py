@@ -85,9 +85,11 @@ __all__ = [
     "HORIZON",
     "QUEUE_LEVEL",
     "Bucket",
+    "Expiry",
     "Wheel",
     "WheelEntry",
     "deadline_of",
+    "level_for",
 ]
 
 # Final: compiled, these are C constants, not module-dict lookups; and math.ceil and
@@ -114,6 +116,23 @@ _FAR_KEY: Final = -(1 << 16)
 DUE_LEVEL: Final = -1  # entries already due when filed (Wheel._due, and its chunks)
 QUEUE_LEVEL: Final = -2  # the worker pool's run queue (aiowheel/_dispatch.py, RunQueue)
 FAR_LEVEL: Final = -3  # entries past the horizon (Wheel._far)
+
+
+def level_for(now: int, e: int, size: int) -> int:
+    """The level an entry due at tick ``e`` (later than ``now``) is filed on while the
+    wheel's clock is at tick ``now``: the lowest whose window holds ``e`` (tokio's
+    ``level_for``). Level ``k``'s buckets are ``size**k`` ticks wide, and its window
+    is ``size`` buckets from ``now`` rounded down to a bucket's width.
+
+    ``Wheel._file`` keeps an inline copy over the windows it keeps up to date
+    (``_limit0``, ``_upper``: the hot path of every schedule computes no power);
+    tests/test_wheel.py checks that the two agree."""
+    level = 0
+    width = 1
+    while e >= now - now % width + width * size:
+        level += 1
+        width *= size
+    return level
 
 
 def deadline_of(entry: WheelEntry) -> float:
@@ -294,15 +313,13 @@ class Wheel:
 
     __slots__ = (
         "_due",
+        "_expiry",
         "_far",
         "_heap",
-        "_held",
         "_levels",
         "_limit0",
         "_limits",
-        "_moving",
         "_now",
-        "_out",
         "_size",
         "_upper",
         "_wheel0",
@@ -331,16 +348,10 @@ class Wheel:
         self._heap: list[tuple[int, int, float, Bucket]] = []
         # Entries that were already due when filed; they expire on the next advance.
         self._due = Bucket(DUE_LEVEL)
-        # The buckets the last advance handed out, until the caller has emptied them
-        # (release): clear() takes what is left in them.
-        self._out: list[Bucket] = []
         # Entries past the horizon (see _file_far).
         self._far = Bucket(FAR_LEVEL)
-        # What a pass holds outside every bucket for a moment, for `recover`: the
-        # entry it is moving from one bucket to another (between the unlink and the
-        # link), and the entries it is re-linking in a new order.
-        self._moving: WheelEntry | None = None
-        self._held: list[WheelEntry] | None = None
+        # What a pass does to the wheel, and what only a pass holds (Expiry).
+        self._expiry = Expiry()
 
     # -- clock --------------------------------------------------------------------
 
@@ -450,6 +461,7 @@ class Wheel:
         # or attribute lookup here is a measurable share of a ~1 us schedule).
         # `cascaded`: the entry comes down from a coarser level (or the far bucket),
         # so it goes before the ties filed directly (Bucket.add_cascaded).
+        # The level: inline copy of level_for, over the windows _set_now keeps.
         if e < self._limit0:
             if e <= self._now:
                 if cascaded:
@@ -493,7 +505,7 @@ class Wheel:
             # very entry while the call filing it was on its way here (the garbage
             # collector ran at an allocation; issue 28, item 3: it made this link
             # raise "already filed"). That later call stands: file nothing and say
-            # so (NaN), and the caller counts nothing (Engine.file).
+            # so (NaN), and the caller counts nothing (EngineState.file).
             return _NAN
         if bucket.tick != start:
             # First entry of this bucket in this revolution: schedule the bucket.
@@ -542,33 +554,6 @@ class Wheel:
             return self.origin + start * self.tick
         except OverflowError:
             return float(Fraction(self.origin) + start * Fraction(self.tick))
-
-    def _due_far(self) -> None:
-        # The far bucket came due (the clock is at its tick): file the entries now
-        # within the horizon into the levels, and schedule it again for the rest.
-        # O(far entries); far entries are rare, and each pass that comes here files
-        # at least one of them.
-        far = self._far
-        limit = self._now + HORIZON
-        earliest = -1
-        node = far._first
-        while node is not None:
-            after = node._next
-            e = self.due_tick_of(node._deadline)
-            if e <= limit:
-                self._moving = node
-                far.remove(node)
-                self._file(node, e, True)
-                self._moving = None
-            elif earliest < 0 or e < earliest:
-                earliest = e
-            node = after
-        if earliest >= 0:
-            start = earliest - HORIZON
-            when = self._far_time(start)
-            far.tick = start
-            far.time = when
-            _heappush(self._heap, (start, _FAR_KEY, when, far))
 
     def insert_due(self, entry: WheelEntry, deadline: float) -> float:
         """File ``entry`` as due now: it comes out of the next ``advance``, whatever
@@ -628,311 +613,28 @@ class Wheel:
                 bucket.time = _INF
         return None
 
+    # -- the pass (Expiry's) ------------------------------------------------------
+
     def advance(self, now: float) -> list[Bucket]:
-        """Move the wheel's clock to ``now`` and return what is due, in due order.
-
-        Every returned bucket is detached from the wheel and holds only entries whose
-        deadline is at or before ``now``; those entries still point at it
-        (``entry._bucket``), so removing one of them before the caller gets to it
-        works as usual. Buckets come due in tick order; a coarse bucket is cascaded
-        against its own start tick, so after a long stall entries still come out in
-        deadline order across ticks (within one tick no order is promised). Entries
-        filed as due (``insert_due``) are merged into that order by deadline.
-
-        Every entry stays linked in some bucket the whole time, and every bucket
-        handed out is listed in ``_out`` (until ``release``), so that ``clear`` finds
-        all of them even if this raises half-way (an interrupt, a ``MemoryError``):
-        a timer that closes then settles every handle it held. Allocations (which
-        may run the garbage collector, and through it user code) come before the
-        change they serve, never between deciding it and completing it.
-        """
-        fired: list[Bucket] = []
-        heap = self._heap
-        # Entries filed as due before this pass, sorted; they go out ahead of any
-        # overdue bucket that comes due after their deadline.
-        early: Bucket | None = self._take_due(now) if self._due._first is not None else None
-        while heap and heap[0][2] <= now:
-            start, _key, when, bucket = heap[0]
-            if bucket.tick != start or bucket.empty():
-                self._drop_top(bucket, start)
-            elif early is not None and early._first is not None and early._first._deadline < when:
-                self._emit_before(early, when, fired)
-            elif bucket.level == FAR_LEVEL:
-                self._far_came_due(start, now, fired)
-            elif not self._detach(bucket, start):
-                pass  # the heap moved while the replacement was allocated: look again
-            elif bucket.level == 0:
-                self._expire(bucket, start, when, fired)
-            else:
-                self._cascade(bucket, now, fired)
-        if early is not None and early._first is not None:
-            fired.append(early)
-        target = math.floor((now - self.origin) / self.tick)
-        if target > self._now:
-            self._set_now(target)
-        return fired
-
-    # The steps of advance, one per kind of heap top. Each runs with the top of the
-    # heap being (start, ..., bucket) and takes it off, or leaves the heap for the
-    # loop to look at again.
-
-    def _drop_top(self, bucket: Bucket, start: int) -> None:
-        # A stale heap item (the bucket was emptied and dropped by next_expiry, or
-        # the far bucket moved earlier), or an emptied bucket: unschedule it.
-        _heappop(self._heap)
-        if bucket.tick == start:
-            bucket.tick = None
-            bucket.time = _INF
-
-    def _far_came_due(self, start: int, now: float, fired: list[Bucket]) -> None:
-        # The far bucket: not detached (its entries are not due), only re-examined
-        # against the clock at its tick.
-        far = self._far
-        _heappop(self._heap)
-        far.tick = None
-        far.time = _INF
-        if start > self._now:
-            self._set_now(start)
-        self._due_far()
-        # Invariant: a pass hands out every entry due at `now`; whatever it files as
-        # due (into `_due`) it takes before it returns. An entry lazily extended
-        # inside the far bucket to the far bucket's own time is due right here
-        # (issue 28: it used to wait in `_due` for an advance that nothing asked
-        # for, and the model lost it; tests/test_wheel_model.py keeps the example).
-        if self._due._first is not None:
-            fired.append(self._take_due(now))
-
-    def _detach(self, bucket: Bucket, start: int) -> bool:
-        # Detach the top bucket: new inserts during this pass must not land in a
-        # bucket the pass returns. The replacement first: its allocation may run
-        # finalizers that change the heap, so False (look again) if the top moved.
-        level = bucket.level
-        fresh = Bucket(level)
-        heap = self._heap
-        # Compare the fields, not the tuple's identity: compiled, the top is an
-        # unboxed tuple, and boxing it again makes a new object every time.
-        if not heap or heap[0][3] is not bucket or heap[0][0] != start:
-            return False
-        _heappop(heap)
-        bucket.tick = None
-        # Listed in _out before it leaves its level: always findable (recover).
-        self._out.append(bucket)
-        self._levels[level][(start // self._widths[level]) % self._size] = fresh
-        if start > self._now:
-            self._set_now(start)
-        return True
-
-    def _expire(self, bucket: Bucket, start: int, when: float, fired: list[Bucket]) -> None:
-        # A detached level-0 bucket: entries filed at this tick are due now; entries
-        # whose deadline was moved later (extend) or that a float rounding put one tick
-        # early go back into the wheel, at a tick strictly after this one.
-        node: WheelEntry | None = bucket._first
-        while node is not None:
-            after = node._next
-            if node._deadline > when:
-                e = self.due_tick_of(node._deadline)
-                self._moving = node  # (for recover; see `_moving`)
-                bucket.remove(node)
-                self._file(node, e if e > start else start + 1)
-            node = after
-        self._moving = None
-        if not bucket.empty():
-            fired.append(bucket)
-
-    def _cascade(self, bucket: Bucket, now: float, fired: list[Bucket]) -> None:
-        # A detached coarser bucket: re-file against the bucket's start; each entry
-        # moves down at least one level, or expires into the due bucket.
-        cascaded = bucket._first
-        while cascaded is not None:
-            e = self.due_tick_of(cascaded._deadline)
-            self._moving = cascaded
-            bucket.remove(cascaded)
-            self._file(cascaded, e, True)
-            cascaded = bucket._first
-        self._moving = None
-        if self._due._first is not None:
-            fired.append(self._take_due(now))
+        """Move the wheel's clock to ``now`` and return what is due, in due order
+        (``Expiry.advance``)."""
+        return self._expiry.advance(self, now)
 
     def in_order(self, buckets: list[Bucket]) -> list[Bucket]:
-        """The entries of ``buckets`` (what ``advance`` just handed out) in deadline
-        order, ties in the order given: ``buckets`` itself when they already are (the
-        usual case: one comparison per entry, no allocation), else one bucket holding
-        them all. The drop-in loop's rule (``when`` order within a pass); ``advance``
-        alone promises deadline order only between ticks.
-
-        Allocations come first: between unlinking the entries and linking them again
-        into the first bucket (in ``_out``, where ``clear`` finds them) no code runs."""
-        previous = -_INF
-        ordered = True
-        for bucket in buckets:
-            node = bucket._first
-            while node is not None:
-                if node._deadline < previous:
-                    ordered = False
-                    break
-                previous = node._deadline
-                node = node._next
-            if not ordered:
-                break
-        if ordered:
-            return buckets
-        entries: list[WheelEntry] = []
-        for bucket in buckets:
-            entries.extend(bucket)
-        entries.sort(key=deadline_of)  # stable
-        merged = [buckets[0]]
-        self._held = entries  # (for recover: unlinked below until linked again)
-        for bucket in buckets:
-            node = bucket._first
-            while node is not None:
-                after = node._next
-                node._bucket = node._prev = node._next = None
-                node = after
-            bucket._first = bucket._last = bucket._cascaded = None
-        target = buckets[0]
-        for entry in entries:
-            target.add(entry)
-        self._held = None
-        return merged
+        """The entries of ``buckets`` in deadline order (``Expiry.in_order``)."""
+        return self._expiry.in_order(buckets)
 
     def release(self) -> None:
-        """The caller is done with the buckets ``advance`` handed out. Normally they
-        are empty; an entry the caller did not get to (it stopped half-way) is filed
-        again at its own deadline, so that nothing pending is lost."""
-        out = self._out
-        while out:
-            bucket = out[-1]
-            entry = bucket._first
-            if entry is None:
-                out.pop()
-                continue
-            e = self.due_tick_of(entry._deadline)
-            self._moving = entry
-            bucket.remove(entry)
-            # Filed before anything filed since: ahead of those ties.
-            self._file(entry, e, True)
-            self._moving = None
+        """The caller is done with what ``advance`` handed out (``Expiry.release``)."""
+        self._expiry.release(self)
 
     def recover(self) -> None:
-        """Make the wheel whole again after an exception stopped it half-way through
-        ``advance``, ``in_order`` or ``release`` (on the pure core a
-        ``KeyboardInterrupt`` can arrive at any bytecode), and file every pending
-        entry again: nothing is lost, nothing runs twice, nothing fires early.
+        """Make the wheel whole after an interrupted pass (``Expiry.recover``)."""
+        self._expiry.recover(self)
 
-        It relies on one invariant those methods keep at every bytecode: every
-        pending entry is reachable, by its bucket's forward links (``_first``,
-        ``_next``) from a level's bucket, the due or far bucket or a bucket listed in
-        ``_out``, or it is ``_moving`` (between an unlink and a link) or in
-        ``_held`` (being re-linked in a new order). What else a pass changes (the
-        heap, bucket ticks, the levels' windows, a bucket's back links) is rebuilt
-        here from scratch. O(pending entries + levels * wheel_size): rare.
-
-        The collector is paused meanwhile (its finalizers may call the timer, and
-        must not find an entry between its unlink and its filing). Run it again if
-        it is itself interrupted: it starts from what it holds (``_held``)."""
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self._recover()
-        finally:
-            if enabled:
-                gc.enable()
-
-    def _recover(self) -> None:
-        buckets: list[Bucket] = [self._due, self._far, *self._out]
-        for wheel in self._levels:
-            buckets.extend(wheel)
-        entries: list[WheelEntry] = []
-        seen: set[int] = set()
-        held = self._held
-        if held is not None:
-            entries.extend(held)
-        moving = self._moving
-        if moving is not None:
-            entries.append(moving)
-        for entry in entries:
-            seen.add(id(entry))
-        for bucket in buckets:
-            node = bucket._first
-            walked: set[int] = set()  # (a list cut half-way is never a cycle; still)
-            while node is not None and id(node) not in walked:
-                walked.add(id(node))
-                if id(node) not in seen:
-                    seen.add(id(node))
-                    entries.append(node)
-                node = node._next
-        # A run that this very method interrupted left its list here: keep it until
-        # every entry is filed again.
-        self._held = entries
-        self._moving = None
-        # Levels: a level added half-way (its buckets listed, its width not yet) is
-        # empty; drop it. Then the windows, for the clock as it stands.
-        count = min(len(self._levels), len(self._widths), len(self._limits))
-        del self._levels[count:]
-        del self._widths[count:]
-        del self._limits[count:]
-        self._set_now(self._now)
-        self._out.clear()
-        self._heap.clear()
-        for bucket in buckets:
-            bucket._first = bucket._last = bucket._cascaded = None
-            bucket.tick = None
-            bucket.time = _INF
-        for entry in entries:
-            entry._bucket = entry._prev = entry._next = None
-        for entry in entries:
-            self._file(entry, self.due_tick_of(entry._deadline))
-        self._held = None
-
-    def _take_due(self, now: float) -> Bucket:
-        # The due bucket itself is handed out (its entries stay linked in it), with
-        # its entries in deadline order; a fresh one takes its place. An entry a float
-        # rounding filed as due a hair after `now` waits for the next tick instead.
-        fresh = Bucket(DUE_LEVEL)  # allocate before the change
-        taken = self._due
-        self._out.append(taken)  # listed before it is replaced (recover)
-        self._due = fresh
-        node = taken._first
-        while node is not None:
-            after = node._next
-            if node._deadline > now:
-                self._moving = node
-                taken.remove(node)
-                self._file(node, self._now + 1)
-            node = after
-        self._moving = None
-        # Entries are usually already in order (zero-delay timers, or one tick of a
-        # cascade): then this is one comparison each, and no sort.
-        previous = -_INF
-        node = taken._first
-        while node is not None:
-            if node._deadline < previous:
-                entries = list(taken)  # they stay linked while this allocates
-                entries.sort(key=deadline_of)
-                self._held = entries
-                taken._first = taken._last = taken._cascaded = None
-                for entry in entries:
-                    entry._bucket = entry._prev = entry._next = None
-                for entry in entries:
-                    taken.add(entry)
-                self._held = None
-                break
-            previous = node._deadline
-            node = node._next
-        return taken
-
-    def _emit_before(self, early: Bucket, when: float, fired: list[Bucket]) -> None:
-        # Hand out, as a bucket of their own, the due entries whose deadline is
-        # before `when`; the rest stay in `early`.
-        chunk = Bucket(DUE_LEVEL)  # allocate before the change
-        self._out.append(chunk)
-        while early._first is not None and early._first._deadline < when:
-            entry = early._first
-            self._moving = entry
-            early.remove(entry)
-            chunk.add(entry)
-        self._moving = None
-        fired.append(chunk)
+    def clear(self) -> list[Any]:
+        """Empty the wheel and return its entries, unlinked (``Expiry.clear``)."""
+        return self._expiry.clear(self)
 
     # -- introspection (not on any hot path) -----------------------------------------
 
@@ -947,32 +649,6 @@ class Wheel:
         for wheel in self._levels:
             for bucket in wheel:
                 yield from bucket
-
-    def clear(self) -> list[Any]:
-        """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
-        entries = self._due.take_all()
-        held: list[WheelEntry] = []
-        if self._held is not None:  # a pass stopped while re-linking them
-            held.extend(e for e in self._held if e._bucket is None)
-        if self._moving is not None and self._moving._bucket is None:
-            held.append(self._moving)  # a pass stopped between unlink and link
-        for entry in held:
-            entry._prev = entry._next = None
-        entries += held
-        self._held = self._moving = None
-        for bucket in self._out:  # handed out by an advance that did not finish
-            entries += bucket.take_all()
-        self._out.clear()
-        entries += self._far.take_all()
-        self._far.tick = None
-        self._far.time = _INF
-        for wheel in self._levels:
-            for bucket in wheel:
-                entries += bucket.take_all()
-                bucket.tick = None
-                bucket.time = _INF
-        self._heap.clear()
-        return entries
 
     def _check(self) -> None:
         """Assert the invariants listed in the module docstring (for tests: O(n))."""
@@ -1019,6 +695,397 @@ class Wheel:
                         or (bucket.tick == due + 1 and entry._deadline > self.tick_time(due))
                     ), entry
         assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
+
+
+class Expiry:
+    """The wheel's other half: what a pass does to it (Kafka's ``advanceClock`` and
+    bucket flush, tokio's ``poll``). ``Wheel`` files; this advances its clock, hands
+    out what expired, cascades the rest, and keeps every entry findable while it does.
+
+    One data structure, two classes, one module: this class changes the wheel's heap,
+    levels and due bucket as the wheel's own methods did (the wheel's state is written
+    in this module only), and the wheel calls it for ``advance``, ``in_order``,
+    ``release``, ``recover`` and ``clear``. What only a pass holds is here:
+
+    * ``_out``: the buckets the last advance handed out, until the caller has emptied
+      them (``release``): ``clear`` takes what is left in them;
+    * ``_moving``: the entry a pass is moving from one bucket to another, between the
+      unlink and the link;
+    * ``_held``: the entries it is re-linking in a new order.
+
+    Those three are what ``recover`` needs besides the buckets (its docstring states
+    the invariant).
+    """
+
+    __slots__ = ("_held", "_moving", "_out")
+
+    def __init__(self) -> None:
+        # (No reference back to the wheel: each call is given it, so that the two
+        # make no reference cycle and a dropped wheel is freed at once.)
+        self._out: list[Bucket] = []
+        self._moving: WheelEntry | None = None
+        self._held: list[WheelEntry] | None = None
+
+    def advance(self, wheel: Wheel, now: float) -> list[Bucket]:
+        """Move the wheel's clock to ``now`` and return what is due, in due order.
+
+        Every returned bucket is detached from the wheel and holds only entries whose
+        deadline is at or before ``now``; those entries still point at it
+        (``entry._bucket``), so removing one of them before the caller gets to it
+        works as usual. Buckets come due in tick order; a coarse bucket is cascaded
+        against its own start tick, so after a long stall entries still come out in
+        deadline order across ticks (within one tick no order is promised). Entries
+        filed as due (``insert_due``) are merged into that order by deadline.
+
+        Every entry stays linked in some bucket the whole time, and every bucket
+        handed out is listed in ``_out`` (until ``release``), so that ``clear`` finds
+        all of them even if this raises half-way (an interrupt, a ``MemoryError``):
+        a timer that closes then settles every handle it held. Allocations (which
+        may run the garbage collector, and through it user code) come before the
+        change they serve, never between deciding it and completing it.
+        """
+        fired: list[Bucket] = []
+        heap = wheel._heap
+        # Entries filed as due before this pass, sorted; they go out ahead of any
+        # overdue bucket that comes due after their deadline.
+        early: Bucket | None = self._take_due(wheel, now) if wheel._due._first is not None else None
+        while heap and heap[0][2] <= now:
+            start, _key, when, bucket = heap[0]
+            if bucket.tick != start or bucket.empty():
+                self._drop_top(wheel, bucket, start)
+            elif early is not None and early._first is not None and early._first._deadline < when:
+                self._emit_before(early, when, fired)
+            elif bucket.level == FAR_LEVEL:
+                self._far_came_due(wheel, start, now, fired)
+            elif not self._detach(wheel, bucket, start):
+                pass  # the heap moved while the replacement was allocated: look again
+            elif bucket.level == 0:
+                self._expire(wheel, bucket, start, when, fired)
+            else:
+                self._cascade(wheel, bucket, now, fired)
+        if early is not None and early._first is not None:
+            fired.append(early)
+        target = math.floor((now - wheel.origin) / wheel.tick)
+        if target > wheel._now:
+            wheel._set_now(target)
+        return fired
+
+    # The steps of advance, one per kind of heap top. Each runs with the top of the
+    # heap being (start, ..., bucket) and takes it off, or leaves the heap for the
+    # loop to look at again.
+
+    def _drop_top(self, wheel: Wheel, bucket: Bucket, start: int) -> None:
+        # A stale heap item (the bucket was emptied and dropped by next_expiry, or
+        # the far bucket moved earlier), or an emptied bucket: unschedule it.
+        _heappop(wheel._heap)
+        if bucket.tick == start:
+            bucket.tick = None
+            bucket.time = _INF
+
+    def _far_came_due(self, wheel: Wheel, start: int, now: float, fired: list[Bucket]) -> None:
+        # The far bucket: not detached (its entries are not due), only re-examined
+        # against the clock at its tick.
+        far = wheel._far
+        _heappop(wheel._heap)
+        far.tick = None
+        far.time = _INF
+        if start > wheel._now:
+            wheel._set_now(start)
+        self._due_far(wheel)
+        # Invariant: a pass hands out every entry due at `now`; whatever it files as
+        # due (into `_due`) it takes before it returns. An entry lazily extended
+        # inside the far bucket to the far bucket's own time is due right here
+        # (issue 28: it used to wait in `_due` for an advance that nothing asked
+        # for, and the model lost it; tests/test_wheel_model.py keeps the example).
+        if wheel._due._first is not None:
+            fired.append(self._take_due(wheel, now))
+
+    def _due_far(self, wheel: Wheel) -> None:
+        # The far bucket came due (the clock is at its tick): file the entries now
+        # within the horizon into the levels, and schedule it again for the rest.
+        # O(far entries); far entries are rare, and each pass that comes here files
+        # at least one of them.
+        far = wheel._far
+        limit = wheel._now + HORIZON
+        earliest = -1
+        node = far._first
+        while node is not None:
+            after = node._next
+            e = wheel.due_tick_of(node._deadline)
+            if e <= limit:
+                self._moving = node
+                far.remove(node)
+                wheel._file(node, e, True)
+                self._moving = None
+            elif earliest < 0 or e < earliest:
+                earliest = e
+            node = after
+        if earliest >= 0:
+            start = earliest - HORIZON
+            when = wheel._far_time(start)
+            far.tick = start
+            far.time = when
+            _heappush(wheel._heap, (start, _FAR_KEY, when, far))
+
+    def _detach(self, wheel: Wheel, bucket: Bucket, start: int) -> bool:
+        # Detach the top bucket: new inserts during this pass must not land in a
+        # bucket the pass returns. The replacement first: its allocation may run
+        # finalizers that change the heap, so False (look again) if the top moved.
+        level = bucket.level
+        fresh = Bucket(level)
+        heap = wheel._heap
+        # Compare the fields, not the tuple's identity: compiled, the top is an
+        # unboxed tuple, and boxing it again makes a new object every time.
+        if not heap or heap[0][3] is not bucket or heap[0][0] != start:
+            return False
+        _heappop(heap)
+        bucket.tick = None
+        # Listed in _out before it leaves its level: always findable (recover).
+        self._out.append(bucket)
+        wheel._levels[level][(start // wheel._widths[level]) % wheel._size] = fresh
+        if start > wheel._now:
+            wheel._set_now(start)
+        return True
+
+    def _expire(
+        self, wheel: Wheel, bucket: Bucket, start: int, when: float, fired: list[Bucket]
+    ) -> None:
+        # A detached level-0 bucket: entries filed at this tick are due now; entries
+        # whose deadline was moved later (extend) or that a float rounding put one tick
+        # early go back into the wheel, at a tick strictly after this one.
+        node: WheelEntry | None = bucket._first
+        while node is not None:
+            after = node._next
+            if node._deadline > when:
+                e = wheel.due_tick_of(node._deadline)
+                self._moving = node  # (for recover; see `_moving`)
+                bucket.remove(node)
+                wheel._file(node, e if e > start else start + 1)
+            node = after
+        self._moving = None
+        if not bucket.empty():
+            fired.append(bucket)
+
+    def _cascade(self, wheel: Wheel, bucket: Bucket, now: float, fired: list[Bucket]) -> None:
+        # A detached coarser bucket: re-file against the bucket's start; each entry
+        # moves down at least one level, or expires into the due bucket.
+        cascaded = bucket._first
+        while cascaded is not None:
+            e = wheel.due_tick_of(cascaded._deadline)
+            self._moving = cascaded
+            bucket.remove(cascaded)
+            wheel._file(cascaded, e, True)
+            cascaded = bucket._first
+        self._moving = None
+        if wheel._due._first is not None:
+            fired.append(self._take_due(wheel, now))
+
+    def _take_due(self, wheel: Wheel, now: float) -> Bucket:
+        # The due bucket itself is handed out (its entries stay linked in it), with
+        # its entries in deadline order; a fresh one takes its place. An entry a float
+        # rounding filed as due a hair after `now` waits for the next tick instead.
+        fresh = Bucket(DUE_LEVEL)  # allocate before the change
+        taken = wheel._due
+        self._out.append(taken)  # listed before it is replaced (recover)
+        wheel._due = fresh
+        node = taken._first
+        while node is not None:
+            after = node._next
+            if node._deadline > now:
+                self._moving = node
+                taken.remove(node)
+                wheel._file(node, wheel._now + 1)
+            node = after
+        self._moving = None
+        # Entries are usually already in order (zero-delay timers, or one tick of a
+        # cascade): then this is one comparison each, and no sort.
+        previous = -_INF
+        node = taken._first
+        while node is not None:
+            if node._deadline < previous:
+                entries = list(taken)  # they stay linked while this allocates
+                entries.sort(key=deadline_of)
+                self._held = entries
+                taken._first = taken._last = taken._cascaded = None
+                for entry in entries:
+                    entry._bucket = entry._prev = entry._next = None
+                for entry in entries:
+                    taken.add(entry)
+                self._held = None
+                break
+            previous = node._deadline
+            node = node._next
+        return taken
+
+    def _emit_before(self, early: Bucket, when: float, fired: list[Bucket]) -> None:
+        # Hand out, as a bucket of their own, the due entries whose deadline is
+        # before `when`; the rest stay in `early`.
+        chunk = Bucket(DUE_LEVEL)  # allocate before the change
+        self._out.append(chunk)
+        while early._first is not None and early._first._deadline < when:
+            entry = early._first
+            self._moving = entry
+            early.remove(entry)
+            chunk.add(entry)
+        self._moving = None
+        fired.append(chunk)
+
+    def in_order(self, buckets: list[Bucket]) -> list[Bucket]:
+        """The entries of ``buckets`` (what ``advance`` just handed out) in deadline
+        order, ties in the order given: ``buckets`` itself when they already are (the
+        usual case: one comparison per entry, no allocation), else one bucket holding
+        them all. The drop-in loop's rule (``when`` order within a pass); ``advance``
+        alone promises deadline order only between ticks.
+
+        Allocations come first: between unlinking the entries and linking them again
+        into the first bucket (in ``_out``, where ``clear`` finds them) no code runs."""
+        previous = -_INF
+        ordered = True
+        for bucket in buckets:
+            node = bucket._first
+            while node is not None:
+                if node._deadline < previous:
+                    ordered = False
+                    break
+                previous = node._deadline
+                node = node._next
+            if not ordered:
+                break
+        if ordered:
+            return buckets
+        entries: list[WheelEntry] = []
+        for bucket in buckets:
+            entries.extend(bucket)
+        entries.sort(key=deadline_of)  # stable
+        merged = [buckets[0]]
+        self._held = entries  # (for recover: unlinked below until linked again)
+        for bucket in buckets:
+            node = bucket._first
+            while node is not None:
+                after = node._next
+                node._bucket = node._prev = node._next = None
+                node = after
+            bucket._first = bucket._last = bucket._cascaded = None
+        target = buckets[0]
+        for entry in entries:
+            target.add(entry)
+        self._held = None
+        return merged
+
+    def release(self, wheel: Wheel) -> None:
+        """The caller is done with the buckets ``advance`` handed out. Normally they
+        are empty; an entry the caller did not get to (it stopped half-way) is filed
+        again at its own deadline, so that nothing pending is lost."""
+        out = self._out
+        while out:
+            bucket = out[-1]
+            entry = bucket._first
+            if entry is None:
+                out.pop()
+                continue
+            e = wheel.due_tick_of(entry._deadline)
+            self._moving = entry
+            bucket.remove(entry)
+            # Filed before anything filed since: ahead of those ties.
+            wheel._file(entry, e, True)
+            self._moving = None
+
+    def recover(self, wheel: Wheel) -> None:
+        """Make the wheel whole again after an exception stopped it half-way through
+        ``advance``, ``in_order`` or ``release`` (on the pure core a
+        ``KeyboardInterrupt`` can arrive at any bytecode), and file every pending
+        entry again: nothing is lost, nothing runs twice, nothing fires early.
+
+        It relies on one invariant those methods keep at every bytecode: every
+        pending entry is reachable, by its bucket's forward links (``_first``,
+        ``_next``) from a level's bucket, the due or far bucket or a bucket listed in
+        ``_out``, or it is ``_moving`` (between an unlink and a link) or in
+        ``_held`` (being re-linked in a new order). What else a pass changes (the
+        heap, bucket ticks, the levels' windows, a bucket's back links) is rebuilt
+        here from scratch. O(pending entries + levels * wheel_size): rare.
+
+        The collector is paused meanwhile (its finalizers may call the timer, and
+        must not find an entry between its unlink and its filing). Run it again if
+        it is itself interrupted: it starts from what it holds (``_held``)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._recover(wheel)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _recover(self, wheel: Wheel) -> None:
+        buckets: list[Bucket] = [wheel._due, wheel._far, *self._out]
+        for level in wheel._levels:
+            buckets.extend(level)
+        entries: list[WheelEntry] = []
+        seen: set[int] = set()
+        held = self._held
+        if held is not None:
+            entries.extend(held)
+        moving = self._moving
+        if moving is not None:
+            entries.append(moving)
+        for entry in entries:
+            seen.add(id(entry))
+        for bucket in buckets:
+            node = bucket._first
+            walked: set[int] = set()  # (a list cut half-way is never a cycle; still)
+            while node is not None and id(node) not in walked:
+                walked.add(id(node))
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    entries.append(node)
+                node = node._next
+        # A run that this very method interrupted left its list here: keep it until
+        # every entry is filed again.
+        self._held = entries
+        self._moving = None
+        # Levels: a level added half-way (its buckets listed, its width not yet) is
+        # empty; drop it. Then the windows, for the clock as it stands.
+        count = min(len(wheel._levels), len(wheel._widths), len(wheel._limits))
+        del wheel._levels[count:]
+        del wheel._widths[count:]
+        del wheel._limits[count:]
+        wheel._set_now(wheel._now)
+        self._out.clear()
+        wheel._heap.clear()
+        for bucket in buckets:
+            bucket._first = bucket._last = bucket._cascaded = None
+            bucket.tick = None
+            bucket.time = _INF
+        for entry in entries:
+            entry._bucket = entry._prev = entry._next = None
+        for entry in entries:
+            wheel._file(entry, wheel.due_tick_of(entry._deadline))
+        self._held = None
+
+    def clear(self, wheel: Wheel) -> list[Any]:
+        """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
+        entries = wheel._due.take_all()
+        held: list[WheelEntry] = []
+        if self._held is not None:  # a pass stopped while re-linking them
+            held.extend(e for e in self._held if e._bucket is None)
+        if self._moving is not None and self._moving._bucket is None:
+            held.append(self._moving)  # a pass stopped between unlink and link
+        for entry in held:
+            entry._prev = entry._next = None
+        entries += held
+        self._held = self._moving = None
+        for bucket in self._out:  # handed out by an advance that did not finish
+            entries += bucket.take_all()
+        self._out.clear()
+        entries += wheel._far.take_all()
+        wheel._far.tick = None
+        wheel._far.time = _INF
+        for level in wheel._levels:
+            for bucket in level:
+                entries += bucket.take_all()
+                bucket.tick = None
+                bucket.time = _INF
+        wheel._heap.clear()
+        return entries
 
 
 def _check_links(bucket: Bucket) -> None:

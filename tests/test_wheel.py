@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import pytest
 from support import COUNTS_FILINGS, Entry
 
-from aiowheel._wheel import Wheel
+from aiowheel._wheel import Wheel, level_for
 
 
 def flush(wheel: Wheel, now: float) -> list[Entry]:
@@ -611,3 +611,46 @@ def test_an_entry_due_by_its_tick_but_not_by_the_clock_waits_one_tick() -> None:
     wheel._check()
     assert flush(wheel, 0.012) == [hair]
     wheel._check()
+
+
+# -- level_for: which level an entry is filed on (tokio's level_for) ------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "e", "size", "level"),
+    [
+        (0, 1, 64, 0),
+        (0, 63, 64, 0),  # level 0 holds [0, 64)
+        (0, 64, 64, 1),
+        (0, 4095, 64, 1),  # level 1 holds [0, 4096)
+        (0, 4096, 64, 2),
+        (100, 163, 64, 0),  # level 0: [100, 164), now itself as its start
+        (100, 164, 64, 1),
+        (100, 4159, 64, 1),  # level 1: from 64 (100 rounded down to 64) for 4096
+        (100, 4160, 64, 2),
+        (5, 7, 2, 1),  # size 2: level 0 is [5, 7), level 1 [4, 8), level 2 [4, 12)
+        (5, 8, 2, 2),
+        (5, 11, 2, 2),
+        (5, 12, 2, 3),
+    ],
+)
+def test_level_for_is_the_lowest_level_whose_window_holds_the_tick(
+    now: int, e: int, size: int, level: int
+) -> None:
+    assert level_for(now, e, size) == level
+
+
+@pytest.mark.parametrize("size", [2, 3, 64])
+def test_the_wheel_files_on_the_level_level_for_names(size: int) -> None:
+    """Wheel._file keeps an inline copy of level_for over its precomputed windows: the
+    two agree, wherever the wheel's clock stands and whatever the delay."""
+    rng = random.Random(size)
+    for _ in range(300):
+        wheel = Wheel(1.0, size, 0.0)
+        flush(wheel, float(rng.randrange(0, size**4)))
+        now = wheel.now_tick
+        e = now + 1 + rng.randrange(0, size ** rng.randrange(1, 7))
+        entry = Entry(0)
+        wheel.insert(entry, float(e))
+        assert entry._bucket is not None
+        assert entry._bucket.level == level_for(now, e, size), (now, e)
