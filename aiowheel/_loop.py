@@ -59,7 +59,7 @@ from ._loophandle import IntWhenHandle, LoopCalls, LoopTimerHandle, file_loop, w
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
-from ._wheel import Wheel
+from ._wheel import Wheel, WheelEntry
 
 __all__ = [
     "EventLoopPolicy",
@@ -253,7 +253,8 @@ class _WheelLoop(WheelEventLoop):
     # calls _debug_run), and the base loop does not warn about the pass
     # (_measured_pass, armed by _arm_at while debug mode is on).
 
-    def _debug_run(self, handle: LoopTimerHandle[Any]) -> None:
+    def _debug_run(self, entry: WheelEntry) -> None:
+        handle = cast("LoopTimerHandle[Any]", entry)  # the pass runs only these here
         loop: Any = self
         started = _monotonic()
         handle._run()  # Handle._run's rules: only SystemExit/KeyboardInterrupt leave
@@ -604,19 +605,18 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
         asyncio.SelectorEventLoop.close(self)
 
 
-#: The uvloop module, once the first loop on the uvloop base asked for it (uvloop is an
-#: extra: importing aiowheel never imports it).
-_uvloop_module: Any = None
 _uvloop_class: type[Any] | None = None
-#: ``uvloop.Loop``, set with ``_uvloop_module``: the base class whose methods the
+#: ``uvloop.Loop``, once the first loop on the uvloop base asked for it (uvloop is an
+#: extra: importing aiowheel never imports it): the base class whose methods the
 #: overrides below call (no instance exists before it is set).
 _UvLoop: Any = None
 
 
 def _uvloop() -> Any:
-    """The uvloop module; ImportError naming the extra when it is not installed."""
-    global _uvloop_module, _UvLoop
-    if _uvloop_module is None:
+    """``uvloop.Loop``; ImportError naming the extra when uvloop is not installed (and
+    asked again next time: only a successful import is kept)."""
+    global _UvLoop
+    if _UvLoop is None:
         try:
             import uvloop
         except ImportError as exc:
@@ -624,9 +624,8 @@ def _uvloop() -> Any:
                 "base='uvloop' needs uvloop: pip install 'aiowheel[uvloop]' "
                 "(from a checkout: pip install '.[uvloop]')"
             ) from exc
-        _uvloop_module = uvloop
         _UvLoop = uvloop.Loop
-    return _uvloop_module
+    return _UvLoop
 
 
 class _UvloopOverrides(_WheelLoop):
@@ -728,7 +727,7 @@ def _uvloop_loop_class() -> type[Any]:
     global _uvloop_class
     if _uvloop_class is None:
 
-        class _UvloopWheelLoop(_UvloopOverrides, _uvloop().Loop):  # type: ignore[misc]
+        class _UvloopWheelLoop(_UvloopOverrides, _uvloop()):  # type: ignore[misc]
             pass
 
         _uvloop_class = _UvloopWheelLoop

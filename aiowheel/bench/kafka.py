@@ -459,7 +459,7 @@ class Kafka(SearchedWorkload):
     def variant_metrics(self, variant: str) -> tuple[Metric, ...]:
         return self.search_metrics if variant in CASES else TARGET_METRICS
 
-    def sits_out(self, contender: Contender, settings: Settings) -> str | None:
+    def skip_reason(self, contender: Contender, n: int | None, settings: Settings) -> str | None:
         # Quick (and so the main job, issue 32's 5 minutes): the asyncio and uvloop
         # contenders, whose figures issue 31 set targets for. Each search takes 10 to
         # 13 s, and the trio contenders' two were a tenth of the main job.

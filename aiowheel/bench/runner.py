@@ -113,7 +113,7 @@ class Runner:
 
     def _searched(self, workload: SearchedWorkload) -> list[Contender]:
         s = self.settings
-        return [c for c in self._applicable(workload) if workload.sits_out(c, s) is None]
+        return [c for c in self._applicable(workload) if workload.skip_reason(c, None, s) is None]
 
     def _planned_steps(self, workload: AnyWorkload) -> int:
         s = self.settings
@@ -129,14 +129,9 @@ class Runner:
         """Contenders the workload applies to that sit out this variant, and why."""
         s = self.settings
         reasons = {c: reason for c, reason in s.unavailable if workload.applies_to(c)}
-        if isinstance(workload, RepeatedWorkload) and n is not None:
-            for c in self._applicable(workload):
-                if (reason := workload.skip_reason(c, n, s)) is not None:
-                    reasons[c] = reason
-        elif isinstance(workload, SearchedWorkload):
-            for c in self._applicable(workload):
-                if (reason := workload.sits_out(c, s)) is not None:
-                    reasons[c] = reason
+        for c in self._applicable(workload):
+            if (reason := workload.skip_reason(c, n, s)) is not None:
+                reasons[c] = reason
         return [(c, reasons[c]) for c in CONTENDERS if c in reasons]
 
     def _repeat(self, workload: RepeatedWorkload, n: int, *, multi: bool) -> None:

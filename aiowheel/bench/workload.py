@@ -83,6 +83,12 @@ class Workload(ABC):
     def applies_to(self, contender: Contender) -> bool:
         return contender.kind in self.kinds and contender.backend in self.backends
 
+    def skip_reason(self, contender: Contender, n: int | None, settings: Settings) -> str | None:
+        """Why ``contender``, which the workload applies to, sits out this run's
+        variant (size ``n`` of a repeated workload; ``None`` for a searched one), or
+        ``None`` when it runs. The runner asks this one question of every workload."""
+        return None
+
     def params(self, settings: Settings) -> dict[str, Any]:
         """What else a reader needs to reproduce a figure (goes into the JSON)."""
         return {}
@@ -129,9 +135,9 @@ class RepeatedWorkload(Workload):
     @abstractmethod
     def default_sizes(self, quick: bool) -> list[int]: ...
 
-    def skip_reason(self, contender: Contender, n: int, settings: Settings) -> str | None:
+    def skip_reason(self, contender: Contender, n: int | None, settings: Settings) -> str | None:
         """Why ``contender``, which the workload applies to, sits out size ``n``."""
-        if contender.kind == "trio" and n > settings.trio_max_tasks:
+        if contender.kind == "trio" and n is not None and n > settings.trio_max_tasks:
             return f"a task per timer: N > {settings.trio_max_tasks:,} tasks (~3 KB each)"
         return None
 
@@ -182,11 +188,6 @@ class SearchedWorkload(Workload):
     def variant_metrics(self, variant: str) -> tuple[Metric, ...]:
         """The metrics a variant has (kafka's target rates have figures of their own)."""
         return self.metrics
-
-    def sits_out(self, contender: Contender, settings: Settings) -> str | None:
-        """Why ``contender``, which the workload applies to, is not searched in this
-        run (``None``: it is)."""
-        return None
 
     @abstractmethod
     def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:

@@ -269,7 +269,7 @@ class Memory(RepeatedWorkload):
         # slots are a share of it at any N), and tracemalloc slows every allocation.
         return [20_000] if quick else [1_000_000]
 
-    def skip_reason(self, contender: Contender, n: int, settings: Settings) -> str | None:
+    def skip_reason(self, contender: Contender, n: int | None, settings: Settings) -> str | None:
         # Per-timer cost does not depend on N for tasks: trio is measured at the cap.
         return None
 

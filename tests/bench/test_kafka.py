@@ -197,4 +197,4 @@ def test_kafka_quick_searches_on_asyncio_and_uvloop_only(
     # Without --quick every contender is searched.
     full = Settings(workloads=["kafka"], quick=False)
     trio = next(c for c in CONTENDERS if c.name == "trio-native")
-    assert Kafka().sits_out(trio, full) is None
+    assert Kafka().skip_reason(trio, None, full) is None

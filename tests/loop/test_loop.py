@@ -205,7 +205,7 @@ def test_missing_uvloop_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     import aiowheel._loop as module
 
     monkeypatch.setattr(module, "_uvloop_class", None)
-    monkeypatch.setattr(module, "_uvloop_module", None)
+    monkeypatch.setattr(module, "_UvLoop", None)
     monkeypatch.setitem(sys.modules, "uvloop", None)
     with pytest.raises(ImportError, match=r"aiowheel\[uvloop\]"):
         aiowheel.new_event_loop(base="uvloop")
