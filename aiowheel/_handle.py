@@ -5,14 +5,15 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 (four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
 (docs/benchmarks.md gives the bytes per pending timer on each core).
 
-A handle talks to its timer through five methods, ``Timer._cancel``,
-``Timer._reset``, ``Timer._reset_at``, ``Timer._wait`` and ``Timer._cancelled_error``
-(a periodic handle, aiowheel/_periodic.py, adds ``Timer._periodic_stop``), and reads
-``Timer._now`` (the loop clock) and asks ``Timer._on_owner_loop()`` (the caller's
-thread and loop: the owner check) for the one path it keeps inline: the lazy ``reset``
-of the idle-timeout pattern, which runs on every read of every connection and would
-pay a third of its cost for the full ``_reset``. The timer and its engine own every
-counter and decide every change of state; the handle owns its two state slots.
+A handle talks to its timer through ``HandleOwner`` (below), which ``Timer``
+implements: five methods, ``_cancel``, ``_reset``, ``_reset_at``, ``_wait`` and
+``_cancelled_error`` (a periodic handle, aiowheel/_periodic.py, adds the owner check,
+``_owner_check``), and it reads ``_now`` (the loop clock) and asks
+``_on_owner_loop()`` (the caller's thread and loop: the owner check) for the one path
+it keeps inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every
+read of every connection and would pay a third of its cost for the full ``_reset``.
+The timer and its engine own every counter and decide every change of state; the
+handle owns its two state slots.
 
 State lives in two slots. ``_bucket`` is the container holding the handle while it is
 pending, ``None`` otherwise: the container links and unlinks it (``Bucket``,
@@ -51,7 +52,7 @@ cancelled  ``None``                           ``_CANCELLED``                ``_b
 *Pending* covers queued (``pending()`` is true for both: they count in ``len(timer)``).
 *Running* is a callback that has started and not finished (``WorkerPool.running``
 counts those on workers); *closed* is said of a timer only (``Timer.closed``,
-``Engine.closed``, ``WorkerPool`` closing with it). A handle re-armed while it runs is
+``EngineState.closed``, ``WorkerPool`` closing with it). A handle re-armed while it runs is
 pending again; its run settles it only if nothing re-armed it meanwhile.
 """
 
@@ -66,10 +67,10 @@ from ._checks import not_copyable, seconds
 from ._wheel import WheelEntry
 
 if TYPE_CHECKING:
-    from ._timer import Timer
+    from ._affinity import Affinity
     from ._tracing import Tracer
 
-__all__ = ["TimerHandle", "TracedHandle", "snapshot_context", "to_seconds"]
+__all__ = ["HandleOwner", "TimerHandle", "TracedHandle", "snapshot_context", "to_seconds"]
 
 T = TypeVar("T")
 _get_ident: Final = get_ident
@@ -215,6 +216,54 @@ def without_frame(exc: BaseException) -> BaseException:
     return exc
 
 
+class HandleOwner:
+    """The timer as its handles see it: what a handle reads and calls on its timer.
+
+    ``Timer`` (``_timer.py``) is the one subclass, and implements every method. The
+    handle's rooms (this module, ``_periodic.py``) know only this class, so they sit
+    below the timer in the import map, with no import back up (docs/design.md,
+    "Module map"); compiled, a call through it is a native call (a vtable slot), as a
+    call on ``Timer`` was. A ``Protocol`` would not do: mypyc calls its methods by
+    name, a dictionary look-up per call on the hot paths (``cancel``, ``reset``).
+    """
+
+    # Set by the timer once started (aiowheel/_timer.py, Timer._started): the loop's
+    # clock and thread, and the owner check's Affinity exactly while the timer is
+    # open (None before and after): the handle's inline lazy reset reads these three.
+    _now: Callable[[], float]
+    _loop_thread: int
+    _open_affinity: Affinity | None
+
+    def _cancel(self, handle: TimerHandle[Any]) -> bool:
+        """``handle.cancel()`` of a pending handle (owner-checked)."""
+        raise NotImplementedError
+
+    def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
+        """``handle.reset(delay)`` past the handle's inline lazy path."""
+        raise NotImplementedError
+
+    def _reset_at(self, handle: TimerHandle[Any], deadline: SupportsFloat) -> None:
+        """``handle.reset_at(deadline)``."""
+        raise NotImplementedError
+
+    async def _wait(self, handle: TimerHandle[Any]) -> Any:
+        """What ``handle.wait()`` of an unsettled handle gets once it settles."""
+        raise NotImplementedError
+
+    def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
+        """What ``wait()`` of a cancelled handle raises."""
+        raise NotImplementedError
+
+    def _on_owner_loop(self) -> bool:
+        """Open, and called from the owner loop (the owner check, ``Affinity.here``)."""
+        raise NotImplementedError
+
+    def _owner_check(self, waiting: bool = False) -> None:
+        """The owner check for a room outside the timer: raise unless called from
+        the timer's loop (``waiting``: the running loop too, ``Affinity.check``)."""
+        raise NotImplementedError
+
+
 class TimerHandle(WheelEntry, Generic[T]):
     """A scheduled callback. Returned by ``Timer.schedule`` and friends."""
 
@@ -222,7 +271,9 @@ class TimerHandle(WheelEntry, Generic[T]):
     # the slot through Generic; setup.py makes it safe there).
     __slots__ = ("__weakref__", "_args", "_callback", "_context", "_result", "_timer")
 
-    def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(
+        self, timer: HandleOwner, callback: Callable[..., Any], args: tuple[Any, ...]
+    ) -> None:
         self._timer = timer
         self._callback = callback
         self._args = args
@@ -342,12 +393,12 @@ class TimerHandle(WheelEntry, Generic[T]):
             if type(delay) is float:
                 deadline = timer._now() + delay
                 if _INF > deadline >= bucket.time:
-                    live = timer._live
+                    affinity = timer._open_affinity
                     # inline copy of the owner check (Timer._on_owner_loop)
                     if (
-                        live is not None
+                        affinity is not None
                         and _get_ident() == timer._loop_thread
-                        and not live.affinity.elsewhere()
+                        and not affinity.elsewhere()
                     ):
                         self._deadline = deadline
                         return
@@ -445,7 +496,9 @@ class TracedHandle(TimerHandle[T]):
     # The trace that records this handle's rows; None: not traced.
     _tracer: Tracer | None
 
-    def __init__(self, timer: Timer, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(
+        self, timer: HandleOwner, callback: Callable[..., Any], args: tuple[Any, ...]
+    ) -> None:
         super().__init__(timer, callback, args)
         self._tracer = None
         self._level = -1

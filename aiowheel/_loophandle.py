@@ -38,7 +38,7 @@ from ._handle import release, snapshot_context
 from ._wheel import Bucket, WheelEntry
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._state import EngineState
 
 __all__ = [
     "IntWhenHandle",
@@ -92,7 +92,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         when: float,
         callback: Callable[..., object],
         args: tuple[Any, ...],
-        engine: Engine,
+        engine: EngineState,
         context: Context | None,
     ) -> None:
         self._deadline = when
@@ -329,7 +329,7 @@ class LoopCalls:
     def __init__(
         self,
         loop: Any,
-        engine: Engine,
+        engine: EngineState,
         debug_call_at: Callable[..., Any],
         debug_call_later: Callable[..., Any],
         base_call_at: Callable[..., Any],
@@ -471,7 +471,7 @@ def _file(
 # no tracing, no waiters. The engine's pass calls run_in_pass; the close, drop_all.
 
 
-def file_loop(engine: Engine, handle: LoopTimerHandle[Any], when: float) -> None:
+def file_loop(engine: EngineState, handle: LoopTimerHandle[Any], when: float) -> None:
     """``call_at`` on the drop-in loop: file its handle (finite ``when``)."""
     if engine.closed:
         raise engine._closed_error()  # only after an internal error (break_)
@@ -491,7 +491,7 @@ def file_loop(engine: Engine, handle: LoopTimerHandle[Any], when: float) -> None
         raise
 
 
-def _closed_while_filing(engine: Engine, handle: LoopTimerHandle[Any]) -> NoReturn:
+def _closed_while_filing(engine: EngineState, handle: LoopTimerHandle[Any]) -> NoReturn:
     """*Closed while filing*, for ``file_loop``: an allocation of the insert (a level,
     the heap's tuple) ran the garbage collector, and user code closed the loop
     (docs/design.md, "Re-entrancy"). The call fails as on a closed loop, and the
@@ -503,16 +503,16 @@ def _closed_while_filing(engine: Engine, handle: LoopTimerHandle[Any]) -> NoRetu
     raise engine._closed_error()
 
 
-def _cancelled(engine: Engine, bucket: Bucket) -> None:
+def _cancelled(engine: EngineState, bucket: Bucket) -> None:
     """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
     engine.count_cancelled()
     if bucket._first is None and bucket.time == engine.wake_at:
-        engine.driver.recheck(engine.sync_wakeup_unless_passing)  # as Engine.after_cancel
+        engine.driver.recheck(engine.sync_wakeup_unless_passing)  # as EngineState.after_cancel
     if engine.notify_cancel:
         engine.pending_fell()
 
 
-def _foreign(engine: Engine) -> bool:
+def _foreign(engine: EngineState) -> bool:
     """True in a thread other than the one running the drop-in loop (debug mode asks,
     for ``LoopTimerHandle.cancel``; the thread is the one ``run_forever`` bound,
     ``Timer._bind_thread``)."""
@@ -520,7 +520,7 @@ def _foreign(engine: Engine) -> bool:
     return loop is not None and loop.is_running() and get_ident() != engine.affinity.thread
 
 
-def _unlink_soon(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
+def _unlink_soon(engine: EngineState, handle: LoopTimerHandle[Any]) -> None:
     """A loop handle cancelled from another thread: take it off the wheel in the
     loop's thread (``_unlink_cancelled``). A loop closed meanwhile has dropped its
     timers: nothing is left to do, and cancel() does not raise."""
@@ -533,7 +533,7 @@ def _unlink_soon(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
         pass  # closed: the close dropped the handle with the rest
 
 
-def _unlink_cancelled(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
+def _unlink_cancelled(engine: EngineState, handle: LoopTimerHandle[Any]) -> None:
     """In the loop's thread: the rest of a cross-thread ``cancel()``, unless a pass met
     the handle first (it counted it cancelled then: ``run_in_pass``)."""
     bucket = handle._bucket
@@ -542,7 +542,7 @@ def _unlink_cancelled(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
         _cancelled(engine, bucket)
 
 
-def run_in_pass(engine: Engine, entry: WheelEntry) -> None:
+def run_in_pass(engine: EngineState, entry: WheelEntry) -> None:
     """The pass (``Engine.run_due``) met a live loop handle, and counted it fired: run
     it, measured in debug mode as the base loop measures its callbacks."""
     handle = cast("LoopTimerHandle[Any]", entry)
@@ -553,7 +553,7 @@ def run_in_pass(engine: Engine, entry: WheelEntry) -> None:
         handle._run()
 
 
-def drop_all(engine: Engine) -> list[WheelEntry]:
+def drop_all(engine: EngineState) -> list[WheelEntry]:
     """``loop.close()`` (through the engine's close, the engine already closed): the
     loop's pending handles are dropped (not cancelled), as the base loop drops its
     heap; counted cancelled here. Returned: the caller releases them once the close

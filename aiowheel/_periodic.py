@@ -24,11 +24,10 @@ from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final, SupportsFloat, final
 
 from ._checks import too_far
-from ._handle import TracedHandle, release
+from ._handle import HandleOwner, TracedHandle, release
 
 if TYPE_CHECKING:
-    from ._engine import Engine
-    from ._timer import Timer
+    from ._state import EngineState
 
 __all__ = ["PeriodicHandle", "Periodics"]
 
@@ -43,13 +42,13 @@ _GRID_LIMIT: Final = 2.0**52
 class Periodics:
     """The active periodic timers of one engine, and their slots."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineState) -> None:
         self.engine = engine
         self.active: set[PeriodicHandle] = set()
 
     def start(
         self,
-        timer: Timer,
+        timer: HandleOwner,
         callback: Callable[..., object],
         args: tuple[Any, ...],
         period: float,
@@ -63,7 +62,7 @@ class Periodics:
         now = engine.clock()
         if now + period == _INF:
             too_far("interval", period)
-        handle = PeriodicHandle(timer, callback, args, period, fixed_rate, now)
+        handle = PeriodicHandle(timer, self, callback, args, period, fixed_rate, now)
         engine.stamp(handle, label, now)  # traced or not: the pass reads it when traced
         engine.file(handle, now + period, False, new=True)
         self.active.add(handle)
@@ -101,7 +100,7 @@ class Periodics:
             deadline = handle._deadline
         else:
             deadline = handle._next_deadline(now)
-        engine.wheel.reserve(deadline)  # levels first (see Engine.rearm)
+        engine.wheel.reserve(deadline)  # levels first (see EngineState.rearm)
         if self.stopped_meanwhile(handle):
             return
         previous: Any = handle._become_pending()
@@ -197,6 +196,7 @@ class PeriodicHandle(TracedHandle[Any]):
         "_in_run",
         "_interval",
         "_k",
+        "_periodics",
         "_rearmed",
         "_user_args",
         "_user_cb",
@@ -211,7 +211,8 @@ class PeriodicHandle(TracedHandle[Any]):
 
     def __init__(
         self,
-        timer: Timer,
+        timer: HandleOwner,
+        periodics: Periodics,
         callback: Callable[..., Any],
         args: tuple[Any, ...],
         interval: float,
@@ -219,6 +220,8 @@ class PeriodicHandle(TracedHandle[Any]):
         start: float,
     ) -> None:
         super().__init__(timer, self._run, ())
+        # Its engine's periodic timers, which keep its slot (a run calls them).
+        self._periodics = periodics
         # A context of its own, not a shared snapshot: every run is run in it
         # directly, so a run sees what the last one set (docs/usage.md, "Context
         # variables"; aiowheel/_handle.py, snapshot_context).
@@ -261,7 +264,9 @@ class PeriodicHandle(TracedHandle[Any]):
         """Stop the periodic timer: True while it was active; no run starts after."""
         if not self._active:
             return False
-        return self._timer._periodic_stop(self)
+        # An active periodic timer's timer is open: closing stops every one.
+        self._timer._owner_check(waiting=True)
+        return self._periodics.stop(self)
 
     def reset(self, delay: SupportsFloat) -> None:
         """Move the next run to ``time() + delay`` (re-activating a stopped timer);
@@ -293,20 +298,19 @@ class PeriodicHandle(TracedHandle[Any]):
     def _run(self) -> Any:
         # The run starts (the timer reserves the next period's slot), the callback is
         # called; a plain callback's run ends here, an async one's when its worker has
-        # awaited it (Engine._job_ended). The awaitable is handed back as it is, so a
+        # awaited it (EngineState._job_ended). The awaitable is handed back as it is, so a
         # queued run that never starts is closed like any async callback's.
-        engine = self._timer._engine
-        assert engine is not None  # a run needs a started timer
-        engine.periodics.begin(self)
+        periodics = self._periodics
+        periodics.begin(self)
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            engine.periodics.end(self)
+            periodics.end(self)
             raise
         if result is not None and _is_awaitable(result):
-            engine.periodics.queued(self)
+            periodics.queued(self)
             return result
-        engine.periodics.end(self)
+        periodics.end(self)
         return result
 
     def _next_deadline(self, now: float) -> float:

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, cast
 from ._handle import _PENDING, TimerHandle
 
 if TYPE_CHECKING:
-    from ._engine import Engine
-    from ._timer import Timer
+    from ._handle import HandleOwner
+    from ._state import EngineState
 
 __all__ = ["check_engine", "check_timer"]
 
 
-def check_engine(engine: Engine) -> None:
+def check_engine(engine: EngineState) -> None:
     """Assert the counters against the wheel, the run queue and the periodic timers,
     then the wheel's own invariants."""
     pending = engine.pending
@@ -64,14 +64,15 @@ def check_engine(engine: Engine) -> None:
     assert pending <= engine.limit, f"pending {pending} > max_pending {engine.limit}"
 
 
-def check_timer(timer: Timer) -> None:
-    """``check_engine`` on the timer's engine (if it was started), and that the timer
-    is open exactly while its engine is, its wheel holding only its own handles."""
-    engine = timer._engine
+def check_timer(timer: HandleOwner, engine: EngineState | None, *, open_: bool) -> None:
+    """``check_engine`` on the timer's ``engine`` (None if it was never started), and
+    that the timer is open (``open_``) exactly while its engine is, its wheel holding
+    only its own handles. (``Timer._check`` passes its own state: this module sits
+    below the timer in the import map.)"""
     if engine is None:
         return
     check_engine(engine)
-    assert (timer._live is None) == engine.closed
-    if timer._live is not None:
+    assert open_ != engine.closed
+    if open_:
         for entry in engine.wheel:
             assert cast("TimerHandle[Any]", entry)._timer is timer, entry

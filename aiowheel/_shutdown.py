@@ -8,14 +8,14 @@ A started timer's engine (``_engine.py``) ends here, one way or another:
   periodic timers, settles the running async callbacks as cancelled-while-running,
   tells the guards of ``sleep()``/``timeout()`` blocks, and writes the last trace rows;
 * ``break_engine``: the wheel itself raised (a bug, ``Engine.break_``): the same close,
-  and every later call says why (``Engine.broken``, ``Engine.stranded``);
+  and every later call says why (``EngineState.broken``, ``EngineState.stranded``);
 * ``abort_start``: ``Timer.__aenter__`` failed after its engine started (the recorder
   did not open), with nothing scheduled yet.
 
 The engine owns the state (``closed``, ``broken``, ``stranded``, the counters); these
-functions are its one writer once it closes, through a reference typed as the engine
-(compiled, native calls), as ``Periodics`` and the worker pool do. None is on a hot
-path: each runs once per timer.
+functions are its one writer once it closes, through a reference typed as the
+engine's state (``_state.EngineState``: compiled, native calls), as ``Periodics`` and
+the worker pool do. None is on a hot path: each runs once per timer.
 
 Re-entrancy (docs/design.md, "Re-entrancy"): every handle is settled before any user
 code runs; the queued awaitables are closed (their ``finally`` blocks) last.
@@ -35,7 +35,7 @@ from ._timeout import Guard
 from ._wheel import deadline_of
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._state import EngineState
 
 __all__ = ["abort_start", "break_engine", "cancel_everything", "close_engine"]
 
@@ -44,7 +44,7 @@ logger: Final = logging.getLogger("aiowheel")
 _INF: Final = math.inf
 
 
-def close_engine(engine: Engine) -> list[TimerHandle[Any]]:
+def close_engine(engine: EngineState) -> list[TimerHandle[Any]]:
     """Close for good: after it, nothing is pending and nobody waits. Returns the
     cancelled handles in deadline order."""
     # Closed before anything is taken: user code run during the close (a finalizer of
@@ -69,7 +69,7 @@ def close_engine(engine: Engine) -> list[TimerHandle[Any]]:
     return cancelled
 
 
-def cancel_everything(engine: Engine) -> list[TimerHandle[Any]]:
+def cancel_everything(engine: EngineState) -> list[TimerHandle[Any]]:
     handles: list[TimerHandle[Any]] = engine.wheel.clear()
     pool = engine.pool
     handles.extend(pool.take_queue())
@@ -114,7 +114,7 @@ def cancel_everything(engine: Engine) -> list[TimerHandle[Any]]:
     return handles
 
 
-def break_engine(engine: Engine, exc: BaseException) -> None:
+def break_engine(engine: EngineState, exc: BaseException) -> None:
     """The wheel raised: a bug, and its state cannot be trusted. Close rather than
     stay stuck, and make every later call say why."""
     logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
@@ -131,10 +131,10 @@ def break_engine(engine: Engine, exc: BaseException) -> None:
         logger.exception("while closing the broken timer")
 
 
-def abort_start(engine: Engine) -> None:
+def abort_start(engine: EngineState) -> None:
     """Take down what a start that failed had started (the engine, its driver, its
     pool, the supervisor waiting on ``closing``), with nothing scheduled yet: no trace
-    rows, and the owner closed (``Engine._on_close``)."""
+    rows, and the owner closed (``EngineState._on_close``)."""
     engine.tracing = None
     engine.closed = True
     engine._on_close()

@@ -4,8 +4,9 @@ A timer belongs to its event loop's thread (the owner check, ``_affinity.py``); 
 other thread reaches it through the loop's thread-safe call (the backend's,
 ``_driver.py``), and gets a ``concurrent.futures.Future`` of the result. ``Timer``
 (``_timer.py``) keeps the public methods (their signatures, overloads and docstrings
-are the API) and hands their bodies to the functions here. Nothing here is hot:
-interpreted on both cores.
+are the API) and hands their bodies to the functions here, with what they need of
+it: the backend while the timer is open (else None), the error a closed timer
+raises, and its ``schedule_nowait``. Nothing here is hot: interpreted on both cores.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ._checks import check_callable, seconds
 from ._handle import TimerHandle
 
 if TYPE_CHECKING:
-    from ._timer import Timer
+    from ._driver import Backend
 
 __all__ = ["call_threadsafe", "schedule_threadsafe"]
 
@@ -27,13 +28,16 @@ _EXIT: Final = (SystemExit, KeyboardInterrupt)
 
 
 def call_threadsafe(
-    timer: Timer, fn: Callable[..., T], args: tuple[Any, ...]
+    backend: Backend | None,
+    closed_error: Callable[[], BaseException],
+    fn: Callable[..., T],
+    args: tuple[Any, ...],
 ) -> concurrent.futures.Future[T]:
-    """``Timer.call_threadsafe``: ``fn(*args)`` on the timer's loop, from any thread."""
+    """``Timer.call_threadsafe``: ``fn(*args)`` on the timer's loop, from any thread
+    (``backend``: the open timer's; None once it is closed)."""
     future: concurrent.futures.Future[T] = concurrent.futures.Future()
-    live = timer._live
-    if live is None:
-        future.set_exception(timer._closed_error())
+    if backend is None:
+        future.set_exception(closed_error())
         return future
 
     def run() -> None:
@@ -49,16 +53,18 @@ def call_threadsafe(
             future.set_result(result)
 
     try:
-        live.backend.call_soon_threadsafe(run)
+        backend.call_soon_threadsafe(run)
     except Exception as exc:  # the loop is closed, or trio's run has finished
-        error = timer._closed_error()
+        error = closed_error()
         error.__cause__ = exc
         future.set_exception(error)
     return future
 
 
 def schedule_threadsafe(
-    timer: Timer,
+    backend: Backend | None,
+    closed_error: Callable[[], BaseException],
+    schedule_nowait: Callable[..., TimerHandle[Any]],
     delay: SupportsFloat,
     callback: Callable[..., Any],
     args: tuple[Any, ...],
@@ -68,14 +74,16 @@ def schedule_threadsafe(
     the timer is scheduled on the loop (the delay counts from then)."""
     seconds(delay)
     check_callable(callback)
-    return call_threadsafe(timer, _schedule_labelled, (timer, delay, callback, label, args))
+    return call_threadsafe(
+        backend, closed_error, _schedule_labelled, (schedule_nowait, delay, callback, label, args)
+    )
 
 
 def _schedule_labelled(
-    timer: Timer,
+    schedule_nowait: Callable[..., TimerHandle[Any]],
     delay: SupportsFloat,
     callback: Callable[..., Any],
     label: str | None,
     args: tuple[Any, ...],
 ) -> TimerHandle[Any]:
-    return timer.schedule_nowait(delay, callback, *args, label=label)
+    return schedule_nowait(delay, callback, *args, label=label)

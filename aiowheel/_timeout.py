@@ -16,8 +16,9 @@ lazy re-arm instead of a heap operation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, NoReturn, SupportsFloat
+from typing import TYPE_CHECKING, Any, Final, NoReturn, Protocol, SupportsFloat
 
 import anyio
 
@@ -26,9 +27,27 @@ from ._checks import not_copyable, seconds
 if TYPE_CHECKING:
     from ._driver import Backend, BlockCancel
     from ._handle import TimerHandle
-    from ._timer import Timer
 
-__all__ = ["Guard", "Timeout", "Wake", "sleep_until"]
+__all__ = ["Guard", "Schedules", "Timeout", "Wake", "sleep_until"]
+
+
+class Schedules(Protocol):
+    """What a guard and a sleep use of their ``Timer``: its public API, and the error a
+    call on a closed timer raises. A protocol, not the class: this module sits below
+    the timer in the import map (docs/design.md, "Module map"), and a call by name
+    costs nothing here that matters (one per block, not per event)."""
+
+    def time(self) -> float: ...
+
+    def schedule_nowait(
+        self, delay: SupportsFloat, callback: Callable[[], object], /
+    ) -> TimerHandle[Any]: ...
+
+    async def schedule_at(
+        self, deadline: SupportsFloat, callback: Callable[[], object], /
+    ) -> TimerHandle[Any]: ...
+
+    def _closed_error(self) -> BaseException: ...
 
 
 class Guard:
@@ -101,7 +120,7 @@ class Timeout:
 
     __slots__ = ("_backend", "_cancel", "_delay", "_ended", "_handle", "_state", "_timer")
 
-    def __init__(self, timer: Timer, delay: float, backend: Backend) -> None:
+    def __init__(self, timer: Schedules, delay: float, backend: Backend) -> None:
         self._timer = timer
         self._delay = delay
         self._backend = backend
@@ -212,7 +231,7 @@ setattr(Timeout, "__aenter__", _use_with)  # noqa: B010 - hidden from type check
 setattr(Timeout, "__aexit__", _use_with)  # noqa: B010
 
 
-async def sleep_until(timer: Timer, deadline: SupportsFloat) -> None:
+async def sleep_until(timer: Schedules, deadline: SupportsFloat) -> None:
     """``Timer.sleep_until``: a timer whose callback wakes this task."""
     wake = Wake()
     handle = await timer.schedule_at(deadline, wake)

@@ -2,13 +2,16 @@
 
 Rooms (docs/design.md, "Module map"):
 
-* ``Timer`` (here) checks every call, admits timers under ``max_pending``, starts and
-  closes (its states and the order of the steps); it keeps the hottest paths inline
-  (``schedule_nowait``, ``cancel``), and hands the bodies of its thread-safe calls to
-  ``_threads.py``, ``sleep_until`` to ``_timeout.py`` (beside the timeouts), its
-  introspection to the engine (``Engine.snapshot``, ``next_deadline``), the task groups that
-  ``async with`` runs the engine in (and the recorder's opening and closing) to
-  ``Host`` (``_host.py``), and its self-check to ``_selfcheck.py``;
+* ``Timer`` (here) is the public API: it checks every call, admits timers under
+  ``max_pending``, starts and closes (the order of the steps); it keeps the hottest
+  path inline (``schedule_nowait``), and hands the bodies of its thread-safe calls
+  to ``_threads.py``, ``sleep_until`` to ``_timeout.py`` (beside the timeouts), its
+  introspection to the engine (``EngineState.snapshot``, ``next_deadline``), the
+  task groups that ``async with`` runs the engine in (and the recorder's opening and
+  closing) to ``Host`` (``_host.py``);
+* its base class ``TimerLifecycle`` (``_lifecycle.py``) is the inside face: the
+  states and the engine while the timer lives, the owner check, what the handles
+  call (the hot ``cancel`` inline) and the self-check (``_selfcheck.py``'s);
 * the engine (``_engine.py``) runs a started timer: the parts, the counters, the
   pass, re-filing, the worker pool's accounting and tracing; its closing is
   ``_shutdown.py``'s, its waiters are ``Waiters`` (``_waiters.py``), its periodic
@@ -18,10 +21,11 @@ Rooms (docs/design.md, "Module map"):
   (``_driver.py``) calls ``Engine.fire_due`` when the earliest one comes due; plain
   callbacks run right there, like ``call_later`` callbacks, and a callback that
   returns an awaitable is handed to the worker pool (``_dispatch.py``);
-* handles (``_handle.py``) call back into the timer through six methods (``_cancel``,
-  ``_reset``, ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_periodic_stop``) and
-  read two attributes (``_now``, ``_loop_thread``); a periodic handle's run calls the
-  engine's ``Periodics``.
+* handles (``_handle.py``) see the timer as a ``HandleOwner``, which
+  ``TimerLifecycle`` implements: they call back through its methods (``_cancel``, ``_reset``,
+  ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_on_owner_loop``,
+  ``_owner_check``) and read three attributes (``_now``, ``_loop_thread``,
+  ``_open_affinity``); a periodic handle's run calls its engine's ``Periodics``.
 
 The engine exists from ``__aenter__`` on; ``self._live`` is that engine exactly while
 the timer accepts timers. So every entry point starts with one test, ``live is
@@ -61,7 +65,6 @@ for room) make it too. ``_here`` checks the thread and ``elsewhere()``
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import inspect
 import logging
 import math
@@ -88,32 +91,28 @@ from ._checks import (
     check_callable,
     check_int,
     check_label,
-    closed,
     full,
     not_copyable,
     seconds,
-    too_far,
 )
-from ._dispatch import WorkerPool
-from ._driver import Backend, current_clock
-from ._engine import ASYNC_ON_ERROR, Engine, TimerStats
-from ._exceptions import TimerCancelled, TimerClosed
+from ._driver import current_clock
+from ._engine import Engine
 from ._handle import (
-    _CANCELLED,
-    _PENDING,
     TimerHandle,
     TracedHandle,
     to_seconds,
 )
 from ._host import Host
+from ._lifecycle import _CLOSED, _DRAINING, _NEW, _OPEN, TimerLifecycle
 from ._periodic import PeriodicHandle
+from ._state import ASYNC_ON_ERROR, TimerStats
 from ._timeout import Timeout, sleep_until
 from ._tracing import sample_every
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
 
-__all__ = ["Timer", "TimerStats"]  # TimerStats: _engine's, re-exported
+__all__ = ["Timer", "TimerStats"]  # TimerStats: _state's, re-exported
 
 logger: Final = logging.getLogger("aiowheel")
 
@@ -136,21 +135,11 @@ MAX_TICK = 86_400.0
 MAX_WHEEL_SIZE = 1 << 16
 
 
-class _State(enum.Enum):
-    NEW = "new"
-    OPEN = "open"
-    DRAINING = "draining"
-    CLOSED = "closed"
-
-
-_NEW, _OPEN, _DRAINING, _CLOSED = _State.NEW, _State.OPEN, _State.DRAINING, _State.CLOSED
-
-
 def _log_error(handle: TimerHandle[Any], exc: BaseException) -> None:
     logger.error("timer callback %r raised", handle, exc_info=exc)
 
 
-class Timer:
+class Timer(TimerLifecycle):
     """A hierarchical timing-wheel timer on the running event loop.
 
     ``async with Timer() as timer:`` starts it (on asyncio, uvloop or trio); leaving
@@ -197,25 +186,8 @@ class Timer:
             raise TypeError(f"on_error is an async function; {ASYNC_ON_ERROR}")
         if recorder is not None:
             sample_every(recorder)  # a bad sampling rate fails here, not at the start
-        self._tick = tick_
-        self._wheel_size = size
-        self._limit = limit
-        self._max_concurrency = concurrency
-        self._on_error = on_error if on_error is not None else _log_error
-        # The recorder the timer opens and closes (the engine writes the rows).
-        self._recorder = recorder
-
-        self._state = _NEW
-        # The engine, exactly while the timer accepts timers (open or draining).
-        self._live: Engine | None = None
-        # The engine from __aenter__ on, kept after the close (stats, __aexit__).
-        self._engine: Engine | None = None
-        # The tasks it runs in, from __aenter__ on (aiowheel/_host.py).
-        self._host: Host | None = None
-        # What handles read (see _handle.py): the loop's thread and clock, once started.
-        self._loop_thread = 0
-        self._now: Callable[[], float] = _not_started_clock
-        self._levels = 0  # the wheel's levels when it closed
+        on_error_ = on_error if on_error is not None else _log_error
+        super().__init__(tick_, size, limit, concurrency, on_error_, recorder)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -239,45 +211,6 @@ class Timer:
         if self._host is not None:
             await self._host.exit(self._engine)  # every worker, then the task group
         return False
-
-    def _new_engine(self, backend: Backend) -> Engine:
-        """This timer's engine on ``backend``, with its worker pool: built by the host's
-        supervisor, or by ``_open_for_loop`` (where there is no recorder)."""
-        live = Engine(
-            backend,
-            self._tick,
-            self._wheel_size,
-            self._limit,
-            self._on_error,
-            self._recorder,
-            self._on_close,
-            self._closed_error,
-        )
-        live.pool = WorkerPool(live, self._max_concurrency, backend)
-        return live
-
-    def _started(self, live: Engine) -> None:
-        # Open: the engine accepts timers; what handles read (see _handle.py) is set.
-        self._state = _OPEN
-        self._loop_thread = _get_ident()
-        self._now = live.clock
-        self._live = self._engine = live
-
-    def _open_for_loop(self, backend: Backend) -> Engine:
-        """Start this new timer synchronously as a drop-in event loop's ``loop.timer``
-        (aiowheel/_loop.py): the engine without a host (the loop's backend drives it
-        and spawns its workers; the loop closes it, through ``close()``)."""
-        live = self._new_engine(backend)
-        live.loop_timers = True
-        self._started(live)
-        return live
-
-    def _bind_thread(self) -> None:
-        # The drop-in loop starts running (maybe in another thread than it was made in).
-        self._loop_thread = _get_ident()
-        live = self._live
-        if live is not None:
-            live.affinity.thread = self._loop_thread
 
     async def aclose(self, drain: bool = False) -> list[TimerHandle[Any]]:
         """Close the timer. ``drain=False``: cancel every pending timer and running async
@@ -317,15 +250,6 @@ class Timer:
         await host.join(live)
         await host.close_recorder()
         return cancelled
-
-    def _on_close(self) -> None:
-        # The engine is closing (aclose(), or an internal error): accept no more.
-        live = self._live
-        self._state = _CLOSED
-        self._live = None
-        if live is not None:
-            self._levels = live.wheel.levels
-            live.closing.set()  # the supervisor returns
 
     # -- clock and introspection ----------------------------------------------------
 
@@ -396,62 +320,6 @@ class Timer:
     def __reduce__(self) -> NoReturn:
         not_copyable(self, _ONE_RESOURCE)
 
-    # -- admission checks -----------------------------------------------------------
-
-    def _closed_error(self) -> TimerClosed:
-        # Why this timer refuses (_checks.closed): its state, and what broke it.
-        broken = self._engine.broken if self._engine is not None else None
-        return closed(self._state.value, broken)
-
-    # The owner check (module docstring, "Loop affinity"; aiowheel/_affinity.py): _here
-    # checks the thread and the loop (Affinity.here: the per-timer calls;
-    # schedule_nowait, _cancel and the handle's inline reset, through _on_owner_loop,
-    # keep a tagged inline copy), _check_owner the running loop too (Affinity.check:
-    # the calls that wait or set things up), _open all of it on an open timer.
-
-    def _here(self) -> Engine:
-        """The engine, for a call from the timer's thread; else raise."""
-        live = self._live
-        if live is None:
-            raise self._closed_error()
-        if not live.affinity.here():
-            raise live.affinity.foreign()
-        return live
-
-    def _check_owner(self, live: Engine) -> None:
-        live.affinity.check()
-
-    def _owner_check(self, waiting: bool = False) -> None:
-        """The owner check for the rooms outside the core that keep their state on
-        the timer's loop (the purgatory, aiowheel/_purgatory.py): raise the timer's
-        ``RuntimeError`` unless called from its loop; nothing while the timer is not
-        running (the call then fails on its own, or has nothing to do). ``waiting``:
-        the full check, the running loop too (Affinity.check), for the calls that wait;
-        else Affinity.here, as the per-timer calls."""
-        live = self._live
-        if live is None:
-            return
-        if waiting:
-            live.affinity.check()
-        elif _get_ident() != self._loop_thread or live.affinity.elsewhere():
-            raise live.affinity.foreign()
-
-    def _on_owner_loop(self) -> bool:
-        """For the handle's inline reset: open, and called from the owner loop (inline
-        copy of the owner check, Affinity.here)."""
-        live = self._live
-        return (
-            live is not None and _get_ident() == self._loop_thread and not live.affinity.elsewhere()
-        )
-
-    def _open(self) -> Engine:
-        """The engine, for a call from the timer's own loop; else raise."""
-        live = self._live
-        if live is None:
-            raise self._closed_error()
-        self._check_owner(live)
-        return live
-
     # -- scheduling -----------------------------------------------------------------
 
     @overload
@@ -495,7 +363,7 @@ class Timer:
             raise TypeError(f"callback must be callable, got {callback!r}")
         if label is not None and type(label) is not str:
             check_label(label)
-        if live.pending >= self._limit:  # inline copy of admission (Engine.admit)
+        if live.pending >= self._limit:  # inline copy of admission (EngineState.admit)
             raise full(live.pending, self._limit)
         now = live.clock()
         if live.tracing is not None and live.tracing.pick():
@@ -506,11 +374,11 @@ class Timer:
         else:
             # Due now: the next pass, not the next tick.
             when = live.wheel.insert_due(handle, now + seconds_)
-        if live.closed:  # inline copy of Engine.file's closed-while-filing check
+        if live.closed:  # inline copy of EngineState.file's closed-while-filing check
             live.closed_while_filing(handle, True)
-        live.pending += 1  # inline copy of Engine.reserve_slot
+        live.pending += 1  # inline copy of EngineState.reserve_slot
         live.scheduled += 1
-        if when < live.wake_at:  # inline copy of Engine.arm_if_earlier
+        if when < live.wake_at:  # inline copy of EngineState.arm_if_earlier
             live.wake_at = when
             live.driver.arm(when)
         return handle
@@ -666,77 +534,6 @@ class Timer:
         check_label(label)
         return live.periodics.start(self, callback, args, period, fixed_rate, label)
 
-    # -- what handles call ------------------------------------------------------------
-
-    def _cancel(self, handle: TimerHandle[Any]) -> bool:
-        # handle.cancel() of a pending handle: the common case is a few assignments.
-        # Inline copy of Engine.cancel (the hot path), after the owner check.
-        live = self._live
-        if live is None:
-            return False
-        # inline copy of the owner check, Affinity.here
-        if _get_ident() != self._loop_thread or live.affinity.elsewhere():
-            raise live.affinity.foreign()
-        bucket = handle._bucket
-        if bucket is None:
-            return False
-        bucket.remove(handle)
-        previous = handle._result  # inline copy of TimerHandle._become_cancelled
-        handle._result = _CANCELLED
-        live.pending -= 1  # inline copy of Engine.count_cancelled
-        live.cancelled += 1
-        # The rest is rare: the bucket the driver waits for emptied, an async callback
-        # queued for a worker (its coroutine must be closed), someone waiting, or a
-        # trace row to write.
-        if bucket._first is None or previous is not _PENDING or live.notify_cancel:
-            live.after_cancel(handle, bucket, previous)
-        return True
-
-    def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
-        # handle.reset() past its inline lazy path (TimerHandle.reset), which every
-        # real number takes: what is left is a re-file, a foreign thread, bad input.
-        live = self._here()
-        delay_ = to_seconds(delay)
-        deadline = live.clock() + delay_
-        if deadline == _INF:
-            too_far("delay", delay_)
-        live.rearm(handle, deadline)
-
-    def _reset_at(self, handle: TimerHandle[Any], deadline: SupportsFloat) -> None:
-        self._here().rearm(handle, to_seconds(deadline, "deadline"))
-
-    def _periodic_stop(self, handle: PeriodicHandle) -> bool:
-        live = self._live
-        if live is None:
-            handle._stop()  # unreachable: closing stops every periodic timer
-            return True
-        self._check_owner(live)
-        return live.periodics.stop(handle)
-
-    def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
-        """What ``wait()`` of a cancelled handle raises."""
-        engine = self._engine
-        if engine is not None and handle in engine.stranded:
-            return self._closed_error()
-        return TimerCancelled(f"{handle!r} was cancelled")
-
-    async def _wait(self, handle: TimerHandle[Any]) -> Any:
-        live = self._live
-        if live is not None:
-            self._check_owner(live)
-        engine = self._engine
-        assert engine is not None  # a handle needs a started timer
-        return await engine.waiters.wait(handle)
-
-    # -- self-check (tests) ------------------------------------------------------------
-
-    def _check(self) -> None:
-        """Assert the accounting against what the timer holds (docs/design.md
-        "Accounting"; aiowheel/_selfcheck.py). For tests, between passes."""
-        from ._selfcheck import check_timer  # test-only: not imported otherwise
-
-        check_timer(self)
-
     # -- threads ----------------------------------------------------------------------
 
     def call_threadsafe(self, fn: Callable[[*Ts], T], *args: *Ts) -> concurrent.futures.Future[T]:
@@ -747,7 +544,7 @@ class Timer:
         thread. Never call ``.result()`` on the loop's own thread: it would wait for
         the loop it blocks. On a closed timer the future raises ``TimerClosed``.
         """
-        return _threads.call_threadsafe(self, fn, args)
+        return _threads.call_threadsafe(self._backend_if_open(), self._closed_error, fn, args)
 
     @overload
     def schedule_threadsafe(
@@ -776,7 +573,15 @@ class Timer:
     ) -> concurrent.futures.Future[TimerHandle[Any]]:
         """``schedule_nowait`` from any thread: a ``concurrent.futures.Future`` of the
         handle. The delay counts from when the loop runs the request."""
-        return _threads.schedule_threadsafe(self, delay, callback, args, label)
+        return _threads.schedule_threadsafe(
+            self._backend_if_open(),
+            self._closed_error,
+            self.schedule_nowait,
+            delay,
+            callback,
+            args,
+            label,
+        )
 
     # -- conveniences -------------------------------------------------------------------
 
@@ -797,7 +602,3 @@ class Timer:
         delay = to_seconds(delay)
         live = self._open()
         return Timeout(self, delay, live.backend)
-
-
-def _not_started_clock() -> float:
-    raise closed(_NEW.value, None)

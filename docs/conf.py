@@ -70,6 +70,11 @@ nitpick_ignore_regex = [
     # buffer type of aiowheel/middleware/_streams.py. Not part of the API, so not
     # documented.
     ("py:class", r"aiowheel\._handle\.TracedHandle"),
+    # The constructors of the handles (which users never call: the timer does) name
+    # the timer as its handles see it (aiowheel/_handle.py, HandleOwner) and, for a
+    # periodic handle, its engine's periodic timers (aiowheel/_periodic.py).
+    ("py:class", r"aiowheel\._handle\.HandleOwner"),
+    ("py:class", r"aiowheel\._periodic\.Periodics"),
     # The compiled base of DelayedOperation (aiowheel/_purgatory.py), which the
     # purgatory's signatures name, and its own base, the watch list's node (_Link);
     # the public subclass is documented instead.

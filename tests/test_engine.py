@@ -298,7 +298,9 @@ async def test_a_periodic_timer_holds_one_slot_and_runs_on_its_grid() -> None:
     async with rig() as r:
         e = r.engine
         runs: list[float] = []
-        handle = PeriodicHandle(r.owner, lambda: runs.append(r.now), (), 1.0, True, r.now)
+        handle = PeriodicHandle(
+            r.owner, e.periodics, lambda: runs.append(r.now), (), 1.0, True, r.now
+        )
         e.stamp(handle, None, r.now)
         e.file(handle, r.now + 1.0, False, new=True)
         e.periodics.active.add(handle)

@@ -11,14 +11,14 @@ import pytest
 from support import noop
 
 from aiowheel import Timer
-from aiowheel._selfcheck import check_engine, check_timer
+from aiowheel._selfcheck import check_engine
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_a_healthy_timer_passes_in_every_state() -> None:
     timer = Timer()
-    check_timer(timer)  # not started: nothing to check
+    timer._check()  # not started: nothing to check (check_timer)
     async with timer:
         handles = [timer.schedule_nowait(delay, noop) for delay in (0.0, 1.0, 2.0)]
         periodic = timer.every(1.0, noop)
@@ -74,7 +74,7 @@ async def test_a_handle_of_another_timer_in_the_wheel_is_caught() -> None:
         timer._engine.scheduled += 1
         check_engine(timer._engine)
         with pytest.raises(AssertionError):
-            check_timer(timer)
+            timer._check()  # check_timer, with the timer's own state
         timer._engine.wheel.remove(stranger)
         timer._engine.pending -= 1
         timer._engine.cancelled += 1

@@ -72,7 +72,7 @@ async def test_abort_start_leaves_nothing_running_and_closes_the_owner() -> None
         abort_start(e)
         assert e.closed
         assert e.tracing is None
-        assert r.closes == 1  # the owner stops accepting (Engine._on_close)
+        assert r.closes == 1  # the owner stops accepting (EngineState._on_close)
         assert r.driver.stopped
         assert e.closing.is_set()
         e.check()
