@@ -3,18 +3,18 @@
 ``Timer`` (``_timer.py``) validates, admits and owns the lifecycle; the engine runs
 what is filed (docs/design.md, "Module map"). It is two classes:
 
-* ``EngineState`` (``_state.py``): the parts (the wheel, the worker pool, the
-  waiters, the periodic timers, the trace), the counters and their one writer, filing,
-  the cancel and the driver's wake-up. Every room that serves the engine is handed
-  that, never the engine;
-* ``Engine`` (here): the state, plus the driver, whose callback is the pass, and the
-  pass itself. ``fire_due`` (the driver's callback) advances the wheel, ``run_due`` is
-  a short loop over what it hands back, and ``run_one`` runs one callback: the only
-  place where the pass calls one (but ``run_due``'s inline copy, tagged *run one*,
-  for a plain callback on an untraced timer), next to ``callback_failed``, where its
-  exception rules live (``WorkerPool._run`` applies the same rules to jobs). Closing
-  (``close``; ``break_`` when the wheel itself raised) is ``_shutdown.py``'s, the
-  self-check (``check``, for tests) ``_selfcheck.py``'s.
+* ``EngineState`` (``_state.py``): the parts (the wheel, the driver, the worker
+  pool, the waiters, the periodic timers, the trace), the counters and their one
+  writer, filing, the cancel and the driver's wake-up. Every room that serves the
+  engine is handed that, never the engine;
+* ``Engine`` (here): the state, plus the pass. ``fire_due`` (the driver's callback,
+  which the state declares and only this class implements) advances the wheel,
+  ``run_due`` is a short loop over what it hands back, and ``run_one`` runs one
+  callback: the only place where the pass calls one (but ``run_due``'s inline copy,
+  tagged *run one*, for a plain callback on an untraced timer), next to
+  ``callback_failed``, where its exception rules live (``WorkerPool._run`` applies the
+  same rules to jobs). Closing (``close``; ``break_`` when the wheel itself raised) is
+  ``_shutdown.py``'s, the self-check (``check``, for tests) ``_selfcheck.py``'s.
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
 plain method; the owner builds the pool (which may need one) and assigns ``pool``
@@ -29,19 +29,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, cast, final
+from typing import Any, Final, cast, final
 
-from ._driver import Backend
 from ._handle import TimerHandle, TracedHandle, _Failure, without_frame
 from ._loophandle import LoopTimerHandle, run_in_pass
 from ._shutdown import break_engine, close_engine
 from ._state import EngineState, TimerStats
 from ._tracing import Tracer
 from ._wheel import Bucket, WheelEntry
-
-if TYPE_CHECKING:
-    from .trace import TraceRecorder
 
 __all__ = ["Engine", "TimerStats"]
 
@@ -54,22 +49,6 @@ _EXIT: Final = (SystemExit, KeyboardInterrupt)
 @final  # compiled, calls between its own methods are direct (no vtable)
 class Engine(EngineState):
     """A started timer's engine: its state (``EngineState``) and the pass."""
-
-    def __init__(
-        self,
-        backend: Backend,
-        tick: float,
-        wheel_size: int,
-        limit: int,
-        on_error: Callable[[TimerHandle[Any], BaseException], object],
-        tracing: TraceRecorder | None,
-        on_close: Callable[[], None],
-        closed_error: Callable[[], BaseException],
-    ) -> None:
-        super().__init__(
-            backend, tick, wheel_size, limit, on_error, tracing, on_close, closed_error
-        )
-        self.driver = backend.make_driver(self.fire_due)
 
     # -- the pass -------------------------------------------------------------------
 

@@ -82,7 +82,10 @@ class TimerLifecycle(HandleOwner):
         self._engine: Engine | None = None
         # The tasks it runs in, from __aenter__ on (aiowheel/_host.py).
         self._host: Host | None = None
-        # What handles read (see _handle.py): the loop's thread and clock, once started.
+        # What handles read (see _handle.py): the loop's thread and clock, once started,
+        # and the owner check's Affinity exactly while open. Invariant (_check):
+        # _open_affinity is _live.affinity, or None when _live is (_started and
+        # _on_close set the two together).
         self._loop_thread = 0
         self._now = _not_started_clock
         self._open_affinity = None
@@ -258,7 +261,9 @@ class TimerLifecycle(HandleOwner):
         "Accounting"; aiowheel/_selfcheck.py). For tests, between passes."""
         from ._selfcheck import check_timer  # test-only: not imported otherwise
 
-        check_timer(self, self._engine, open_=self._live is not None)
+        live = self._live
+        assert self._open_affinity is (live.affinity if live is not None else None)
+        check_timer(self, self._engine, open_=live is not None)
 
     def _backend_if_open(self) -> Backend | None:
         live = self._live  # read in the calling thread, as every call's first step

@@ -4,17 +4,18 @@ A started timer's engine (``_engine.py``) is this class plus the pass. The rooms
 serve it (the worker pool, ``_dispatch.py``; the waiters, ``_waiters.py``; the
 periodic timers, ``_periodic.py``; the drop-in loop's handles, ``_loophandle.py``; the
 close, ``_shutdown.py``) are handed an ``EngineState``, never the ``Engine``: they
-read its parts and change its state only through its methods here, and none of them
-calls the pass. So the import map has one small circle, between this module and the
+read its parts and change its counters only through its methods here, and none of
+them calls the pass. So the import map has one small circle, between this module and the
 three rooms whose objects it holds (docs/design.md, "Module map"), as tokio's timer
 entries hold the driver's shared state, not the driver.
 
 Here:
 
-* the parts: the wheel (``_wheel.py``), the driver that wakes it (``_driver.py``; the
-  engine makes it, since its callback is the pass), the worker pool of async callbacks
-  (``_dispatch.py``: its host is this class, typed as itself so that compiled, the
-  pool's calls are native), the waiters, the periodic timers and the trace;
+* the parts: the wheel (``_wheel.py``), the driver that wakes it (``_driver.py``;
+  its callback is the pass, ``fire_due``, declared here and the engine's), the worker
+  pool of async callbacks (``_dispatch.py``: its host is this class, typed as itself
+  so that compiled, the pool's calls are native), the waiters, the periodic timers
+  and the trace;
 * the counters (docs/design.md, "Accounting"), whose one writer is this class: the
   pass (``Engine.run_due``) and the two hot paths of ``Timer`` keep inline copies,
   each tagged with the method it copies;
@@ -116,8 +117,6 @@ class EngineState:
 
     # Assigned by the owner once the engine exists (the pool's host is the engine).
     pool: WorkerPool
-    # The engine's (Engine.__init__): its callback is the pass.
-    driver: Driver
 
     def __init__(
         self,
@@ -138,6 +137,8 @@ class EngineState:
         # The owner check's thread and loop (the owner starts the engine in its thread).
         self.affinity = affinity_for(self.loop, backend.name)
         self.wheel = Wheel(tick, wheel_size, self.clock())
+        # What wakes the pass: its callback is the pass, Engine.fire_due.
+        self.driver: Driver = backend.make_driver(self.fire_due)
         # The owner's supervisor waits on `closing`; `stopped` once it has returned.
         self.closing = anyio.Event()
         self.stopped = anyio.Event()
@@ -192,6 +193,10 @@ class EngineState:
         # the slow timer, not the pass (issue 28, finding 11).
         # (An entry: this module does not know the loop's handle class.)
         self.loop_debug_run: Callable[[WheelEntry], None] | None = None
+
+    def fire_due(self) -> None:
+        """The pass, the driver's callback: ``Engine.fire_due`` (the one subclass)."""
+        raise NotImplementedError
 
     # -- the named rules ------------------------------------------------------------
 

@@ -67,7 +67,6 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import logging
-import math
 import sys
 from _thread import get_ident
 from collections.abc import Awaitable, Callable
@@ -123,7 +122,6 @@ T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 # Final: compiled, these are C statics rather than lookups in the module's dict on
 # every use (docs/design.md, "Rules for compiled modules").
-_INF: Final = math.inf
 _ONE_RESOURCE: Final = "a timer is one resource of its event loop; share the timer itself"
 _get_ident: Final = get_ident
 
