@@ -75,6 +75,9 @@ nitpick_ignore_regex = [
     # periodic handle, its engine's periodic timers (aiowheel/_periodic.py).
     ("py:class", r"aiowheel\._handle\.HandleOwner"),
     ("py:class", r"aiowheel\._periodic\.Periodics"),
+    # Timeout's constructor (the timer calls it) names what it uses of its timer: a
+    # private protocol of aiowheel/_timeout.py.
+    ("py:class", r"(aiowheel\._timeout\.)?Schedules"),
     # The compiled base of DelayedOperation (aiowheel/_purgatory.py), which the
     # purgatory's signatures name, and its own base, the watch list's node (_Link);
     # the public subclass is documented instead.
