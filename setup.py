@@ -188,6 +188,8 @@ def managed_weakrefs(texts: dict[str, str]) -> list[str]:
             if size is None:
                 raise RuntimeError("mypyc's C changed shape: a type with no tp_basicsize")
             struct = size[1]
+            if struct == "PyObject":
+                continue  # a trait (a Protocol, _timeout.Schedules): never instantiated
             flagged = re.sub(
                 r"(\.tp_flags = [^,]*\bPy_TPFLAGS_MANAGED_DICT)"
                 r"(?!\s*\| Py_TPFLAGS_MANAGED_WEAKREF)",

@@ -227,8 +227,13 @@ def test_same_pass_in_when_order_ties_in_scheduling_order(base: str) -> None:
         loop: Any = asyncio.get_running_loop()
         fired: list[int] = []
         early: list[int] = []
-        now = loop.time()
-        # A 50 ms tick: all of them land in one bucket, filed out of order.
+        # The deadlines start 100 ms ahead, so that none has passed before its call_at
+        # is made: one that had passed would run at once (uvloop's base: call_soon),
+        # while an equal one filed a moment earlier waits for its bucket, up to a
+        # tick. CI's pure run, two streams on two cores, took over 1 ms to schedule
+        # these when they started at once, and a tie ran in reverse order.
+        now = loop.time() + 0.1
+        # A 50 ms tick: they land in one or two buckets, filed out of order.
         offsets = [0.004, 0.001, 0.003, 0.001, 0.002, 0.004, 0.0015]
         whens = [now + d for d in offsets]
         done = loop.create_future()
