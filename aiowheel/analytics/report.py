@@ -796,25 +796,22 @@ def _run_job(
 ) -> JobResult:
     import warnings
 
-    try:
-        from . import job
+    from . import job
 
-        # Held back until the job is over: after a Ctrl-C, pyspark warns that its
-        # Arrow path failed (the cancelled job's Java stack, 80 lines), which is no news.
-        with warnings.catch_warnings(record=True) as said:
-            try:
-                return job.run_job(
-                    spark, files, accuracy, step=lambda description: steps.step(description, spark)
-                )
-            finally:
-                if not _INTERRUPTED.is_set():
-                    for warning in said:
-                        warnings.showwarning(
-                            warning.message,
-                            warning.category,
-                            warning.filename,
-                            warning.lineno,
-                        )
+    # Warnings are held back until the job is over (after a Ctrl-C, pyspark warns that
+    # its Arrow path failed, with the cancelled job's Java stack: 80 lines of no news),
+    # and shown only once the recording has ended: shown inside it, each would be
+    # recorded again, appended to the list being shown, for ever.
+    said: list[warnings.WarningMessage] = []
+    failed = True
+    try:
+        with warnings.catch_warnings(record=True) as recorded:
+            said = recorded
+            result = job.run_job(
+                spark, files, accuracy, step=lambda description: steps.step(description, spark)
+            )
+        failed = False
+        return result
     except (TraceInputError, ReportError):
         raise
     except Exception as exc:
@@ -824,6 +821,20 @@ def _run_job(
         if verbose:
             raise
         raise ReportError(f"Spark failed: {first_line(exc)}", status=1) from None
+    finally:
+        # A failed job's warnings are its failure told again (pyspark's "toPandas
+        # attempted Arrow optimization ..." with the Java stack): the one-line error
+        # says it; --verbose shows them.
+        if not _INTERRUPTED.is_set() and (verbose or not failed):
+            _show_warnings(said)
+
+
+def _show_warnings(said: Sequence[Any]) -> None:
+    """Show recorded warnings, each once (call it outside any recording of them)."""
+    import warnings
+
+    for warning in list(said):
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _write_outputs(
