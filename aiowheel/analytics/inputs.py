@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,13 +125,20 @@ def completeness_of(file: str, rows: int) -> Completeness:
     return Completeness(file, run_id, rows, dropped_rows(metadata), sample_every(metadata))
 
 
-def completeness_lines(files: TraceFiles, *, unknown: bool = True) -> list[str]:
+def _backticked(text: str) -> str:
+    return f"`{text}`"
+
+
+def completeness_lines(
+    files: TraceFiles, *, unknown: bool = True, code: Callable[[str], str] = _backticked
+) -> list[str]:
     """One line per run whose trace is incomplete or (``unknown``) does not say; empty
     when every trace says it is complete. ``aiowheel report`` prints the incomplete
-    ones as warnings; report.md lists them all."""
+    ones as warnings; report.md lists them all (``code`` quotes a run id or a file:
+    report.md's escapes what Markdown would read)."""
     lines = []
     for c in files.completeness:
-        run = f"run `{c.run_id}`" if c.run_id else f"`{c.file}`"
+        run = f"run {code(c.run_id)}" if c.run_id else code(str(c.file))
         if c.dropped is None:
             if not unknown:
                 continue
@@ -145,14 +152,14 @@ def completeness_lines(files: TraceFiles, *, unknown: bool = True) -> list[str]:
     return lines
 
 
-def sampling_lines(files: TraceFiles) -> list[str]:
+def sampling_lines(files: TraceFiles, code: Callable[[str], str] = _backticked) -> list[str]:
     """One line per run whose trace is sampled (keeps one timer in k, k > 1); empty
     when every trace keeps every timer. ``aiowheel report`` prints them as notes and
     report.md lists them at the top, so that no count is read as the run's whole."""
     lines = []
     for c in files.completeness:
         if c.sample_every > 1:
-            run = f"run `{c.run_id}`" if c.run_id else f"`{c.file}`"
+            run = f"run {code(c.run_id)}" if c.run_id else code(str(c.file))
             lines.append(
                 f"{run}: sampled, one timer in {c.sample_every:,} "
                 f"({c.rows:,} rows stand for about {c.rows * c.sample_every:,} timers)"

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from .schema import CDF_QUANTILES, SINGLE_REPETITION, SINGLE_SEARCH, contender_order
+from .schema import CDF_QUANTILES, SINGLE_REPETITION, SINGLE_SEARCH, contender_order, visible
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -87,6 +87,13 @@ def contender_colour(name: str) -> str:
 # -- shared pieces -------------------------------------------------------------------
 
 
+def plain(text: Any) -> str:
+    """Text from the data (a label, a workload or contender name) as matplotlib shows
+    it as it is: on one line, and no ``$...$`` read as mathtext (which draws it as a
+    formula, or fails the figure on a bad one)."""
+    return visible(str(text)).replace("$", "\\$")
+
+
 def _figure(rows: int, cols: int, row_height: float, *, sharex: bool = False) -> tuple[Figure, Any]:
     from matplotlib.figure import Figure
 
@@ -133,14 +140,14 @@ def _legend(
     from matplotlib.lines import Line2D
 
     handles = [
-        Line2D([], [], color=contender_colour(name), linewidth=2.5, label=name)
+        Line2D([], [], color=contender_colour(name), linewidth=2.5, label=plain(name))
         for name in contender_order(contenders)
     ]
     kinds = {_label(label) for label in labels}
     if len(kinds) > 1:
         styles = _styles(kinds)
         for label in sorted(kinds, key=lambda v: (v is not None, v or "")):
-            text = f"label {label}" if label is not None else "no label"
+            text = f"label {plain(label)}" if label is not None else "no label"
             handles.append(
                 Line2D([], [], color="0.2", linestyle=_style_of(styles, label), label=text)
             )
@@ -166,7 +173,7 @@ def _footnote(figure: Figure, left_out: dict[str, str]) -> None:
     for workload, reason in left_out.items():
         reasons.setdefault(reason, []).append(workload)
     text = "; ".join(f"not shown ({why}): {', '.join(names)}" for why, names in reasons.items())
-    figure.supxlabel(text, **_NOTE)
+    figure.supxlabel(plain(text), **_NOTE)
 
 
 def _nothing_to_show(left_out: dict[str, str]) -> str:
@@ -221,7 +228,7 @@ def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Fig
         title = f"{workload} ({variant})" if variant else workload
         if (part["note"] == SINGLE_SEARCH).any():
             title += ": ONE search per contender, not a median"
-        ax.set_title(title, loc="left", fontsize=10)
+        ax.set_title(plain(title), loc="left", fontsize=10)
     axes[-1].set_xlabel(
         "how many times better aiowheel is than the peer on its backend (log scale)", fontsize=9
     )
@@ -268,7 +275,13 @@ def _headline_panel(
             if math.isnan(ratio):
                 why = row["note"] or "no ratio"
                 ax.text(
-                    1.0, y, f"  {peer}: {why}", va="center", ha="left", fontsize=7, color=colour
+                    1.0,
+                    y,
+                    f"  {plain(peer)}: {plain(why)}",
+                    va="center",
+                    ha="left",
+                    fontsize=7,
+                    color=colour,
                 )
             else:
                 ax.barh(y, ratio - 1.0, left=1.0, height=0.8, color=colour)
@@ -296,7 +309,7 @@ def _headline_panel(
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: times(x)))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.axvline(1.0, color="0.1", linewidth=1.2)
-    ax.set_yticks(ticks, names, fontsize=8)
+    ax.set_yticks(ticks, [plain(name) for name in names], fontsize=8)
     ax.set_ylim(y - 0.3, -0.9)
     ax.grid(True, axis="x", which="major", alpha=0.3)
     ax.tick_params(axis="y", length=0)
@@ -350,7 +363,7 @@ def _early_note(part: pd.DataFrame) -> str:
         early, fired = counts.setdefault(row.contender, [0, 0])
         counts[row.contender] = [early + _count_of(row, "early"), fired + int(row.fired)]
     said = [
-        f"{name} {early:,} of {fired:,} ({100 * early / fired:.1f}%)"
+        f"{plain(name)} {early:,} of {fired:,} ({100 * early / fired:.1f}%)"
         for name, (early, fired) in counts.items()
         if early and fired
     ]
@@ -412,10 +425,10 @@ def plot_lateness_cdf(summary: pd.DataFrame, path: Path) -> Figure:
         cdf_ax.set_title(_early_note(part), loc="right", fontsize=7, color="0.25")
         cdf_ax.set_ylim(0, 1.02)
         cdf_ax.set_ylabel("fraction fired\nat most this late", fontsize=8)
-        cdf_ax.set_title(f"{workload}: lateness CDF", loc="left", fontsize=10)
+        cdf_ax.set_title(f"{plain(workload)}: lateness CDF", loc="left", fontsize=10)
         tail_ax.set_yscale("log")
         tail_ax.set_ylabel("fraction later\n(1 - CDF)", fontsize=8)
-        tail_ax.set_title(f"{workload}: tail (p99 at 1e-2)", loc="left", fontsize=10)
+        tail_ax.set_title(f"{plain(workload)}: tail (p99 at 1e-2)", loc="left", fontsize=10)
     if drawable:
         axes[-1][0].set_xlabel(
             "lateness, ms (symmetric log: early firings left of 0, linear within \u00b110 \u00b5s)",
@@ -500,7 +513,7 @@ def plot_lateness_p99(windows: pd.DataFrame, path: Path) -> Figure:
             )
         if float(ys_all.max()) > 20 * float(ys_all.min()):
             ax.set_yscale("log")
-        ax.set_title(workload, loc="left", fontsize=10)
+        ax.set_title(plain(workload), loc="left", fontsize=10)
         ax.set_xlabel("seconds since the run started", fontsize=8)
         ax.set_ylabel("lateness p99, ms", fontsize=8)
         ax.grid(True, which="both", alpha=0.25)
@@ -529,7 +542,7 @@ def plot_rates(windows: pd.DataFrame, path: Path) -> Figure:
     for (fired_ax, cancelled_ax), workload in zip(axes, workloads, strict=False):
         part = windows[windows["workload"] == workload]
         for column, ax in (("fired", fired_ax), ("cancelled", cancelled_ax)):
-            ax.set_title(f"{workload}: {column} per second", loc="left", fontsize=10)
+            ax.set_title(f"{plain(workload)}: {column} per second", loc="left", fontsize=10)
             if part[column].sum() == 0:
                 _empty(ax, f"no timer {column}")
                 continue
@@ -573,7 +586,7 @@ def plot_kafka_rates(rates: pd.DataFrame, path: Path) -> Figure:
     for row_axes, case in zip(axes, cases, strict=True):
         part = rates[rates["case"] == case]
         for ax, (metric, what) in zip(row_axes, panels, strict=True):
-            ax.set_title(f"kafka {case}: {what}", loc="left", fontsize=10)
+            ax.set_title(f"kafka {plain(case)}: {what}", loc="left", fontsize=10)
             lines = part[part["metric"] == metric]
             if lines.empty:
                 _empty(ax, "no contender held any target rate")

@@ -6,12 +6,15 @@ Works on the collected frames only (pandas, rich); no Spark, no files.
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .bench_results import BenchResults, kafka_rates
-from .inputs import TraceFiles, completeness_lines, sampling_lines
+from .inputs import TraceFiles, completeness_lines, is_remote, sampling_lines
 from .plots import metric_name, times
 from .schema import (
     BENCH_RESULTS,
@@ -29,6 +32,7 @@ from .schema import (
     WINDOWS_PARQUET,
     contender_order,
     short_run_ids,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +44,8 @@ __all__ = [
     "headline_cells",
     "headline_subtitle",
     "headline_table",
+    "md_code",
+    "md_text",
     "render_markdown",
     "summary_cells",
     "summary_table",
@@ -59,6 +65,37 @@ class Headline:
 
 # -- formatting ----------------------------------------------------------------------------
 
+#: What Markdown (CommonMark, and GitHub's tables and math) would read as markup in a
+#: line of text: a backslash, code, emphasis, links, HTML, headings, table cells,
+#: strikethrough, images, entities, math; ``_`` only where it can open or close
+#: emphasis (not inside a word: ``call_later`` stays as it is).
+_MARKUP: Final = re.compile(r"[\\`*\[\]<>#|~!&$]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+_BLOCK_START: Final = re.compile(r"^(\s*(?:\d{1,9}(?=[.)](?:\s|$))|(?=[-+](?:\s|$))|(?==)))(.)")
+
+
+def md_text(value: Any, *, line_start: bool = True) -> str:
+    """``value`` as Markdown text that shows it as it is: on one line (control
+    characters as escapes) and every character Markdown would read backslash-escaped.
+    For everything the report takes from its data (labels, run ids, workload and
+    contender names, notes) and writes outside a code span."""
+    text = _MARKUP.sub(lambda match: "\\" + match.group(), visible(str(value)))
+    if not line_start:  # a table cell: no block starts in it
+        return text
+    # What opens a block at the start of a line: a list item, a setext underline.
+    return _BLOCK_START.sub(lambda match: f"{match[1]}\\{match[2]}", text)
+
+
+def md_code(value: Any) -> str:
+    """``value`` as a Markdown code span, on one line (control characters as escapes),
+    fenced with more backticks than it holds in a row, so that none ends the span."""
+    text = visible(str(value))
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    if text.startswith(("`", " ")) or text.endswith(("`", " ")):
+        text = f" {text} "
+    return f"{fence}{text}{fence}"
+
 
 def _ms(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -74,6 +111,19 @@ def _seconds(value: Any) -> str:
 
 def _label(value: Any) -> str:
     return value if isinstance(value, str) else "-"
+
+
+def _shown_path(path: str | os.PathLike[str], out: Path | None) -> str:
+    """A local path as report.md names it: relative to the report's directory ``out``
+    (where a reader of report.md opens it from); a remote one (``s3a://``) as given."""
+    text = os.fspath(path)
+    if out is None or is_remote(text):
+        return text
+    local = Path(text.removeprefix("file://"))
+    try:
+        return os.path.relpath(local.resolve(), Path(out).resolve())
+    except (OSError, ValueError):  # another drive (Windows), an unresolvable link
+        return local.name
 
 
 # -- the headline ------------------------------------------------------------------------
@@ -232,12 +282,16 @@ def summary_table(summary: pd.DataFrame, width: int | None = None) -> Any:
 
 
 def _markdown_table(headers: Sequence[str], cells: Sequence[Sequence[str]], numeric: int) -> str:
-    """A Markdown table; columns from ``numeric`` on are right-aligned."""
+    """A Markdown table; columns from ``numeric`` on are right-aligned. Every header and
+    cell is text from the data, escaped (``md_text``): a label with a newline or a
+    ``|`` stays in its cell."""
     lines = [
-        "| " + " | ".join(headers) + " |",
+        "| " + " | ".join(md_text(header, line_start=False) for header in headers) + " |",
         "|" + "|".join("---:" if i >= numeric else "---" for i in range(len(headers))) + "|",
     ]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in cells]
+    lines += [
+        "| " + " | ".join(md_text(cell, line_start=False) for cell in row) + " |" for row in cells
+    ]
     return "\n".join(lines)
 
 
@@ -247,7 +301,7 @@ def _markdown_table(headers: Sequence[str], cells: Sequence[Sequence[str]], nume
 _X: Final = "\u00d7"  # the times sign
 
 
-def _headline_section(headline: Headline) -> str:
+def _headline_section(headline: Headline, out: Path | None = None) -> str:
     if headline.ratios is None or headline.bench is None:
         return f"""## Headline: aiowheel against each peer
 
@@ -257,12 +311,14 @@ next to its traces (`aiowheel bench --report` does); give it with
 `--bench-results PATH` when it is elsewhere. The trace analysis follows.
 """
     if headline.ratios.empty:
+        source = md_code(_shown_path(headline.bench.path, out))
         return f"""## Headline: aiowheel against each peer
 
-`{headline.bench.path}` holds no ratios (no peer was measured next to aiowheel).
+{source} holds no ratios (no peer was measured next to aiowheel).
 """
     headers, cells = headline_cells(headline.ratios)
     subtitle = headline_subtitle(headline.bench)
+    source = md_code(_shown_path(headline.bench.path, out))
     X = _X
     return f"""## Headline: aiowheel against each peer
 
@@ -272,13 +328,13 @@ How many times better aiowheel is than each peer, each compared with aiowheel on
 same backend (`call_later-uvloop` with `aiowheel-uvloop`, `trio-native` with
 `aiowheel-trio`): above 1{X} aiowheel is better, below 1{X} the peer is, whichever way
 the metric is better. The scale is logarithmic, so 2{X} and 0.5{X} are equally far from
-the 1{X} line. From `{headline.bench.path}`{f" ({subtitle})" if subtitle else ""}.
+the 1{X} line. From {source}{f" ({md_text(subtitle)})" if subtitle else ""}.
 
 {_markdown_table(headers, cells, 2)}
 """
 
 
-def _drop_in_section(headline: Headline) -> str:
+def _drop_in_section(headline: Headline, out: Path | None = None) -> str:
     """The drop-in loop's workloads and the server's: figures and ratios (issue 32)."""
     frame = headline.drop_in
     if frame is None or frame.empty or headline.bench is None:
@@ -287,7 +343,7 @@ def _drop_in_section(headline: Headline) -> str:
     figures = _markdown_table(*_drop_in_figures(frame), 2)
     crossed = sorted(
         {
-            f"`{row.peer}` (with `{row.aiowheel}`)"
+            f"{md_code(row.peer)} (with {md_code(row.aiowheel)})"
             for row in frame.itertuples()
             if row.peer.split("-")[-1] != row.aiowheel.split("-")[-1]
         }
@@ -306,7 +362,7 @@ uvicorn server on 127.0.0.1 loaded from another process, the `server` workload) 
 the drop-in loop and on the plain loop of the same base. How many times better the
 drop-in loop is than each plain loop, on that loop's own base (`call_later-uvloop`
 with `loop-uvloop`): above 1{X} the drop-in loop is better. From
-`{headline.bench.path}`; docs/benchmarks.md says what each workload does.
+{md_code(_shown_path(headline.bench.path, out))}; docs/benchmarks.md says what each workload does.
 {across}
 {_markdown_table(headers, cells, 2)}
 
@@ -345,7 +401,7 @@ def _kafka_section(headline: Headline) -> str:
         tables.append(f"{title}:\n\n{_markdown_table(['offered', *names], rows, 1)}")
     held = rates.drop_duplicates(["contender", "case"])
     sustained = ", ".join(
-        f"`{row.contender}` {row.sustained:,.0f} req/s ({row.case})"
+        f"{md_code(row.contender)} {row.sustained:,.0f} req/s ({md_text(row.case)})"
         for row in held.itertuples()
         if math.isfinite(row.sustained)
     )
@@ -444,14 +500,16 @@ CONTENDER_NOTES: Final = {
 def _legend_section(summary: pd.DataFrame) -> str:
     """Every contender and every line style in the figures, explained."""
     names = contender_order(summary["contender"])
-    lines = [f"- `{name}`: {CONTENDER_NOTES.get(name, 'named by its trace')}" for name in names]
+    lines = [
+        f"- {md_code(name)}: {CONTENDER_NOTES.get(name, 'named by its trace')}" for name in names
+    ]
     labels = sorted({label for label in summary["label"] if isinstance(label, str)})
     style = (
         "Line style is the timers' *label*: timers without one are drawn solid, each "
         "label in its own dash pattern (named in each figure's legend). "
     )
     if labels:
-        style += "Labels here: " + ", ".join(f"`{label}`" for label in labels) + "."
+        style += "Labels here: " + ", ".join(md_code(label) for label in labels) + "."
         if "bench" in labels:
             style += (
                 " `bench` is the name of the kafka workload's `Purgatory` (aiowheel "
@@ -468,7 +526,8 @@ def _impossible_note(summary: pd.DataFrame) -> str:
         return ""
     bad = summary[summary["impossible"].fillna(0) > 0]
     said = ", ".join(
-        f"{int(row.impossible):,} of {row.contender} in {row.workload}" for row in bad.itertuples()
+        f"{int(row.impossible):,} of {md_text(row.contender)} in {md_text(row.workload)}"
+        for row in bad.itertuples()
     )
     return f"""
 **Impossible rows left out**: {said}. These timers ended before they were
@@ -483,7 +542,7 @@ def _early_lines(summary: pd.DataFrame) -> str:
         return ""
     early = summary.groupby(["workload", "contender"], sort=False)[["early", "fired"]].sum()
     said = [
-        f"{contender} in {workload}: {int(row.early):,} of {int(row.fired):,} "
+        f"{md_text(contender)} in {md_text(workload)}: {int(row.early):,} of {int(row.fired):,} "
         f"({100 * row.early / row.fired:.1f}%)"
         for (workload, contender), row in early.iterrows()
         if row.early and row.fired
@@ -540,7 +599,7 @@ def dropped_section(files: TraceFiles) -> str:
     known = [c for c in files.completeness if c.dropped is not None]
     dropped = sum(c.dropped or 0 for c in known)
     unknown = len(files.completeness) - len(known) + len(files.remote)
-    lines = completeness_lines(files)
+    lines = completeness_lines(files, code=md_code)
     if files.remote:
         lines.append(
             f"{len(files.remote)} remote path(s) read by Spark: not checked for dropped rows"
@@ -578,7 +637,7 @@ def sampled_section(files: TraceFiles) -> str:
     """Under the dropped rows, at the top of report.md: which runs are sampled traces
     (``ParquetRecorder(path, every=k)``), at what rate, and what that does to each
     figure; empty when every trace keeps every timer."""
-    lines = sampling_lines(files)
+    lines = sampling_lines(files, code=md_code)
     if not lines:
         return ""
     listed = "\n".join(f"- {line}" for line in lines)
@@ -606,6 +665,7 @@ def render_markdown(
     headline: Headline,
     longest_run_s: int | None = None,
     typical_run_s: int | None = None,
+    out: Path | None = None,
 ) -> str:
     """report.md: the headline (figure and ratio table), then the trace analysis.
 
@@ -613,19 +673,23 @@ def render_markdown(
     traced run. When the median run is shorter than MIN_SECONDS_PER_FIGURE (the
     longest one, if the median is not given), the per-second figures are not shown
     (most lines would have 1-3 points; one slow contender's long run does not make
-    the others' lines readable), and report.md says so."""
+    the others' lines readable), and report.md says so.
+
+    ``out``: the report's directory; local paths are written relative to it (a
+    report.md moved with its traces, or published, names no directory of the machine
+    that wrote it)."""
     headers, cells = summary_cells(summary)
     table = _markdown_table(headers, cells, headers.index(_FIRST_NUMBER))
     paths = files.paths
-    shown = "\n".join(f"- `{p}`" for p in paths[:20])
+    shown = "\n".join(f"- {md_code(_shown_path(p, out))}" for p in paths[:20])
     if len(paths) > 20:
         shown += f"\n- ... and {len(paths) - 20} more"
     return f"""# aiowheel timer report
 
 {dropped_section(files)}
 {sampled_section(files)}
-{_headline_section(headline)}
-{_drop_in_section(headline)}
+{_headline_section(headline, out)}
+{_drop_in_section(headline, out)}
 {_kafka_section(headline)}
 ## The traces
 

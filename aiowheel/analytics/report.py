@@ -677,7 +677,7 @@ def run_report(
             where = spark.sparkContext.master or "?"
             version = spark.version
         with steps.step("figures and report.md"):
-            written = _write_outputs(staging, result, source, files, where, version)
+            written = _write_outputs(staging, result, source, files, where, version, target)
         _publish(staging, target, written)
     finally:
         if staging.exists():
@@ -844,8 +844,10 @@ def _write_outputs(
     files: TraceFiles,
     master: str,
     version: str,
+    out: Path | None = None,
 ) -> list[str]:
-    """Every output file, written into ``staging``; returns their names."""
+    """Every output file, written into ``staging``; returns their names. ``out``: the
+    report directory they are moved to (report.md's paths are relative to it)."""
     from . import plots
     from .render import headline_subtitle, per_second_figures, render_markdown
 
@@ -875,7 +877,7 @@ def _write_outputs(
             plots.plot_rates(result.windows, staging / RATES_PNG)
             written += [P99_PNG, RATES_PNG]
         markdown = render_markdown(
-            table, files, result.rows, master, version, source, longest, typical
+            table, files, result.rows, master, version, source, longest, typical, out
         )
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
     except OSError as exc:

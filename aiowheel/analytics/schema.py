@@ -39,6 +39,7 @@ __all__ = [
     "contender_name",
     "contender_order",
     "short_run_ids",
+    "visible",
     "workload_names",
 ]
 
@@ -183,3 +184,30 @@ def workload_names(runs: Iterable[tuple[str, str]]) -> dict[str, str]:
     short = short_run_ids(others.values())
     found.update({run: short[stem] for run, stem in others.items()})
     return found
+
+
+# -- text from the data ----------------------------------------------------------------------
+
+#: Characters that would end or split a line, or hide, in a table cell, a legend or a
+#: terminal line: C0 and C1 controls, line and paragraph separators, zero-width and
+#: direction marks.
+_INVISIBLE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]"
+)
+_NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def visible(text: str) -> str:
+    """``text`` on one line, every control or invisible character written as an escape
+    (``\\n``, ``\\x1b``, ``\\u2028``): a label, run id or name from the traced
+    program, shown as it is rather than obeyed."""
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        named = _NAMED.get(char)
+        if named is not None:
+            return named
+        code = ord(char)
+        return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+    return _INVISIBLE.sub(escape, text)
