@@ -1,13 +1,14 @@
 """``idle_timeout``: an idle timeout for ``asyncio.start_server`` connection handlers.
 
-The wrapper hands the handler a reader and a writer that re-arm the connection's
-timer (``handle.reset``, O(1)) on every read that returns and on every write and
-completed ``drain()``. With no read or write for ``timeout`` seconds the connection is
-aborted (``transport.abort()``: a peer that reads nothing cannot stall a graceful
-close) and the handler's pending and later reads, writes and drains raise
-``IdleTimeoutError``; the wrapper swallows that error when it ends the handler, since
-an idle connection closing is a normal outcome. The timer handle is cancelled when
-the handler returns or raises, whatever the reason.
+The wrapper hands the handler a reader and a writer whose reads that return, writes
+and completed ``drain()`` calls count as activity (a stored deadline:
+``IdleControl.touch`` in ``_shared.py``). With no read or write for ``timeout``
+seconds the connection is aborted with a reset (``SO_LINGER`` 0, then
+``transport.abort()``: a peer that reads nothing can neither stall a graceful close
+nor keep the unsent output in the kernel) and the handler's pending and later reads,
+writes and drains raise ``IdleTimeoutError``; the wrapper swallows that error when it
+ends the handler, since an idle connection closing is a normal outcome. The timer
+handle is cancelled when the handler returns or raises, whatever the reason.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .. import Timer
 from ._shared import (
     IdleControl,
     IdleTimeoutError,
+    abort_with_reset,
     check_timeout,
     check_timer,
     get_shared_timer,
@@ -67,7 +69,7 @@ class _StreamWatch(IdleControl):
         # Wake a pending read with the error first: abort() then only feeds EOF, and
         # the reader keeps reporting the error rather than a bare EOF.
         self._reader.set_exception(error)
-        self._transport.abort()
+        abort_with_reset(self._transport)
 
 
 class IdleStreamReader(asyncio.StreamReader):

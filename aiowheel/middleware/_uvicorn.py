@@ -33,7 +33,13 @@ import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import Timer, TimerClosed, TimerHandle
-from ._shared import CONNECTION_KEY, check_timeout, check_timer, shared_timer_nowait
+from ._shared import (
+    CONNECTION_KEY,
+    abort_with_reset,
+    check_timeout,
+    check_timer,
+    shared_timer_nowait,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -206,11 +212,11 @@ class _ConnectionWatch:
         if self._upgraded:
             # connection_lost goes to the websocket protocol, which ends the
             # application's receive() and send(): nothing for uvicorn to log.
-            self._transport.abort()
+            abort_with_reset(self._transport)
             return
         waiter = self._loop.create_future()
         self._lost_waiters.append(waiter)
-        self._transport.abort()
+        abort_with_reset(self._transport)
         # abort() calls connection_lost at the loop's next iteration (asyncio and
         # uvloop alike), which sets uvicorn's cycle.disconnected: the application
         # returning then is a client gone away, not an error to log.
@@ -220,7 +226,7 @@ class _ConnectionWatch:
         transport = self._transport
         if transport.is_closing():
             # uvicorn is closing it but the peer does not take the output: give up.
-            transport.abort()
+            abort_with_reset(transport)
         elif _request_in_flight(self._protocol):
             # The application's business (IdleTimeoutMiddleware times requests). Look
             # again a timeout later: the request may end without a write that would
@@ -228,7 +234,7 @@ class _ConnectionWatch:
             self._deadline = self._loop.time() + self._timeout
             self._refile()
         elif self._head_started is not None or transport.get_write_buffer_size():
-            transport.abort()  # slowloris, or a peer that stopped reading
+            abort_with_reset(transport)  # slowloris, or a peer that stopped reading
         else:
             transport.close()
 

@@ -11,6 +11,7 @@ import uvloop
 
 from aiowheel import Timer
 from aiowheel.middleware import DEFAULT_TICK, get_shared_timer, shared_timer
+from aiowheel.middleware._shared import abort_with_reset
 
 
 def run_lazily_on_asyncio(runner: Any) -> tuple[Timer, list[dict[str, Any]]]:
@@ -95,3 +96,41 @@ async def test_explicit_shared_timer_with_a_given_timer() -> None:
     with pytest.raises(TypeError):
         async with shared_timer("timer"):  # type: ignore[arg-type]
             pass  # pragma: no cover
+
+
+class _Transport:
+    """A transport double: what ``abort_with_reset`` asks of it."""
+
+    def __init__(self, sock: object) -> None:
+        self.sock = sock
+        self.aborted = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.sock if name == "socket" else default
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class _RefusingSocket:
+    def setsockopt(self, *args: object) -> None:
+        raise OSError(95, "Operation not supported")
+
+
+@pytest.mark.parametrize("sock", [None, _RefusingSocket()], ids=["no socket", "refused"])
+def test_abort_with_reset_aborts_transports_without_a_tcp_socket(sock: object) -> None:
+    transport = _Transport(sock)
+    abort_with_reset(transport)
+    assert transport.aborted
+
+
+def test_abort_with_reset_sets_a_zero_linger_first() -> None:
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        transport = _Transport(sock)
+        abort_with_reset(transport)
+        assert transport.aborted
+        linger = sock.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.calcsize("ii"))
+        assert struct.unpack("ii", linger) == (1, 0)

@@ -174,6 +174,34 @@ async def test_peer_that_stops_reading_is_aborted() -> None:
     assert errors.contexts == []
 
 
+async def test_peer_that_stops_reading_gets_a_reset() -> None:
+    # The abort sets SO_LINGER 0 first: the unsent output is dropped with a reset,
+    # not kept in the kernel with a FIN queued behind it.
+    aborted = anyio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:  # until the buffers fill up and drain() blocks
+                writer.write(b"x" * 65536)
+                await writer.drain()
+        except IdleTimeoutError:
+            aborted.set()
+            raise
+
+    async with serving(handler) as (port, _, errors):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+        with anyio.fail_after(10):
+            await aborted.wait()  # the client never reads
+        data = await read_until_closed(reader)
+        writer.close()
+    assert data.endswith(b"<reset>"), (len(data), data[-40:])
+    assert errors.contexts == []
+
+
 async def test_handler_can_opt_out_or_extend() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         command = await reader.readline()

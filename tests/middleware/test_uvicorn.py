@@ -308,6 +308,55 @@ async def test_client_that_stops_reading_is_dropped_in_one_timeout_and_one_line(
     assert all(r.exc_info is None for r in records.records)
 
 
+def small_window_socket() -> socket.socket:
+    """A client socket with a tiny receive buffer (set before connecting, so that the
+    window it announces is small): a peer that stops reading leaves the server's
+    output in the server's kernel."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    return sock
+
+
+async def test_aborted_slow_reader_gets_a_reset_not_a_queued_close() -> None:
+    # A plain abort() closes a socket with unsent output, and the kernel queues the
+    # FIN behind it: the connection sat in FIN_WAIT1 holding megabytes per client.
+    # The abort of a connection the timeout gave up on now sets SO_LINGER 0 first,
+    # so the client sees a reset (and the server's buffers are dropped).
+    async def endless(request: Request) -> Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            while True:
+                yield b"x" * 65536
+
+        return StreamingResponse(chunks())
+
+    ended = asyncio.Event()
+    async with Timer(tick=TICK) as timer:
+        inner = IdleTimeoutMiddleware(
+            Starlette(routes=[Route("/", endless)]), timeout=T, timer=timer
+        )
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await inner(scope, receive, send)
+            finally:
+                if scope["type"] == "http":
+                    ended.set()  # after the middleware's abort, connection_lost seen
+
+        # The connection's timeout is long: the middleware gives up on the response.
+        protocol = uvicorn_protocol(timeout=20 * T, timer=timer)
+        async with serving(app, protocol) as port:
+            sock = small_window_socket()
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            with anyio.fail_after(20 * T):
+                await ended.wait()  # never reading meanwhile
+            data = await read_until_closed(reader)
+            writer.close()
+    assert data.endswith(b"<reset>"), (len(data), data[-40:])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
