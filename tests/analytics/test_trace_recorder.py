@@ -450,16 +450,34 @@ async def test_a_loop_that_never_waits_still_gets_every_row_written(
 
 
 @pytest.mark.anyio
-async def test_levels_are_written_as_filed_the_deepest_wheel_included(tmp_path: Path) -> None:
+async def test_levels_are_written_as_filed_the_deepest_wheel_included(
+    tmp_path: Path, virtual: bool
+) -> None:
     # A wheel of two buckets has its most levels (up to the horizon, 2**48 ticks:
     # 48), and a deadline past the horizon goes to the far bucket (level -3): every
     # level fits the trace's int8 column as it is.
+    from aiowheel._wheel import level_for
+
     recorder = ParquetRecorder(tmp_path, run_id="deep")
     async with Timer(tick=0.001, wheel_size=2, recorder=recorder) as timer:
+        wheel = timer._live.wheel  # type: ignore[attr-defined]
+        now = wheel.now_tick
         handles = [timer.schedule_nowait(delay, _noop) for delay in (1.0, 1e10, 1e200)]
+        assert wheel.now_tick == now  # filing does not move the wheel's clock
         levels = [handle._bucket.level for handle in handles]  # type: ignore[attr-defined]
+        # The level a deadline gets depends on where the wheel's clock is within a
+        # bucket (the tick phase: 1.0 s is level 9 or 10 on a real clock), so the
+        # expected levels are computed from the wheel's own clock and origin.
+        filed = [
+            level_for(now, wheel.due_tick_of(handle._deadline), 2)  # type: ignore[attr-defined]
+            for handle in handles[:2]
+        ]
         assert all(handle.cancel() for handle in handles)
-    assert levels == [9, 43, -3]
+    assert levels == [*filed, -3]
+    assert 9 <= levels[0] <= 10 and 43 <= levels[1] <= 44  # 2**10 > 1,000 ticks, 2**44 > 1e13
+    if virtual:
+        # A virtual clock starts at a known time: the phase, and so the levels, are fixed.
+        assert levels == [9, 43, -3]
     rows = sorted(_read(recorder.path), key=lambda row: row["deadline"])
     assert [row["level"] for row in rows] == levels
     assert all(row["fired_at"] is None and row["cancelled_at"] is not None for row in rows)
