@@ -509,11 +509,13 @@ class ByteBudget:
 
     A body is reserved when its first bytes arrive (IncomingBody), never before: a
     client that opens a body and sends nothing holds nothing (issue 20: 33 silent
-    chunked uploads each held 1 MiB of the 32 MiB until their deadline). A request
-    that waits is not read, so the server reads no more of its body than the HTTP
-    server's own buffer. A body that holds a reservation must keep pace with it or
-    lose it (IncomingBody's pace rule, --body-stall-ms): one byte and silence holds a
-    reservation for the stall time only.
+    chunked uploads each held 1 MiB of the 32 MiB until their deadline). A body that
+    arrives whole with its first bytes is not reserved at all: nothing of it is left
+    to receive, so it never waits here, behind however many bodies under way. A
+    request that waits is not read, so the server reads no more of its body than the
+    HTTP server's own buffer. A body that holds a reservation must keep pace with it
+    or lose it (IncomingBody's pace rule, --body-stall-ms): one byte and silence
+    holds a reservation for the stall time only.
 
     Waiters are granted in arrival order. A waiter blocked by its own client's share
     does not block the others (only its own client's releases can unblock it); one
@@ -596,7 +598,9 @@ class IncomingBody:
 
     The body is streamed: never more than ``limit`` bytes of it are kept. When its
     first bytes arrive, the body is reserved in ``budget`` for the request's peer
-    address (its Content-Length, or ``limit`` when chunked) until the block ends.
+    address (its Content-Length, or ``limit`` when chunked) until the block ends,
+    unless those first bytes are the whole body: then there is nothing left to
+    receive, and nothing is reserved.
     A 413 is raised as soon as the body is known to exceed ``limit``: at once when
     Content-Length says so, or when the streamed size passes it.
 
@@ -677,15 +681,35 @@ class IncomingBody:
         deadline = self.deadline if self.timer is not None else None
         end = deadline.deadline if deadline is not None else math.inf
         granted = 0.0
+        receive = self.request.receive
         try:
             chunks: list[bytes] = []
             size = 0
-            async for chunk in self.request.stream():
+            more = True
+            while more:
+                # The ASGI messages themselves, not request.stream(): "more_body"
+                # tells a body that has arrived whole from one still on its way.
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                if message["type"] != "http.request":
+                    continue
+                chunk: bytes = message.get("body", b"")
+                more = bool(message.get("more_body", False))
+                if not chunk:
+                    continue
                 size += len(chunk)
                 if size <= limit:
                     if held and deadline is not None:
                         self._keep_pace(deadline, end, granted, size, held)
-                    if not held and chunk:
+                    # All of it is here with its first bytes (its Content-Length,
+                    # or the HTTP server saw its end): nothing is left to receive,
+                    # so nothing to reserve or to wait for. What it holds, the HTTP
+                    # server has read already (one read, at most its buffer), and it
+                    # is published at once: a small publish never queues behind
+                    # bodies under way, however many an attacker keeps there.
+                    whole = not more or size == declared
+                    if not held and not whole:
                         # The first bytes arrived: reserve the whole body now (its
                         # Content-Length, or the limit when chunked), not before, so
                         # a client that sends nothing holds nothing. Once reserved, a
