@@ -38,13 +38,17 @@ if TYPE_CHECKING:
 __all__ = [
     "HEADLINE_COLUMNS",
     "KAFKA_RATE_COLUMNS",
+    "SERVER_COLUMNS",
     "BenchResults",
     "BenchResultsError",
+    "KafkaMismatch",
     "drop_in",
     "find_bench_results",
     "headline",
+    "kafka_mismatches",
     "kafka_rates",
     "load_bench_results",
+    "server_figures",
 ]
 
 #: The headline frame's columns: one row per workload variant, metric and peer.
@@ -61,6 +65,11 @@ HEADLINE_COLUMNS: Final = (
     "peer_median",
     "aiowheel_median",
     "note",
+    "peer_min",
+    "peer_max",
+    "aiowheel_min",
+    "aiowheel_max",
+    "no_difference",
 )
 
 # Keys every result must have, with the types they must be (None: null allowed).
@@ -210,12 +219,13 @@ def _ratio_frame(bench: BenchResults, kind: str) -> pd.DataFrame:
     workloads = {r["workload"] for r in bench.results if r["kind"] == kind}
     ours_by_backend: dict[tuple[str, str], str] = {}
     medians: dict[tuple[str, str, str, str], float] = {}
+    spans: dict[tuple[str, str, str, str], tuple[float, float] | None] = {}
     for r in bench.results:
         if r["kind"] == kind:
             ours_by_backend.setdefault((r["workload"], r["backend"]), r["contender"])
-            medians[(r["workload"], r["variant"], r["metric"], r["contender"])] = _float(
-                r.get("median")
-            )
+            key = (r["workload"], r["variant"], r["metric"], r["contender"])
+            medians[key] = _float(r.get("median"))
+            spans[key] = _span(r)
     rows: list[dict[str, Any]] = []
     for r in bench.results:
         ratios = r.get("ratios") or {}
@@ -236,6 +246,8 @@ def _ratio_frame(bench: BenchResults, kind: str) -> pd.DataFrame:
         elif len(r.get("samples") or ()) <= 1:
             # One repetition: no spread, and such ratios flip between runs (issue 21).
             note = SINGLE_SEARCH if r["workload"] in SEARCHED_WORKLOADS else SINGLE_REPETITION
+        theirs = _span(r)
+        mine = spans.get((r["workload"], r["variant"], r["metric"], ours))
         rows.append(
             {
                 "workload": r["workload"],
@@ -252,9 +264,38 @@ def _ratio_frame(bench: BenchResults, kind: str) -> pd.DataFrame:
                     (r["workload"], r["variant"], r["metric"], ours), math.nan
                 ),
                 "note": note,
+                "peer_min": theirs[0] if theirs else math.nan,
+                "peer_max": theirs[1] if theirs else math.nan,
+                "aiowheel_min": mine[0] if mine else math.nan,
+                "aiowheel_max": mine[1] if mine else math.nan,
+                # Both measured more than once and their min-max ranges overlap: the
+                # ratio's own range (worst to best pairing) crosses 1x.
+                "no_difference": bool(
+                    not note
+                    and theirs is not None
+                    and mine is not None
+                    and theirs[0] <= mine[1]
+                    and mine[0] <= theirs[1]
+                ),
             }
         )
     return pd.DataFrame(rows, columns=list(HEADLINE_COLUMNS))
+
+
+def _span(result: dict[str, Any]) -> tuple[float, float] | None:
+    """A result's min-max range over its repetitions (rounds), None with fewer than two
+    (one figure has no range) or without both ends."""
+    samples = result.get("samples")
+    if not isinstance(samples, list) or len(samples) < 2:
+        return None
+    low, high = _float(result.get("min")), _float(result.get("max"))
+    if math.isnan(low) or math.isnan(high):
+        numbers = [_float(v) for v in samples]
+        numbers = [v for v in numbers if not math.isnan(v)]
+        if len(numbers) < 2:
+            return None
+        low, high = min(numbers), max(numbers)
+    return (low, high)
 
 
 #: kafka_rates' columns: one row per contender, case, target rate and figure.
@@ -312,3 +353,109 @@ def _float(value: Any) -> float:
 def _ratio(value: Any) -> float:
     number = _float(value)
     return number if number > 0 else math.nan
+
+
+#: server_figures' columns: one row per variant, metric and contender.
+SERVER_COLUMNS: Final = (
+    "variant",
+    "metric",
+    "label",
+    "unit",
+    "better",
+    "contender",
+    "median",
+    "min",
+    "max",
+    "rounds",
+)
+
+
+def server_figures(bench: BenchResults) -> pd.DataFrame:
+    """The ``server`` workload's figures, as measured (not as ratios): every variant
+    (the middleware's included, which has no drop-in loop to compare with), metric and
+    contender, with the median, min and max over its rounds (``samples``). Empty when
+    the run did not measure the server."""
+    import pandas as pd
+
+    rows = []
+    for r in bench.results:
+        if r["workload"] != "server" or r.get("skipped"):
+            continue
+        median = _float(r.get("median"))
+        if math.isnan(median):
+            continue
+        samples = r.get("samples")
+        rounds = len(samples) if isinstance(samples, list) else 1
+        span = _span(r)
+        rows.append(
+            {
+                "variant": r["variant"],
+                "metric": r["metric"],
+                "label": r["label"],
+                "unit": r["unit"],
+                "better": r["better"],
+                "contender": r["contender"],
+                "median": median,
+                "min": span[0] if span else math.nan,
+                "max": span[1] if span else math.nan,
+                "rounds": rounds,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(SERVER_COLUMNS))
+
+
+@dataclass(frozen=True)
+class KafkaMismatch:
+    """A contender whose search sustained a rate at least as high as a fixed target
+    rate it then fell behind at (``kafka_mismatches``)."""
+
+    contender: str
+    case: str
+    sustained: float  #: req/s held by the search's confirming probe
+    sustain_s: float  #: how long that probe held it (NaN if not said)
+    rate: float  #: the fixed target rate it fell behind at
+    target_s: float  #: how long the fixed-rate run lasted (NaN if not said)
+    why: str  #: what the fixed-rate run saw, e.g. "arrival lag p99 61 ms"
+
+
+def kafka_mismatches(bench: BenchResults) -> list[KafkaMismatch]:
+    """Where kafka's search and its fixed-rate runs seem to disagree: the search
+    sustained a rate, and the same contender fell behind at a lower or equal fixed
+    rate. Both are single runs, minutes apart; the report says so where it happens."""
+    sustained: dict[tuple[str, str], tuple[float, float]] = {}
+    behind: list[tuple[str, str, float, dict[str, Any]]] = []
+    settings = bench.settings
+    for r in bench.results:
+        if r["workload"] != "kafka":
+            continue
+        params = r.get("params") or {}
+        case = str(params.get("case", r["variant"]))
+        if r["metric"] == "sustained_rps" and "rate" not in params:
+            value = _float(r.get("median"))
+            if value > 0:
+                sustained[(r["contender"], case)] = (value, _float(params.get("sustain_s")))
+        elif "rate" in params and r.get("skipped") and r["metric"] == "cpu_s_per_m":
+            given = params.get("probe")
+            probe: dict[str, Any] = given if isinstance(given, dict) else {}
+            behind.append((r["contender"], case, _float(params["rate"]), probe))
+    found = []
+    target_s = _float(settings.get("kafka_target_seconds"))
+    for contender, case, rate, probe in behind:
+        held = sustained.get((contender, case))
+        if held is None or math.isnan(rate) or held[0] < rate:
+            continue
+        said = [
+            f"{name} {_float(probe.get(key)):,.0f} ms"
+            for key, name in (
+                ("lag_p99_ms", "arrival lag p99"),
+                ("backlog_ms", "backlog"),
+                ("late_p99_ms", "lateness p99"),
+            )
+            if _float(probe.get(key)) > 50
+        ]
+        found.append(
+            KafkaMismatch(
+                contender, case, held[0], held[1], rate, target_s, ", ".join(said) or "behind"
+            )
+        )
+    return found

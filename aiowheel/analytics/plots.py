@@ -34,6 +34,7 @@ __all__ = [
     "plot_lateness_cdf",
     "plot_lateness_p99",
     "plot_rates",
+    "plot_server",
     "times",
 ]
 
@@ -200,17 +201,47 @@ def _save(figure: Figure, path: Path) -> Figure:
 # -- headline ------------------------------------------------------------------------
 
 
-def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Figure:
-    """aiowheel against each peer, one panel per workload variant: how many times
-    better aiowheel is (log scale; bars start at the 1x line, right = aiowheel better)."""
-    groups = list(dict.fromkeys(zip(headline["workload"], headline["variant"], strict=True)))
-    peers = contender_order(headline["peer"])
-    finite = headline["ratio"].dropna()
+#: The headline figures' axis ends here (and at its inverse): a ratio beyond it (trio's
+#: 771x on idle) is drawn to the edge, marked, with its value, rather than setting an
+#: axis that flattens every other bar.
+RATIO_AXIS_LIMIT: Final = 100.0
+
+
+def plot_headline(
+    headline: pd.DataFrame,
+    path: Path,
+    subtitle: str = "",
+    *,
+    ours: str = "aiowheel",
+    title: str = (
+        "aiowheel against each peer, per workload (each peer against aiowheel on its backend)"
+    ),
+) -> Figure:
+    """``ours`` against each peer, one panel per workload variant: how many times
+    better ``ours`` is (log scale; bars start at the 1x line, right = ours better).
+
+    A variant with no ratio at all (every peer skipped) gets no panel: it is named
+    under the figure. A ratio past RATIO_AXIS_LIMIT is drawn to the axis's edge with
+    an arrow and its value; one whose min-max range crosses 1x is drawn grey, "no
+    difference measured"."""
+    every = list(dict.fromkeys(zip(headline["workload"], headline["variant"], strict=True)))
+    groups = [
+        (w, v)
+        for w, v in every
+        if headline[(headline.workload == w) & (headline.variant == v)]["ratio"].notna().any()
+    ]
+    empty = [f"{w} ({v})" if v else w for w, v in every if (w, v) not in groups]
+    shown = headline[
+        [(w, v) in groups for w, v in zip(headline["workload"], headline["variant"], strict=True)]
+    ]
+    peers = contender_order(shown["peer"])
+    finite = shown["ratio"].dropna()
     low = min(1.0, float(finite.min())) if len(finite) else 1.0
     high = max(1.0, float(finite.max())) if len(finite) else 1.0
+    low, high = max(low, 1 / RATIO_AXIS_LIMIT), min(high, RATIO_AXIS_LIMIT)
     # Room on both sides for the value printed at each bar's end.
     limits = (min(low / 3.0, 0.25), max(high * 3.0, 4.0))
-    sizes = [len(headline[(headline.workload == w) & (headline.variant == v)]) for w, v in groups]
+    sizes = [len(shown[(shown.workload == w) & (shown.variant == v)]) for w, v in groups]
     from matplotlib.figure import Figure
 
     height = 1.4 + sum(0.6 + 0.19 * n for n in sizes)
@@ -223,21 +254,21 @@ def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Fig
         len(groups), 1, squeeze=False, sharex=True, height_ratios=[0.6 + 0.19 * n for n in sizes]
     )[:, 0]
     for ax, (workload, variant) in zip(axes, groups, strict=True):
-        part = headline[(headline.workload == workload) & (headline.variant == variant)]
+        part = shown[(shown.workload == workload) & (shown.variant == variant)]
         _headline_panel(ax, part, peers, limits)
-        title = f"{workload} ({variant})" if variant else workload
+        name = f"{workload} ({variant})" if variant else workload
         if (part["note"] == SINGLE_SEARCH).any():
-            title += ": ONE search per contender, not a median"
-        ax.set_title(plain(title), loc="left", fontsize=10)
+            name += ": ONE search per contender, not a median"
+        ax.set_title(plain(name), loc="left", fontsize=10)
     axes[-1].set_xlabel(
-        "how many times better aiowheel is than the peer on its backend (log scale)", fontsize=9
+        f"how many times better {ours} is than the peer on its backend (log scale)", fontsize=9
     )
     top = axes[0]
     # The first panel's title goes above the "who is better" labels, not through them.
     top.set_title(top.get_title(loc="left"), loc="left", fontsize=10, pad=16)
     for text, align in (
         ("\u2190 the peer is better  ", "right"),
-        ("  aiowheel is better \u2192", "left"),
+        (f"  {ours} is better \u2192", "left"),
     ):
         top.annotate(
             text,
@@ -250,7 +281,8 @@ def plot_headline(headline: pd.DataFrame, path: Path, subtitle: str = "") -> Fig
             fontsize=8.5,
             color="0.3",
         )
-    title = "aiowheel against each peer, per workload (each peer against aiowheel on its backend)"
+    if empty:
+        _footnote(figure, dict.fromkeys(empty, "no ratio: every peer skipped"))
     _legend(figure, f"{title}\n{subtitle}" if subtitle else title, peers)
     return _save(figure, path)
 
@@ -283,19 +315,38 @@ def _headline_panel(
                     fontsize=7,
                     color=colour,
                 )
-            else:
-                ax.barh(y, ratio - 1.0, left=1.0, height=0.8, color=colour)
-                better = ratio >= 1.0
-                # One search (kafka) or one repetition: said on the bar (issue 32).
-                single = row["note"] in (SINGLE_REPETITION, SINGLE_SEARCH)
-                ax.text(
-                    ratio,
-                    y,
-                    f" {times(ratio)} ({row['note']}) " if single else f" {times(ratio)} ",
-                    va="center",
-                    ha="left" if better else "right",
-                    fontsize=7.5,
-                )
+                y += 1.0
+                continue
+            same = bool(row.get("no_difference", False))
+            # Past the axis: drawn to its edge, with an arrow and the value.
+            drawn = min(max(ratio, limits[0] * 1.5), limits[1] / 1.5)
+            clipped = drawn != ratio
+            ax.barh(
+                y,
+                drawn - 1.0,
+                left=1.0,
+                height=0.8,
+                color="0.75" if same else colour,
+                edgecolor=colour,
+                hatch="//" if same else None,
+            )
+            better = ratio >= 1.0
+            # One search (kafka) or one repetition: said on the bar (issue 32).
+            single = row["note"] in (SINGLE_REPETITION, SINGLE_SEARCH)
+            text = f"{times(ratio)} ({row['note']})" if single else times(ratio)
+            if same:
+                text = f"{text}: no difference measured (ranges overlap)"
+            if clipped:
+                arrow = "\u25b6" if better else "\u25c0"
+                text = f"{arrow} {text}, off the axis"
+            ax.text(
+                drawn,
+                y,
+                f" {text} ",
+                va="center",
+                ha="left" if better else "right",
+                fontsize=7.5,
+            )
             y += 1.0
         first = rows.iloc[0]
         ticks.append((start + y - 1.0) / 2.0)
@@ -322,11 +373,14 @@ def metric_name(row: Any) -> str:
 
 
 def times(ratio: float) -> str:
-    """A ratio as the report prints it: 2.3, 0.45, 75, 1,200, each with a times sign."""
+    """A ratio as the report prints it, to 2 significant digits (what runs that move
+    by tens of percent support): 2.3, 0.45, 75, 2,500, each with a times sign."""
     if math.isnan(ratio):
         return "-"
+    if ratio >= 100:
+        return f"{float(f'{ratio:.2g}'):,.0f}\u00d7"
     if ratio >= 10:
-        return f"{ratio:,.0f}\u00d7"
+        return f"{ratio:.0f}\u00d7"
     if ratio >= 0.01:
         return f"{ratio:.2g}\u00d7"
     return f"{ratio:.1g}\u00d7"
@@ -566,6 +620,62 @@ def plot_rates(windows: pd.DataFrame, path: Path) -> Figure:
         ax.set_xlabel("seconds since the run started", fontsize=8)
     _legend(figure, "Timers fired and cancelled per second, per workload", windows["contender"])
     _footnote(figure, left_out)
+    return _save(figure, path)
+
+
+# -- the server ----------------------------------------------------------------------
+
+#: The server figure's panels: metric key -> title.
+_SERVER_PANELS: Final = (
+    ("rps", "requests/s (higher is better)"),
+    ("cpu_us", "server CPU per request, \u00b5s (lower is better)"),
+)
+
+
+def plot_server(frame: pd.DataFrame, path: Path, subtitle: str = "") -> Figure:
+    """The server workload's requests/s and CPU per request (``bench_results.
+    server_figures``' frame): one bar per variant and contender at the median, a
+    whisker over the min-max of its rounds (none with one round). Only the panels
+    with figures are drawn."""
+    panels = [(key, what) for key, what in _SERVER_PANELS if (frame["metric"] == key).any()]
+    drawn = frame[frame["metric"].isin([key for key, _ in panels])]
+    keys = list(dict.fromkeys(zip(drawn["variant"], drawn["contender"], strict=True)))
+    from matplotlib.figure import Figure
+
+    height = 1.6 + 0.24 * max(len(keys), 1)
+    figure = Figure(figsize=(_WIDTH, height), dpi=_DPI, layout="constrained")
+    if not panels:
+        _empty(figure.subplots(), "the bench measured no server figure")
+        return _save(figure, path)
+    axes = figure.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    positions = {
+        key: i + 0.6 * list(dict.fromkeys(v for v, _ in keys)).index(key[0])
+        for i, key in enumerate(keys)
+    }
+    for ax, (metric, what) in zip(axes, panels, strict=True):
+        part = frame[frame["metric"] == metric]
+        for row in part.itertuples():
+            y = positions[(row.variant, row.contender)]
+            colour = contender_colour(row.contender)
+            ax.barh(y, row.median, height=0.75, color=colour)
+            if math.isfinite(row.min) and math.isfinite(row.max):
+                ax.errorbar(
+                    row.median,
+                    y,
+                    xerr=[[row.median - row.min], [row.max - row.median]],
+                    color="0.15",
+                    capsize=3,
+                    linewidth=1.0,
+                )
+        ax.set_title(what, loc="left", fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlim(left=0)
+        ax.xaxis.set_major_formatter(_count_formatter())
+    names = [plain(f"{variant}: {contender}") for variant, contender in keys]
+    axes[0].set_yticks([positions[key] for key in keys], names, fontsize=8)
+    axes[0].invert_yaxis()
+    title = "The server: uvicorn on each loop (bar: median; whisker: min-max over the rounds)"
+    _legend(figure, f"{title}\n{subtitle}" if subtitle else title, frame["contender"])
     return _save(figure, path)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from .bench_results import BenchResults, kafka_rates
+from .bench_results import BenchResults, kafka_mismatches, kafka_rates, server_figures
 from .inputs import TraceFiles, completeness_lines, is_remote, sampling_lines
 from .plots import metric_name, times
 from .schema import (
@@ -22,9 +22,11 @@ from .schema import (
     HEADLINE_PNG,
     IMPOSSIBLY_EARLY_S,
     KAFKA_PNG,
+    LOOP_PNG,
     P99_PNG,
     RATES_PNG,
     SEARCHED_WORKLOADS,
+    SERVER_PNG,
     SINGLE_REPETITION,
     SINGLE_SEARCH,
     SUMMARY_CSV,
@@ -181,6 +183,10 @@ def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             ratio = float(row["ratio"])
             if math.isnan(ratio):
                 cells.append(row["note"] or "-")
+            elif bool(row.get("no_difference", False)):
+                # Both measured several times, their min-max ranges overlap: the
+                # ratio's own range crosses 1x, so it is neither a gain nor a loss.
+                cells.append(NO_DIFFERENCE)
             elif row["note"] in (SINGLE_REPETITION, SINGLE_SEARCH):
                 cells.append(f"{times(ratio)} ({row['note']})")
             else:
@@ -188,6 +194,9 @@ def headline_cells(ratios: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         rows.append(cells)
     return headers, rows
 
+
+#: A ratio whose min-max range crosses 1x, in every table and figure.
+NO_DIFFERENCE: Final = "no difference measured"
 
 #: The terminal title of the drop-in loop's ratio table.
 DROP_IN_TITLE: Final = (
@@ -328,7 +337,9 @@ How many times better aiowheel is than each peer, each compared with aiowheel on
 same backend (`call_later-uvloop` with `aiowheel-uvloop`, `trio-native` with
 `aiowheel-trio`): above 1{X} aiowheel is better, below 1{X} the peer is, whichever way
 the metric is better. The scale is logarithmic, so 2{X} and 0.5{X} are equally far from
-the 1{X} line. From {source}{f" ({md_text(subtitle)})" if subtitle else ""}.
+the 1{X} line; a ratio past 100{X} is drawn to the edge, marked, with its value.
+"{NO_DIFFERENCE}": the two contenders' min-max ranges over their repetitions overlap
+(the ratio's range crosses 1{X}). From {source}{f" ({md_text(subtitle)})" if subtitle else ""}.
 
 {_markdown_table(headers, cells, 2)}
 """
@@ -357,6 +368,8 @@ def _drop_in_section(headline: Headline, out: Path | None = None) -> str:
     X = _X
     return f"""## The drop-in loop: `aiowheel.new_event_loop()` against the plain loops
 
+![The drop-in loop against the plain loop on its base]({LOOP_PNG})
+
 The same asyncio program (`loop.call_later`, `asyncio.timeout`, `asyncio.sleep`; and a
 uvicorn server on 127.0.0.1 loaded from another process, the `server` workload) on
 the drop-in loop and on the plain loop of the same base. How many times better the
@@ -364,6 +377,10 @@ drop-in loop is than each plain loop, on that loop's own base (`call_later-uvloo
 with `loop-uvloop`): above 1{X} the drop-in loop is better. From
 {md_code(_shown_path(headline.bench.path, out))}; docs/benchmarks.md says what each workload does.
 {across}
+Above 1{X} the drop-in loop is better, below 1{X} the plain loop is; "{NO_DIFFERENCE}"
+where the two loops' min-max ranges over their repetitions overlap (the ratio's range
+crosses 1{X}).
+
 {_markdown_table(headers, cells, 2)}
 
 The figures (medians) behind the ratios:
@@ -379,7 +396,14 @@ def _kafka_section(headline: Headline) -> str:
         return ""
     rates = kafka_rates(headline.bench)
     if rates.empty:
-        return ""
+        note = _kafka_mismatch_note(headline.bench)
+        if not note:
+            return ""
+        # No contender held any target rate: no figure, but the search said otherwise.
+        return f"""## Kafka's purgatory benchmark: cost against the offered rate
+
+No contender held any fixed target rate, so there is no figure.
+{note}"""
     names = contender_order(rates["contender"])
     tables = []
     for metric, title in (
@@ -405,6 +429,7 @@ def _kafka_section(headline: Headline) -> str:
         for row in held.itertuples()
         if math.isfinite(row.sustained)
     )
+    note = _kafka_mismatch_note(headline.bench)
     return f"""## Kafka's purgatory benchmark: cost against the offered rate
 
 As Kafka's purgatory proposal measured its timer: each contender held at fixed
@@ -418,6 +443,116 @@ Sustained rates (the search above): {sustained or "none"}.
 {tables[0]}
 
 {tables[1]}
+{note}"""
+
+
+def _kafka_mismatch_note(bench: BenchResults) -> str:
+    """Where the search sustained a rate its contender then fell behind at in the
+    fixed-rate runs: why both can be true, with each run's length."""
+    found = kafka_mismatches(bench)
+    if not found:
+        return ""
+
+    def lasting(seconds: float) -> str:
+        return f" for {seconds:g} s" if math.isfinite(seconds) else ""
+
+    said = "\n".join(
+        f"- {md_code(m.contender)} ({md_text(m.case)}): held {m.sustained:,.0f} req/s"
+        f"{lasting(m.sustain_s)} in its search, fell behind at {m.rate:,.0f} req/s"
+        f"{lasting(m.target_s)} in the fixed-rate run ({md_text(m.why)})"
+        for m in found
+    )
+    return f"""
+**The search and the fixed rates disagree here:**
+
+{said}
+
+Each is ONE run: the search's confirming probe and the fixed-rate run at that rate, minutes
+apart in the same job, with other processes sharing the machine. Behind means arrival
+lag, backlog or lateness p99 above 50 ms, so a contender near its limit passes one
+run and fails the other: its sustainable rate lies near both, and neither figure is
+a bound. A longer, repeated run (`aiowheel bench --report --full`, on a quiet machine)
+narrows it.
+"""
+
+
+#: The server section's columns: metric key -> header.
+_SERVER_COLUMNS: Final = (
+    ("rps", "requests/s"),
+    ("cpu_us", "server CPU per request (\u00b5s)"),
+    ("p99_ms", "latency p99 (ms)"),
+    ("vs_uvicorn", "requests/s against uvicorn's own keep-alive"),
+)
+
+
+def _ranged(median: float, low: float, high: float, rounds: int) -> str:
+    """``12,300 (11,900-12,800)``: the median and its min-max over the rounds."""
+    if math.isnan(low) or math.isnan(high):
+        return f"{_figure(median)} (1 round)" if rounds <= 1 else _figure(median)
+    return f"{_figure(median)} ({_figure(low)}-{_figure(high)})"
+
+
+def _cost(median: float, low: float, high: float, rounds: int) -> str:
+    """A fraction of another figure (0.81) as the change it is, in percent (-19%), with
+    its range; "no difference measured" when the range holds no change (crosses 1)."""
+    said = f"{median - 1:+.0%}"
+    if math.isnan(low) or math.isnan(high):
+        return f"{said} (1 round)" if rounds <= 1 else said
+    span = f"{low - 1:+.0%} to {high - 1:+.0%}"
+    if low <= 1 <= high:
+        return f"{NO_DIFFERENCE} ({span})"
+    return f"{said} ({span})"
+
+
+def server_cells(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The server's figures (bench_results.server_figures): one row per variant and
+    contender, with each figure's median and min-max over the rounds."""
+    present = [(key, name) for key, name in _SERVER_COLUMNS if (frame["metric"] == key).any()]
+    headers = ["variant", "contender", *(name for _, name in present)]
+    rows = []
+    keys = dict.fromkeys(zip(frame["variant"], frame["contender"], strict=True))
+    for variant, contender in keys:
+        part = frame[(frame["variant"] == variant) & (frame["contender"] == contender)]
+        cells = [variant, contender]
+        for key, _ in present:
+            match = part[part["metric"] == key]
+            if match.empty:
+                cells.append("-")
+                continue
+            row = match.iloc[0]
+            show = _cost if key == "vs_uvicorn" else _ranged
+            cells.append(show(row["median"], row["min"], row["max"], int(row["rounds"])))
+        rows.append(cells)
+    return headers, rows
+
+
+def _server_section(headline: Headline) -> str:
+    """The server workload's own figures, every variant (the idle-timeout middleware's
+    included), with their ranges; its figure."""
+    if headline.bench is None:
+        return ""
+    frame = server_figures(headline.bench)
+    if frame.empty:
+        return ""
+    headers, cells = server_cells(frame)
+    rounds = int(frame["rounds"].max())
+    spread = (
+        "ONE round: no range, and such figures move by tens of percent between runs"
+        if rounds <= 1
+        else f"the median of {rounds} rounds (contenders alternating), min-max in brackets"
+    )
+    return f"""## The server: uvicorn on each loop, loaded from another process
+
+![The server's requests/s and CPU per request]({SERVER_PNG})
+
+Each figure is {spread}. `protocol` is `aiowheel.middleware.uvicorn_protocol` closing
+idle connections instead of uvicorn's own keep-alive timeout, `middleware` the same
+with `IdleTimeoutMiddleware` around the app (on the plain loops, where users run
+them). Their last column is the change in requests/s against the same loop with
+uvicorn's own keep-alive, in the same round: negative is a cost; "{NO_DIFFERENCE}" when
+its range holds no change.
+
+{_markdown_table(headers, cells, 2)}
 """
 
 
@@ -690,6 +825,7 @@ def render_markdown(
 {sampled_section(files)}
 {_headline_section(headline, out)}
 {_drop_in_section(headline, out)}
+{_server_section(headline)}
 {_kafka_section(headline)}
 ## The traces
 

@@ -46,6 +46,7 @@ from .bench_results import (
     headline,
     kafka_rates,
     load_bench_results,
+    server_figures,
 )
 from .inputs import (
     TraceFiles,
@@ -63,10 +64,12 @@ from .schema import (
     CDF_PNG,
     HEADLINE_PNG,
     KAFKA_PNG,
+    LOOP_PNG,
     OUTPUTS,
     P99_PNG,
     RATES_PNG,
     REPORT_MD,
+    SERVER_PNG,
     SUMMARY_CSV,
     SUMMARY_PARQUET,
     WINDOWS_PARQUET,
@@ -861,6 +864,19 @@ def _write_outputs(
             subtitle = headline_subtitle(source.bench)
             plots.plot_headline(source.ratios, staging / HEADLINE_PNG, subtitle)
             written.append(HEADLINE_PNG)
+        if source.bench is not None and source.drop_in is not None and not source.drop_in.empty:
+            plots.plot_headline(
+                source.drop_in,
+                staging / LOOP_PNG,
+                headline_subtitle(source.bench),
+                ours="the drop-in loop",
+                title="The drop-in loop against the plain loop on its own base, per workload",
+            )
+            written.append(LOOP_PNG)
+        server = server_figures(source.bench) if source.bench is not None else None
+        if source.bench is not None and server is not None and not server.empty:
+            plots.plot_server(server, staging / SERVER_PNG, headline_subtitle(source.bench))
+            written.append(SERVER_PNG)
         rates = kafka_rates(source.bench) if source.bench is not None else None
         if rates is not None and not rates.empty:
             plots.plot_kafka_rates(rates, staging / KAFKA_PNG)

@@ -22,12 +22,14 @@ __all__ = [
     "IMPOSSIBLY_EARLY_S",
     "KAFKA_PNG",
     "LIFETIME_QUANTILES",
+    "LOOP_PNG",
     "OUTPUTS",
     "P99_PNG",
     "RATES_PNG",
     "REPORT_MD",
     "RUN_KEYS",
     "SEARCHED_WORKLOADS",
+    "SERVER_PNG",
     "SINGLE_REPETITION",
     "SINGLE_SEARCH",
     "SUMMARY_CSV",
@@ -82,6 +84,10 @@ P99_PNG: Final = "lateness_p99.png"
 RATES_PNG: Final = "fired_cancelled.png"
 #: Kafka's figures against the offered rate (only when the bench measured them).
 KAFKA_PNG: Final = "kafka_rates.png"
+#: The drop-in loop against the plain loops (only when the bench measured it).
+LOOP_PNG: Final = "drop_in_loop.png"
+#: The server's requests/s and CPU per request, with ranges (only when measured).
+SERVER_PNG: Final = "server.png"
 REPORT_MD: Final = "report.md"
 #: Every file the report may write (headline.png only with the bench's results,
 #: kafka_rates.png only when they hold kafka's target rates).
@@ -94,6 +100,8 @@ OUTPUTS: Final = (
     P99_PNG,
     RATES_PNG,
     KAFKA_PNG,
+    LOOP_PNG,
+    SERVER_PNG,
     REPORT_MD,
 )
 

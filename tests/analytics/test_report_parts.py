@@ -336,7 +336,10 @@ def test_ratio_formatting() -> None:
     assert plots.times(2.2676) == "2.3\u00d7"
     assert plots.times(0.5615) == "0.56\u00d7"
     assert plots.times(75.39) == "75\u00d7"
-    assert plots.times(1234.0) == "1,234\u00d7"
+    # 2 significant digits: a run supports no more (2514.82x was printed as such).
+    assert plots.times(1234.0) == "1,200\u00d7"
+    assert plots.times(2514.82) == "2,500\u00d7"
+    assert plots.times(771.3) == "770\u00d7"
     assert plots.times(0.0034) == "0.003\u00d7"
     assert plots.times(math.nan) == "-"
 
