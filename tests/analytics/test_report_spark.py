@@ -37,7 +37,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 #: Short runs (these tests'): no per-second figures are written (issue 32).
 PER_SECOND = (schema.P99_PNG, schema.RATES_PNG)
 #: ... nor kafka's figure against the offered rate (their bench results have none).
-NOT_WRITTEN = (*PER_SECOND, schema.KAFKA_PNG)
+NOT_WRITTEN = (*PER_SECOND, schema.KAFKA_PNG, schema.LOOP_PNG, schema.SERVER_PNG)
 WITHOUT_HEADLINE = [
     name for name in schema.OUTPUTS if name != schema.HEADLINE_PNG and name not in NOT_WRITTEN
 ]
