@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -19,6 +20,7 @@ from .env import TraceFactory, parquet_recorder
 from .export import RESULTS_FILE, write_results
 from .output import Output
 from .registry import DEFAULT_WORKLOADS, GROUPS, WORKLOADS
+from .results import Result
 from .runner import Runner
 from .settings import Settings
 
@@ -437,8 +439,9 @@ def run(
 ) -> int:
     """Run what ``ns`` asks for; returns the exit status (2: a bad command line,
     130: interrupted by Ctrl-C, said in one line)."""
+    saved: list[Path] = []
     try:
-        return _run(ns, argv, trace_factory=trace_factory)
+        return _run(ns, argv, trace_factory=trace_factory, saved=saved)
     except (KeyboardInterrupt, BaseExceptionGroup) as exc:
         if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
             raise
@@ -446,7 +449,12 @@ def run(
         # child process's pipe, the Spark job's py4j call); 130 = 128 + SIGINT. A
         # timer task the signal cut off before its first step is not news either.
         warnings.filterwarnings("ignore", message="coroutine .* was never awaited")
-        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        kept = ""
+        if saved:
+            kept = f"; the finished workloads' results are in {', '.join(map(str, saved))}"
+            if ns.report:
+                kept += f" (aiowheel report {saved[0].parent} makes their report)"
+        print(f"\n{PROG}: interrupted{kept}", file=sys.stderr)
         return 130
 
 
@@ -455,6 +463,7 @@ def _run(
     argv: Sequence[str] | None,
     *,
     trace_factory: TraceFactory,
+    saved: list[Path],
 ) -> int:
     try:
         settings = settings_from(ns)
@@ -463,7 +472,21 @@ def _run(
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     output = Output(settings, argv=["aiowheel", "bench", *(argv or [])])
-    runner = Runner(settings, output, trace_factory=trace_factory)
+    targets = [] if settings.trace_dir is None else [settings.trace_dir / RESULTS_FILE]
+    if getattr(ns, "save", None) is not None:
+        targets.append(ns.save)
+
+    def checkpoint(results: list[Result]) -> None:
+        """What finished so far, saved (``complete`` false): an interrupted or broken
+        run keeps it. A file that cannot be written is said at the end."""
+        for path in targets:
+            with contextlib.suppress(OSError):
+                write_results(path.parent, settings, runner.machine, results, name=path.name,
+                              complete=False)  # fmt: skip
+                if path not in saved:
+                    saved.append(path)
+
+    runner = Runner(settings, output, trace_factory=trace_factory, checkpoint=checkpoint)
     try:
         try:
             results = runner.run()
@@ -477,18 +500,19 @@ def _run(
         # and keep the interpreter's final flush from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    targets = [] if settings.trace_dir is None else [settings.trace_dir / RESULTS_FILE]
-    if getattr(ns, "save", None) is not None:
-        targets.append(ns.save)
     for path in targets:
         try:
             write_results(path.parent, settings, runner.machine, results, name=path.name)
         except OSError as exc:
             print(f"{PROG}: error: cannot write {path}: {exc}", file=sys.stderr)
             return 1
-    if ns.report:
-        return _report(runner.trace_files, _out(ns) / "report")
-    return 0
+    status = _report(runner.trace_files, _out(ns) / "report") if ns.report else 0
+    failed = sorted({f"{r.workload} {r.contender.name}" for r in results if r.failed})
+    if failed and status == 0:
+        # Everything else was measured, saved and reported; the status says not all.
+        print(f"{PROG}: failed: {', '.join(failed)} (the reasons are above)", file=sys.stderr)
+        return 1
+    return status
 
 
 def _report(trace_files: list[Path], report_dir: Path) -> int:

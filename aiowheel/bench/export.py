@@ -7,9 +7,12 @@ it writes ``DIR/bench-results.json`` after the run, before the report is built::
      "settings": {...},   # the same object as the settings of the --json "run" line
      "machine": {...},    # python, implementation, platform, cpus, loadavg (at the
                           # start), core and core_reason (this process's aiowheel core)
+     "complete": true,    # false: written after a workload variant, the run not over
+                          # (an interrupted run's file holds what it finished)
      "results": [...]}    # one Result.as_json() per result, skipped contenders included
 
-The file is replaced atomically (a temporary file in DIR, then a rename): a reader
+It is written after each workload variant (``complete`` false), and once more at the
+end. The file is replaced atomically (a temporary file in DIR, then a rename): a reader
 sees the previous run's file or this one's, never half of one. docs/benchmarks.md
 documents the format.
 """
@@ -53,12 +56,17 @@ def machine() -> dict[str, Any]:
 
 
 def results_document(
-    settings: Settings, machine_info: dict[str, Any], results: list[Result]
+    settings: Settings,
+    machine_info: dict[str, Any],
+    results: list[Result],
+    *,
+    complete: bool = True,
 ) -> dict[str, Any]:
     return {
         "version": VERSION,
         "settings": settings.as_json(),
         "machine": machine_info,
+        "complete": complete,
         "results": [r.as_json() for r in results],
     }
 
@@ -70,11 +78,11 @@ def write_results(
     results: list[Result],
     *,
     name: str = RESULTS_FILE,
+    complete: bool = True,
 ) -> Path:
     """Write ``directory/name`` (``bench-results.json``) atomically; returns its path."""
-    text = json.dumps(
-        results_document(settings, machine_info, results), allow_nan=False, default=str, indent=1
-    )
+    document = results_document(settings, machine_info, results, complete=complete)
+    text = json.dumps(document, allow_nan=False, default=str, indent=1)
     path = directory / name
     fd, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
     try:

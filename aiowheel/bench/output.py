@@ -35,7 +35,17 @@ from .registry import WORKLOADS
 from .results import Result
 from .settings import Settings
 
-__all__ = ["RATIO_HEADER", "Output", "Table", "fmt", "render_plain", "tables"]
+__all__ = [
+    "NO_DIFFERENCE",
+    "RATIO_HEADER",
+    "Output",
+    "Table",
+    "fmt",
+    "fmt_cost",
+    "fmt_ratio",
+    "render_plain",
+    "tables",
+]
 
 #: The ratio column's header: every figure there compares a peer with aiowheel on the
 #: peer's own event loop (issue 32), ``> 1``: aiowheel better.
@@ -63,11 +73,30 @@ def fmt(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".rstrip() if unit and unit not in ("1/s",) else text
 
 
-def fmt_ratio(value: float | None) -> str:
-    if value is None:
+#: The ratio column when the ratio's range over the repetitions holds 1x.
+NO_DIFFERENCE = "no difference measured"
+
+
+def fmt_ratio(value: float | None, bounds: list[float] | None = None) -> str:
+    """A ratio to 3 significant digits (figures move more than that between runs);
+    ``NO_DIFFERENCE`` when its range over the repetitions (``bounds``) holds 1x."""
+    if value is None or not math.isfinite(value):
         return DASH
-    # Two significant digits below 0.1: a real 0.004 is not "0.00".
-    return f"{value:.2f}{TIMES}" if value >= 0.1 else f"{value:.2g}{TIMES}"
+    if bounds is not None and bounds[0] <= 1.0 <= bounds[1]:
+        return NO_DIFFERENCE
+    rounded = float(f"{value:.3g}")
+    if rounded >= 100:
+        return f"{rounded:,.0f}{TIMES}"
+    # 3 significant digits below 1 too: a real 0.004 is not "0.00".
+    return f"{rounded:#.3g}{TIMES}"
+
+
+def fmt_cost(fraction: float) -> str:
+    """A fraction of a base (0.81: 81% of uvicorn's requests/s) as the cost it is, a
+    percentage ("19%"; "-3%": no cost, faster): never a second kind of ratio."""
+    if not math.isfinite(fraction):
+        return DASH
+    return f"{(1 - fraction) * 100:.0f}%"
 
 
 class _Console(Protocol):
@@ -317,12 +346,14 @@ def tables(results: list[Result]) -> list[Table]:
                 *([(RATIO_HEADER, True)] if has_ratios else []),
             ],
         )
+        undecided = False
         previous: tuple[str, str] | None = None
         skipped: dict[tuple[str, str], list[str]] = {}
         across: dict[str, str] = {}
         for r in rows:
             if r.skipped:
-                sat_out = skipped.setdefault((r.contender.name, r.skipped), [])
+                why = f"{r.contender.name} failed" if r.failed else f"skipped {r.contender.name}"
+                sat_out = skipped.setdefault((why, r.failed or r.skipped), [])
                 if r.variant not in sat_out:
                     sat_out.append(r.variant)
                 continue
@@ -330,37 +361,60 @@ def tables(results: list[Result]) -> list[Table]:
             if key != previous:
                 table.sections.append([])
             previous = key
-            cells = [
-                r.variant,
-                f"{r.label} ({r.unit})" if r.unit else r.label,
-                r.contender.label,
-                fmt(r.median),
-                _spread(r),
-            ]
+            if _is_fraction(r):
+                # A fraction of the same loop's figure: shown as the cost it is.
+                cells = [
+                    r.variant,
+                    f"{r.label.replace('requests/s vs', 'cost in requests/s against')} (%)",
+                    r.contender.label,
+                    fmt_cost(r.median),
+                    "1 rep"
+                    if len(r.samples) <= 1
+                    else f"{fmt_cost(r.high)}{DASH}{fmt_cost(r.low)}",
+                ]
+            else:
+                cells = [
+                    r.variant,
+                    f"{r.label} ({r.unit})" if r.unit else r.label,
+                    r.contender.label,
+                    fmt(r.median),
+                    _spread(r),
+                ]
             if has_ratios:
                 # fill_ratios gives a peer one ratio: against aiowheel on its own base
                 # (or, with none there, on another base: said under the table).
                 (against, value), *_ = [*r.ratios.items(), ("", None)]
-                cells.append(fmt_ratio(value) if against else "")
+                bounds = r.ratio_ranges.get(against)
+                cells.append(fmt_ratio(value, bounds) if against else "")
+                if against and cells[-1] == NO_DIFFERENCE:
+                    undecided = True
                 base = CONTENDER_BY_NAME[against].backend if against in CONTENDER_BY_NAME else ""
                 if against and base != r.contender.backend:
                     across[r.contender.name] = against
             table.sections[-1].append((cells, r.contender.is_aiowheel))
         table.notes = [
-            f"skipped {contender} ({', '.join(variants)}): {reason}"
-            for (contender, reason), variants in skipped.items()
+            f"{why} ({', '.join(variants)}): {reason}"
+            for (why, reason), variants in skipped.items()
         ]
         table.notes += [
             f"{peer}: no aiowheel contender on its event loop; its {TIMES} column compares "
             f"it with {against}"
             for peer, against in across.items()
         ]
-        notes = getattr(workload, "notes", None)
-        if callable(notes):
-            table.notes += notes(rows)
+        if undecided:
+            table.notes.append(
+                f"{NO_DIFFERENCE}: the ratio's range over the repetitions (the worst and the "
+                f"best pairing of min and max) holds 1{TIMES}"
+            )
         table.notes += _capped_notes(rows)
         out.append(table)
     return out
+
+
+def _is_fraction(r: Result) -> bool:
+    """A figure that is a fraction of another of the same contender (``unit`` x, no
+    ratio column: the server's guarded variants against uvicorn's keep-alive)."""
+    return r.unit == "x" and not r.has_ratio
 
 
 def _capped_notes(rows: list[Result]) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .contenders import Contender
 
-__all__ = ["Result", "ratio"]
+__all__ = ["Result", "ratio", "ratio_range"]
 
 
 @dataclass
@@ -28,7 +28,15 @@ class Result:
     #: aiowheel contender name -> how many times better aiowheel is (> 1: aiowheel
     #: better), filled in for peers once every contender of the variant is measured.
     ratios: dict[str, float | None] = field(default_factory=dict)
+    #: The same keys: the ratio's range over the repetitions, [low, high] (the worst
+    #: and the best pairing of the two contenders' min and max), None with fewer than
+    #: two repetitions on either side. A range holding 1: no difference measured.
+    ratio_ranges: dict[str, list[float] | None] = field(default_factory=dict)
     skipped: str | None = None
+    #: Why the contender, which was to run, has no figure: it failed (a server that
+    #: stopped answering, an exception, a timeout). ``skipped`` is then
+    #: ``"failed: " + failed``, so that readers of ``skipped`` alone see it too.
+    failed: str | None = None
     #: Why this figure, measured, is not comparable in this run (its ratios, and the
     #: peers' ratios against it, are None): e.g. a loop that fell behind.
     withheld: str | None = None
@@ -71,7 +79,9 @@ class Result:
             "samples": [num(s) for s in self.samples],
             "reps": len(self.samples),
             "ratios": self.ratios,
+            "ratio_ranges": self.ratio_ranges,
             "skipped": self.skipped,
+            "failed": self.failed,
             "params": self.params,
         }
 
@@ -86,6 +96,21 @@ def ratio(aiowheel: Result, peer: Result) -> float | None:
     if not (math.isfinite(a) and math.isfinite(p)) or a <= 0 or p <= 0:
         return None
     return p / a if aiowheel.better == "lower" else a / p
+
+
+def ratio_range(aiowheel: Result, peer: Result) -> list[float] | None:
+    """The lowest and the highest ``ratio`` the repetitions allow: aiowheel's worst
+    against the peer's best, and its best against the peer's worst. None without two
+    repetitions on each side (one repetition has no range) or a non-positive figure."""
+    if len(aiowheel.samples) < 2 or len(peer.samples) < 2:
+        return None
+    a_low, a_high, p_low, p_high = aiowheel.low, aiowheel.high, peer.low, peer.high
+    values = (a_low, a_high, p_low, p_high)
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        return None
+    if aiowheel.better == "lower":
+        return [p_low / a_high, p_high / a_low]
+    return [a_low / p_high, a_high / p_low]
 
 
 #: The base a peer with no aiowheel contender on its own backend is compared with.
@@ -126,4 +151,8 @@ def fill_ratios(results: list[Result]) -> None:
                 ]
             r.ratios = {
                 a.contender.name: None if r.withheld or a.withheld else ratio(a, r) for a in against
+            }
+            r.ratio_ranges = {
+                a.contender.name: None if r.withheld or a.withheld else ratio_range(a, r)
+                for a in against
             }

@@ -19,12 +19,20 @@ for the contenders measured in this process.
 Contenders left out because their event loop is not installed
 (``Settings.unavailable``) appear in every variant of every workload that applies
 to them as skipped results, with the reason.
+
+A contender that fails (an exception, a child process that dies, a server that stops
+answering, a timeout) is recorded as failed with the reason (``Result.failed``), said
+on stderr, and runs nothing more of that variant; the run goes on. ``checkpoint``,
+when given, is called with every result so far after each workload variant: the
+command line saves them then, so that an interrupted run keeps what it finished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -38,7 +46,7 @@ from .output import Output
 from .registry import WORKLOADS
 from .results import Result, fill_ratios
 from .settings import Settings
-from .workload import AnyWorkload, RepeatedWorkload, SearchedWorkload, Workload
+from .workload import AnyWorkload, RepeatedWorkload, SearchedWorkload, Workload, failure_reason
 
 __all__ = ["Runner"]
 
@@ -50,8 +58,10 @@ class Runner:
         output: Output,
         *,
         trace_factory: TraceFactory = parquet_recorder,
+        checkpoint: Callable[[list[Result]], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.checkpoint = checkpoint
         self.output = output
         self.trace_factory = trace_factory
         self.trace_files: list[Path] = []
@@ -61,6 +71,8 @@ class Runner:
         #: The ``-pure`` contenders' child processes (started on first use).
         self.children = PureChildren(settings)
         self._stamp = time.strftime("%Y%m%dT%H%M%S")
+        #: How many of ``trace_files`` belong to finished workload variants.
+        self._finished_traces = 0
 
     # -- tracing ------------------------------------------------------------------
 
@@ -99,6 +111,14 @@ class Runner:
                         self._search(workload)
                     case _:
                         assert_never(workload)
+        except BaseException:
+            # Interrupted (Ctrl-C) or broken: the traces of the variant it was in may
+            # be half written; those of the finished ones stay, with their results.
+            for path in self.trace_files[self._finished_traces :]:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            del self.trace_files[self._finished_traces :]
+            raise
         finally:
             self.children.close()
             self.output.finish(self.results)
@@ -140,13 +160,24 @@ class Runner:
         runnable = self._runnable(workload, n)
         samples: dict[tuple[str, str], list[float]] = {}
         states: dict[str, dict[str, float]] = {c.name: {} for c in runnable}
+        failed: dict[str, str] = {}
         for rep in range(s.reps):
             data = workload.prepare(n, rep, s)
             for contender in runnable:
-                self.output.step(
-                    f"{workload.name} {variant} rep {rep + 1}/{s.reps}: {contender.name}"
-                )
-                values = self._one(workload, contender, n, rep, data, states[contender.name])
+                step = f"{workload.name} {variant} rep {rep + 1}/{s.reps}: {contender.name}"
+                if contender.name in failed:
+                    self.output.step(f"{step}: not run, it failed")
+                    self.output.advance()
+                    continue
+                self.output.step(step)
+                try:
+                    values = self._one(workload, contender, n, rep, data, states[contender.name])
+                except Exception as exc:  # a contender that fails: said, the run goes on
+                    failed[contender.name] = (
+                        f"rep {rep + 1}/{s.reps}: {failure_reason(exc, contender)}"
+                    )
+                    self.output.advance()
+                    continue
                 for key, value in values.items():
                     if key.startswith("_"):
                         if key == "_overrun_ms" and value > 0:
@@ -161,11 +192,16 @@ class Runner:
         if s.trace_dir is not None and workload.traced:
             data = workload.prepare(n, 0, s)
             for contender in runnable:
-                name = f"{workload.name}-{variant}" if multi else workload.name
-                recorder, _path = self._recorder(name, contender)
                 self.output.step(f"{workload.name} {variant} traced: {contender.name}")
-                assert not contender.pure, "settings_from refuses to trace them"
-                workload.repetition(contender, n, data, s, states[contender.name], recorder)
+                if contender.name not in failed:
+                    name = f"{workload.name}-{variant}" if multi else workload.name
+                    recorder, path = self._recorder(name, contender)
+                    assert not contender.pure, "settings_from refuses to trace them"
+                    try:
+                        workload.repetition(contender, n, data, s, states[contender.name], recorder)
+                    except Exception as exc:
+                        failed[contender.name] = f"traced run: {failure_reason(exc, contender)}"
+                        self.trace_files.remove(path)
                 self.output.advance()
             del data
         params = {**workload.params(s), "reps": s.reps}
@@ -174,7 +210,20 @@ class Runner:
         for metric in workload.metrics:
             for contender in runnable:
                 measured = samples.get((contender.name, metric.key))
-                if measured is not None:
+                if contender.name in failed:
+                    if metric.kinds is None or contender.kind in metric.kinds:
+                        variant_results.append(
+                            workload.result(
+                                metric,
+                                contender,
+                                [],
+                                variant=variant,
+                                n=n,
+                                params=params,
+                                failed=failed[contender.name],
+                            )
+                        )
+                elif measured is not None:
                     variant_results.append(
                         workload.result(
                             metric, contender, measured, variant=variant, n=n, params=params
@@ -189,9 +238,28 @@ class Runner:
             )
         for warning in workload.withhold_ratios(variant_results, s):
             self.output.warn(warning)
-        fill_ratios(variant_results)
-        self.results.extend(variant_results)
-        self.output.results(variant_results)
+        self._done(variant_results)
+
+    def _done(self, results: list[Result]) -> None:
+        """One workload variant measured (or failed): its ratios, the failures said,
+        its figures printed and saved."""
+        fill_ratios(results)
+        failures: dict[tuple[str, str], list[str]] = {}
+        for r in results:
+            if r.failed is not None:
+                variants = failures.setdefault((r.contender.name, r.failed), [])
+                if r.variant not in variants:
+                    variants.append(r.variant)
+        for (name, reason), variants in failures.items():
+            self.output.warn(
+                f"{results[0].workload} ({', '.join(variants)}): {name} failed: {reason}; "
+                "the run goes on without it"
+            )
+        self.results.extend(results)
+        self._finished_traces = len(self.trace_files)
+        self.output.results(results)
+        if self.checkpoint is not None:
+            self.checkpoint(self.results)
 
     def _one(
         self,
@@ -214,16 +282,32 @@ class Runner:
     def _search(self, workload: SearchedWorkload) -> None:
         s = self.settings
         contenders = self._searched(workload)
+        planned = workload.planned_steps(s, contenders)
         steps = 0
 
         def progress(message: str) -> None:
+            # The bar never counts past the workload's plan (a search that takes more
+            # probes than a typical one): its total stays the run's.
             nonlocal steps
             self.output.step(message)
-            steps += 1
-            self.output.advance()
+            if steps < planned:
+                steps += 1
+                self.output.advance()
 
-        results = workload.measure(s, contenders, progress, self._trace, self.children)
+        for contender, reason in self._skipped(workload, None):
+            if contender in self.settings.contenders:
+                self.output.warn(f"{workload.name}: skipping {contender.name}: {reason}")
         params = workload.params(s)
+        try:
+            results = workload.measure(s, contenders, progress, self._trace, self.children)
+        except Exception as exc:  # the whole search failed: every contender's, said
+            reason = failure_reason(exc)
+            results = [
+                workload.result(metric, c, [], variant=v, n=None, params=params, failed=reason)
+                for v in workload.variants(s)[:1]
+                for metric in workload.variant_metrics(v)[:1]
+                for c in contenders
+            ]
         for variant in workload.variants(s):
             results.extend(
                 workload.result(
@@ -232,9 +316,6 @@ class Runner:
                 for contender, reason in self._skipped(workload, None)
                 for metric in workload.variant_metrics(variant)
             )
-        fill_ratios(results)
-        self.results.extend(results)
-        planned = workload.planned_steps(s, contenders)
         if steps < planned:
             self.output.advance(planned - steps)
-        self.output.results(results)
+        self._done(results)

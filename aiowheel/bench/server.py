@@ -39,24 +39,29 @@ is the server's own.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
 import resource
+import selectors
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar
 
 from .child import ChildError
 from .contenders import Contender, install_hint
 from .results import Result
 from .settings import Settings
-from .workload import Metric, Progress, Remote, SearchedWorkload, Trace
+from .workload import Metric, Progress, Remote, SearchedWorkload, Trace, failure_reason
 
 __all__ = ["Server", "ServerError", "parse_wrk"]
 
@@ -68,6 +73,8 @@ MAX_REQUESTS = 2_000_000
 START_TIMEOUT = 30.0
 #: Seconds past its window a load run may take before it is killed.
 GRACE = 15.0
+#: Seconds the server has to answer one of the bench's own requests (``/__stats``).
+REQUEST_TIMEOUT = 10.0
 
 _GUARDED = ("protocol", "middleware")
 
@@ -93,9 +100,43 @@ def _uvicorn_installed() -> bool:
     return True
 
 
+def _http_implementation() -> str:
+    """The HTTP parser uvicorn's ``http="auto"`` picks: httptools when installed."""
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
+def _wrk_problem(contender: Contender) -> str | None:
+    """Why ``contender`` cannot be measured under wrk (None: it can).
+
+    rloop (0.5): wrk ends its run by closing its connections with responses still in
+    flight. rloop then calls the protocol's ``connection_lost`` from inside
+    ``transport.write`` (asyncio and uvloop report it later, from the loop), so
+    uvicorn's HTTP cycle fails in the middle of its response, once per connection,
+    and rloop never closes those sockets (they stay in CLOSE-WAIT, about 30 a run).
+    The load generator of this package waits for each response before it closes a
+    connection, and measures rloop."""
+    if contender.backend != "rloop" or shutil.which("wrk") is None:
+        return None
+    try:
+        version = f"rloop {importlib.metadata.version('rloop')}"
+    except importlib.metadata.PackageNotFoundError:
+        version = "rloop"
+    return (
+        f"{version} under wrk: a connection closed with a response in flight makes rloop call "
+        "connection_lost from inside transport.write (an error in uvicorn each) and leaves the "
+        "socket open (CLOSE-WAIT); without wrk on PATH it is measured with the bench's own "
+        "load generator"
+    )
+
+
 def _loop_name(contender: Contender) -> str:
     """``_serve.py``'s name for the contender's event loop."""
     return f"loop-{contender.backend}" if contender.kind == "loop" else contender.backend
+
+
+def _serve_args(contender: Contender, guard: str) -> list[str]:
+    """The Python command line of ``contender``'s server (``_serve.py``)."""
+    return ["-m", "aiowheel.bench._serve", _loop_name(contender), guard]
 
 
 def _raise_fd_limit(wanted: int) -> int:
@@ -127,43 +168,67 @@ def _env() -> dict[str, str]:
     return env
 
 
+@dataclass
+class _Child:
+    """A child process of the workload and its stderr, kept in a file: a pipe nobody
+    reads while the child runs fills up (64 KiB on Linux) and then blocks the child's
+    next write to it, a server's log line included: the server stops answering."""
+
+    proc: subprocess.Popen[str]
+    log: IO[str]
+    what: str
+
+    def last_error(self) -> str:
+        """The last line the child wrote to stderr (cut to 200 characters), or ''."""
+        with contextlib.suppress(OSError, ValueError):
+            self.log.flush()
+            self.log.seek(0)
+            lines = [line.strip() for line in self.log.read().splitlines() if line.strip()]
+            if lines:
+                return _cut(lines[-1])
+        return ""
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @contextlib.contextmanager
-def _process(args: list[str], what: str) -> Iterator[subprocess.Popen[str]]:
+def _process(args: list[str], what: str) -> Iterator[_Child]:
     """A child process, stopped on the way out whatever happens: stdin closed (the
     server and the holder stop on it), then SIGTERM, then SIGKILL."""
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(OSError):
-            assert proc.stdin is not None
-            proc.stdin.close()
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=_env(),
+        )
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
+            yield _Child(proc, log, what)
+        finally:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
-def _first_line(proc: subprocess.Popen[str], what: str) -> str:
+def _first_line(child: _Child) -> str:
     """The child's first line of stdout, within ``START_TIMEOUT`` (its stderr if none)."""
+    proc = child.proc
     assert proc.stdout is not None
-    import selectors
-
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
         if sel.select(START_TIMEOUT):
@@ -171,16 +236,25 @@ def _first_line(proc: subprocess.Popen[str], what: str) -> str:
             if line:
                 return line
     proc.kill()
-    assert proc.stderr is not None
-    err = proc.stderr.read().strip().splitlines()
-    raise ServerError(f"{what} did not start: {err[-1] if err else 'no output'}")
+    proc.wait()
+    raise ServerError(f"{child.what} did not start: {child.last_error() or 'no output'}")
 
 
 def _stats(port: int, *, full_gc: bool = False, reset: bool = False) -> dict[str, Any]:
     query = "&".join(q for q, on in (("gc=1", full_gc), ("reset=1", reset)) if on)
-    url = f"http://127.0.0.1:{port}/__stats" + (f"?{query}" if query else "")
-    with urllib.request.urlopen(url, timeout=START_TIMEOUT) as response:
-        stats: dict[str, Any] = json.load(response)
+    path = "/__stats" + (f"?{query}" if query else "")
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}{path}", timeout=REQUEST_TIMEOUT
+        ) as response:
+            stats: dict[str, Any] = json.load(response)
+    except TimeoutError:
+        raise ServerError(
+            f"GET {path}: no answer within {REQUEST_TIMEOUT:g} s (the server stopped answering)"
+        ) from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise ServerError(f"GET {path} failed: {_cut(str(reason) or type(exc).__name__)}") from None
     return stats
 
 
@@ -211,22 +285,48 @@ def _load(port: int, path: str, seconds: float) -> dict[str, float]:
         duration = max(1, round(seconds))
         args = [wrk, "-t1", f"-c{CONNECTIONS}", f"-d{duration}s", "--latency"]
         args += [f"--timeout={int(GRACE)}s", f"http://127.0.0.1:{port}{path}"]
-        done = subprocess.run(
-            args, capture_output=True, text=True, timeout=duration + GRACE, check=False
-        )
+        try:
+            done = subprocess.run(
+                args, capture_output=True, text=True, timeout=duration + GRACE, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"wrk did not finish within {duration + GRACE:g} s") from None
         if done.returncode != 0:
-            raise ServerError(f"wrk failed: {done.stderr.strip()[-200:]}")
+            raise ServerError(f"wrk failed: {_cut(done.stderr.strip())}")
         return parse_wrk(done.stdout)
     args = [sys.executable, "-m", "aiowheel.bench._load", "load", str(port), path]
     args += [str(CONNECTIONS), repr(seconds), str(MAX_REQUESTS)]
-    done = subprocess.run(
-        args, capture_output=True, text=True, timeout=seconds + GRACE, env=_env(), check=False
-    )
+    try:
+        done = subprocess.run(
+            args, capture_output=True, text=True, timeout=seconds + GRACE, env=_env(), check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise ServerError(
+            f"the load generator did not finish within {seconds + GRACE:g} s"
+        ) from None
     if done.returncode != 0 or not done.stdout.strip():
         err = done.stderr.strip().splitlines()
         raise ServerError(f"the load generator failed: {err[-1] if err else done.returncode}")
     result: dict[str, float] = json.loads(done.stdout)
     return result
+
+
+def _warm_up(port: int, requests: int = 200) -> None:
+    """A few hundred requests on one keep-alive connection (imports, first
+    allocations) before the first measured load, within ``REQUEST_TIMEOUT``."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
+    try:
+        for _ in range(requests):
+            connection.request("GET", "/")
+            connection.getresponse().read()
+    except TimeoutError:
+        raise ServerError(
+            f"GET /: no answer within {REQUEST_TIMEOUT:g} s (the server stopped answering)"
+        ) from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise ServerError(f"GET / failed: {_cut(str(exc) or type(exc).__name__)}") from None
+    finally:
+        connection.close()
 
 
 def _measure(port: int, path: str, seconds: float) -> _Figures:
@@ -270,17 +370,20 @@ class Server(SearchedWorkload):
     traced = False
     default = False
 
+    def skip_reason(self, contender: Contender, n: int | None, settings: Settings) -> str | None:
+        return _wrk_problem(contender)
+
     def _seconds(self, settings: Settings) -> float:
         return settings.server_seconds or (0.5 if settings.quick else 2.0)
 
     def _rounds(self, settings: Settings) -> int:
-        # The quick variant (and `bench --report`'s): one round, so that the main job
-        # stays within its 5 minutes (issue 32); its figures say "1 rep". The rounds
-        # of a full run alternate between contenders, their medians are the figures.
-        # --reps, when given, is the number of rounds.
+        # Alternating rounds (A B C, B C A, ...), at least 3 (the quick variant's and
+        # the main job's too): a figure is their median and shows their min-max, and a
+        # ratio whose range crosses 1x says "no difference measured". One round's
+        # ratios flip from run to run. --reps, when given, is the number of rounds.
         if settings.server_rounds is not None:
             return settings.server_rounds
-        return 1 if settings.quick else settings.reps
+        return max(3, settings.reps)
 
     def _idle_variant(self, settings: Settings) -> str:
         return f"idle N={idle_connections(settings):,}"
@@ -299,7 +402,7 @@ class Server(SearchedWorkload):
 
     def params(self, settings: Settings) -> dict[str, Any]:
         return {
-            "server": "uvicorn (httptools), one process, 127.0.0.1",
+            "server": f"uvicorn ({_http_implementation()}), one process, 127.0.0.1",
             "load": "wrk" if shutil.which("wrk") else "aiowheel.bench._load (asyncio)",
             "connections": CONNECTIONS,
             "seconds": self._seconds(settings),
@@ -310,47 +413,63 @@ class Server(SearchedWorkload):
         }
 
     def _one_server(
-        self, contender: Contender, guard: str, settings: Settings, idle: int
+        self, contender: Contender, guard: str, settings: Settings, idle: int | None
     ) -> dict[str, dict[str, float]]:
-        """One server process for ``contender``: its phases' figures by variant."""
+        """One server process for ``contender``: its phases' figures by variant (the
+        ``idle`` variant only when ``idle`` connections are given)."""
+        what = f"the {contender.name} server"
+        with _process(_serve_args(contender, guard), what) as server:
+            try:
+                return self._phases(server, guard, settings, idle)
+            except ServerError as exc:
+                log = server.last_error()
+                if not log or log in str(exc):
+                    raise
+                raise ServerError(f"{exc}; {what}'s last log line: {log}") from None
+
+    def _phases(
+        self, server: _Child, guard: str, settings: Settings, idle: int | None
+    ) -> dict[str, dict[str, float]]:
         seconds = self._seconds(settings)
         out: dict[str, dict[str, float]] = {}
-        serve = ["-m", "aiowheel.bench._serve", _loop_name(contender), guard]
-        with _process(serve, f"the {contender.name} server") as server:
-            port = int(_first_line(server, f"the {contender.name} server"))
-            _measure(port, "/", min(seconds, 0.2))  # warm-up: imports, first allocations
-            trivial = _measure(port, "/", seconds)
-            if guard != "uvicorn":
-                return {
-                    guard: {
-                        "rps": trivial.rps,
-                        "p50_ms": trivial.p50_ms,
-                        "p99_ms": trivial.p99_ms,
-                        "cpu_us": trivial.cpu_us,
-                    }
-                }
-            out["trivial"] = vars(trivial)
-            out["timeouts"] = vars(_measure(port, "/t", seconds))
-            before = _stats(port, full_gc=True)
-            hold = ["-m", "aiowheel.bench._load", "hold", str(port), str(idle)]
-            with _process(hold, "the idle connections' holder") as holder:
-                ready = _first_line(holder, "the idle connections' holder")
-                held = int(ready.split()[-1])
-                if held < idle:
-                    raise ServerError(f"only {held:,} of {idle:,} idle connections opened")
-                during = _stats(port, full_gc=True, reset=True)
-                figures = vars(_measure(port, "/", seconds))
-                # The collector's longest pause (gc.callbacks in the server) while it
-                # served the load beside the idle connections.
-                under_load = _stats(port)["gc_longest"]
-            rss = (during["rss"] - before["rss"]) / idle if during["rss"] else None
-            out[self._idle_variant(settings)] = {
-                **figures,
-                **({"rss_per_conn": rss} if rss is not None else {}),
-                "gc_full_ms": during["gc_full"] * 1e3,
-                "gc_max_ms": under_load * 1e3,
-            }
+        port = int(_first_line(server))
+        _warm_up(port)
+        trivial = _measure(port, "/", seconds)
+        if guard != "uvicorn":
+            return {guard: vars(trivial)}
+        out["trivial"] = vars(trivial)
+        out["timeouts"] = vars(_measure(port, "/t", seconds))
+        if idle is None:
+            return out
+        before = _stats(port, full_gc=True)
+        hold = ["-m", "aiowheel.bench._load", "hold", str(port), str(idle)]
+        with _process(hold, "the idle connections' holder") as holder:
+            held = int(_first_line(holder).split()[-1])
+            if held < idle:
+                raise ServerError(f"only {held:,} of {idle:,} idle connections opened")
+            during = _stats(port, full_gc=True, reset=True)
+            figures = vars(_measure(port, "/", seconds))
+            # The collector's longest pause (gc.callbacks in the server) while it
+            # served the load beside the idle connections.
+            under_load = _stats(port)["gc_longest"]
+        rss = (during["rss"] - before["rss"]) / idle if during["rss"] else None
+        out[self._idle_variant(settings)] = {
+            **figures,
+            **({"rss_per_conn": rss} if rss is not None else {}),
+            "gc_full_ms": during["gc_full"] * 1e3,
+            "gc_max_ms": under_load * 1e3,
+        }
         return out
+
+    def _variants_of(self, contender: Contender, settings: Settings) -> list[str]:
+        variants = ["trivial", "timeouts", self._idle_variant(settings)]
+        return [*variants, *(_GUARDED if self.guarded(contender) else ())]
+
+    @staticmethod
+    def _guards_of(variant: str) -> tuple[str, ...]:
+        """The servers a variant's figures come from (the guarded variants' ratio to
+        uvicorn's keep-alive needs both)."""
+        return ("uvicorn", variant) if variant in _GUARDED else ("uvicorn",)
 
     def measure(
         self,
@@ -370,19 +489,39 @@ class Server(SearchedWorkload):
                 for c in contenders
             ]
         idle = idle_connections(settings)
+        rounds = self._rounds(settings)
         samples: dict[tuple[str, str, str], list[float]] = {}
-        for round_ in range(self._rounds(settings)):
-            for contender in contenders:
-                guards = ["uvicorn", *(_GUARDED if self.guarded(contender) else ())]
-                for guard in guards:
-                    progress(
-                        f"server round {round_ + 1}/{self._rounds(settings)}: "
-                        f"{contender.name} ({guard})"
-                    )
-                    phases = self._one_server(contender, guard, settings, idle)
+        #: (contender name, guard) -> why its server failed (it runs no further round;
+        #: the contender's other servers run on).
+        failed: dict[tuple[str, str], str] = {}
+        for round_ in range(rounds):
+            # Alternating rounds, each starting with the next contender: drift and
+            # other work on the machine hit every contender alike.
+            shift = round_ % len(contenders) if contenders else 0
+            for contender in [*contenders[shift:], *contenders[:shift]]:
+                for guard in ["uvicorn", *(_GUARDED if self.guarded(contender) else ())]:
+                    step = f"server round {round_ + 1}/{rounds}: {contender.name} ({guard})"
+                    if (contender.name, guard) in failed:
+                        progress(f"{step}: not run, it failed")
+                        continue
+                    progress(step)
+                    try:
+                        held = idle if self._idle_round(round_, settings) else None
+                        phases = self._one_server(contender, guard, settings, held)
+                    except Exception as exc:  # a contender that fails: said, the run goes on
+                        why = failure_reason(exc, contender)
+                        failed[(contender.name, guard)] = (
+                            f"round {round_ + 1}/{rounds}, {guard}: {why}"
+                        )
+                        continue
                     for variant, values in phases.items():
                         for key, value in values.items():
                             samples.setdefault((variant, contender.name, key), []).append(value)
+        samples = {
+            k: v
+            for k, v in samples.items()
+            if not any((k[1], guard) in failed for guard in self._guards_of(k[0]))
+        }
         # The guarded variants as a fraction of the same loop's trivial, round by round.
         for contender in contenders:
             base = samples.get(("trivial", contender.name, "rps"), [])
@@ -394,6 +533,7 @@ class Server(SearchedWorkload):
                     ]
         results: list[Result] = []
         for variant in self.variants(settings):
+            variant_params = {**params, "idle": idle} if variant.startswith("idle") else params
             for metric in self.metrics:
                 for contender in contenders:
                     measured = samples.get((variant, contender.name, metric.key))
@@ -405,39 +545,29 @@ class Server(SearchedWorkload):
                                 measured,
                                 variant=variant,
                                 n=None,
-                                params={**params, "idle": idle}
-                                if variant.startswith("idle")
-                                else params,
+                                params=variant_params,
                             )
                         )
+            for (name, guard), reason in failed.items():
+                contender = next(c for c in contenders if c.name == name)
+                if guard in self._guards_of(variant) and variant in self._variants_of(
+                    contender, settings
+                ):
+                    results.append(
+                        self.result(
+                            self.metrics[0],
+                            contender,
+                            [],
+                            variant=variant,
+                            n=None,
+                            params=variant_params,
+                            failed=reason,
+                        )
+                    )
         return results
 
-    def notes(self, results: list[Result]) -> list[str]:
-        """The issue's targets, met or not, from this run's medians."""
-        by = {(r.variant, r.metric, r.contender.name): r.median for r in results if r.samples}
-        notes = []
-
-        def ratio(variant: str, metric: str, a: str, b: str) -> float | None:
-            x, y = by.get((variant, metric, a)), by.get((variant, metric, b))
-            return x / y if x and y else None
-
-        rps = ratio("trivial", "rps", "loop-uvloop", "call_later-uvloop")
-        if rps is not None:
-            notes.append(
-                f"target: loop-uvloop's req/s on trivial >= 0.97x call_later-uvloop's: "
-                f"{rps:.2f}x ({'met' if rps >= 0.97 else 'not met'})"
-            )
-        cpu = ratio("timeouts", "cpu_us", "loop-uvloop", "call_later-uvloop")
-        if cpu is not None:
-            notes.append(
-                f"target: loop-uvloop's CPU per request on timeouts <= 0.9x "
-                f"call_later-uvloop's: {cpu:.2f}x ({'met' if cpu <= 0.9 else 'not met'})"
-            )
-        for backend in ("asyncio", "uvloop"):
-            cost = by.get(("middleware", "vs_uvicorn", f"call_later-{backend}"))
-            if cost is not None:
-                notes.append(
-                    f"target: IdleTimeoutMiddleware + uvicorn_protocol on {backend} cost "
-                    f"<= 5% of req/s: {1 - cost:+.0%} ({'met' if cost >= 0.95 else 'not met'})"
-                )
-        return notes
+    @staticmethod
+    def _idle_round(round_: int, settings: Settings) -> bool:
+        """The idle variant (a holder of idle connections beside the load) runs in the
+        first round only in a quick run (the main job's time), in every round else."""
+        return round_ == 0 or not settings.quick

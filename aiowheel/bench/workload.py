@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias
 
 import aiowheel
 
+from .child import ChildError
 from .contenders import Contender
 from .env import Env, open_env, run_fresh
 from .results import Result
@@ -35,7 +36,19 @@ __all__ = [
     "SearchedWorkload",
     "Trace",
     "Workload",
+    "failure_reason",
 ]
+
+
+def failure_reason(exc: BaseException, contender: Contender | None = None, limit: int = 300) -> str:
+    """Why ``contender`` failed, in one line of at most ``limit`` characters: the
+    message of the bench's own errors (a server, a child process: without the
+    contender's name, said beside it), else the exception's type and message."""
+    text = str(exc) if isinstance(exc, ChildError) else f"{type(exc).__name__}: {exc}"
+    text = " ".join(text.split()) or type(exc).__name__
+    if contender is not None:
+        text = text.removeprefix(f"{contender.name}: ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -103,8 +116,12 @@ class Workload(ABC):
         n: int | None,
         params: dict[str, Any],
         skipped: str | None = None,
+        failed: str | None = None,
     ) -> Result:
-        """One figure of ``contender`` (``skipped``: why it has none)."""
+        """One figure of ``contender`` (``skipped``: why it has none; ``failed``: it
+        was to run and failed, and why: ``skipped`` then says so too)."""
+        if failed is not None:
+            skipped = f"failed: {failed}"
         return Result(
             workload=self.name,
             variant=variant,
@@ -118,6 +135,7 @@ class Workload(ABC):
             has_ratio=metric.ratio,
             params=params,
             skipped=skipped,
+            failed=failed,
         )
 
 

@@ -75,7 +75,9 @@ RESULT_KEYS = {
     "samples",
     "reps",
     "ratios",
+    "ratio_ranges",
     "skipped",
+    "failed",
     "params",
 }
 

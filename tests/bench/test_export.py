@@ -33,8 +33,11 @@ def test_document(tmp_path: Path) -> None:
         "version": 1,
         "settings": settings.as_json(),
         "machine": machine,
+        "complete": True,
         "results": [r.as_json() for r in _results()],
     }
+    partial = export.write_results(tmp_path, settings, machine, _results()[:1], complete=False)
+    assert json.loads(partial.read_text())["complete"] is False
     assert document["results"][0]["ratios"] == {"aiowheel-asyncio": 2.0}
     assert document["results"][1]["skipped"] == "uvloop is not installed"
     assert set(machine) == {

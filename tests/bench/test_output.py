@@ -14,6 +14,7 @@ from aiowheel.bench.output import (
     Output,
     Table,
     fmt,
+    fmt_cost,
     fmt_ratio,
     render_plain,
     tables,
@@ -31,11 +32,29 @@ def test_fmt() -> None:
     assert fmt(5e5, "1/s") == "500,000"
 
 
-def test_fmt_ratio_never_rounds_a_small_ratio_to_zero() -> None:
+def test_fmt_ratio_prints_three_significant_digits_and_never_rounds_a_small_one_to_zero() -> None:
     assert fmt_ratio(2.345) == "2.35\u00d7"
-    assert fmt_ratio(0.1) == "0.10\u00d7"
-    assert fmt_ratio(0.0047169) == "0.0047\u00d7"
+    assert fmt_ratio(0.1) == "0.100\u00d7"
+    assert fmt_ratio(0.0047169) == "0.00472\u00d7"
+    assert fmt_ratio(1.0) == "1.00\u00d7"
+    assert fmt_ratio(99.96) == "100\u00d7"
+    assert fmt_ratio(2514.82) == "2,510\u00d7"
     assert fmt_ratio(None) == "\u2013"
+    assert fmt_ratio(float("nan")) == "\u2013"
+
+
+def test_a_ratio_whose_range_holds_1x_is_no_difference_measured() -> None:
+    assert fmt_ratio(1.67, [0.9, 2.1]) == "no difference measured"
+    assert fmt_ratio(1.67, [1.0, 2.1]) == "no difference measured"
+    assert fmt_ratio(1.67, [1.2, 2.1]) == "1.67\u00d7"
+    assert fmt_ratio(0.84, [0.7, 0.95]) == "0.840\u00d7"
+    assert fmt_ratio(1.67, None) == "1.67\u00d7"  # one repetition: no range to judge
+
+
+def test_a_fraction_of_the_same_loop_is_printed_as_a_cost() -> None:
+    assert fmt_cost(0.81) == "19%"
+    assert fmt_cost(1.03) == "-3%"
+    assert fmt_cost(float("nan")) == "\u2013"
 
 
 def _results() -> list[Result]:

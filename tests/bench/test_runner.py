@@ -69,7 +69,8 @@ def test_trace_writes_one_file_per_contender_and_workload(
 
     # bench-results.json: the run's settings and every result, as the --json lines say.
     document = json.loads((tmp_path / "bench-results.json").read_text())
-    assert set(document) == {"version", "settings", "machine", "results"}
+    assert set(document) == {"version", "settings", "machine", "complete", "results"}
+    assert document["complete"] is True
     assert document["version"] == 1
     run_line = lines[0]
     assert document["settings"] == run_line["settings"]

@@ -5,6 +5,7 @@ documented shape, and leaves no process behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,10 @@ import pytest
 from bench_support import results_of, run_json
 
 from aiowheel.bench import cli, server
+from aiowheel.bench.contenders import CONTENDERS, Contender
 from aiowheel.bench.registry import GROUPS, WORKLOADS
+
+BY_NAME = {c.name: c for c in CONTENDERS}
 
 #: One round, 50 ms of load per variant, 20 idle connections.
 SERVER_TINY = ["-w", "server", "--reps", "1", "--server-seconds", "0.05", "--n", "20"]
@@ -94,17 +98,17 @@ def test_plain_and_drop_in_loops_with_the_guards_compare_on_their_own_base(
 
 def test_the_server_stops_when_its_parent_goes_away() -> None:
     # stdin closed (the parent exited or gave up): the server ends on its own.
-    with server._process(["-m", "aiowheel.bench._serve", "asyncio", "uvicorn"], "s") as proc:
-        port = int(server._first_line(proc, "s"))
+    with server._process(["-m", "aiowheel.bench._serve", "asyncio", "uvicorn"], "s") as child:
+        port = int(server._first_line(child))
         assert server._stats(port)["cpu"] > 0
-        assert proc.stdin is not None
-        proc.stdin.close()
-        assert proc.wait(timeout=30) == 0
+        assert child.proc.stdin is not None
+        child.proc.stdin.close()
+        assert child.proc.wait(timeout=30) == 0
 
 
 def test_a_load_run_is_bounded_by_its_request_count() -> None:
-    with server._process(["-m", "aiowheel.bench._serve", "asyncio", "uvicorn"], "s") as proc:
-        port = int(server._first_line(proc, "s"))
+    with server._process(["-m", "aiowheel.bench._serve", "asyncio", "uvicorn"], "s") as child:
+        port = int(server._first_line(child))
         done = subprocess.run(
             [sys.executable, "-m", "aiowheel.bench._load", "load", str(port), "/t", "2", "60", "7"],
             capture_output=True,
@@ -120,14 +124,121 @@ def test_a_load_run_is_bounded_by_its_request_count() -> None:
     assert figures["seconds"] < 60
 
 
-def test_a_server_that_cannot_start_is_one_error_line(
+def test_a_server_that_cannot_start_is_recorded_as_failed_with_its_reason(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server, "_loop_name", lambda contender: "no-such-loop")
-    assert cli.main([*SERVER_TINY, "-c", "loop-asyncio", "--json"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("aiowheel bench: error: the loop-asyncio server did not start: usage:")
-    assert err.count("\n") == 1
+    assert cli.main([*SERVER_TINY, "-c", "loop-asyncio", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "aiowheel bench: failed: server loop-asyncio (the reasons are above)\n"
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    [warning] = [line["message"] for line in lines if line["type"] == "warning"]
+    assert warning.startswith(
+        "server (trivial, timeouts, idle N=20): loop-asyncio failed: round 1/1, uvicorn: "
+        "the loop-asyncio server did not start: usage: python -m aiowheel.bench._serve"
+    )
+    failed = [line for line in lines if line["type"] == "result"]
+    assert [r["variant"] for r in failed] == ["trivial", "timeouts", "idle N=20"]
+    assert all(r["failed"].startswith("round 1/1, uvicorn: the loop-asyncio") for r in failed)
+
+
+#: A server that starts (prints its port) and then never answers: it accepts
+#: connections and reads nothing, until its stdin closes.
+SILENT_SERVER = """
+import socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(64)
+print(s.getsockname()[1], flush=True)
+print("the silent server is listening", file=sys.stderr, flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_proc
+def test_a_server_that_stops_answering_fails_alone_and_the_run_goes_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # loop-uvloop's server answers nothing; loop-asyncio's is the real one. Each of the
+    # bench's requests has a timeout: the silent one costs one of them (0.3 s here).
+    monkeypatch.setattr(server, "REQUEST_TIMEOUT", 0.3)
+    real = server._serve_args
+
+    def serve_args(contender: Contender, guard: str) -> list[str]:
+        if contender.name == "loop-uvloop":
+            return ["-c", SILENT_SERVER]
+        return real(contender, guard)
+
+    monkeypatch.setattr(server, "_serve_args", serve_args)
+    before = _children()
+    save = tmp_path / "run.json"
+    args = [*SERVER_TINY, "-c", "loop-asyncio,loop-uvloop", "--save", str(save), "--no-progress"]
+    assert cli.main(args) == 1
+    assert _children() <= before  # the silent server was stopped too
+    captured = capsys.readouterr()
+    reason = (
+        "round 1/1, uvicorn: GET /: no answer within 0.3 s (the server stopped answering); "
+        "the loop-uvloop server's last log line: the silent server is listening"
+    )
+    # Said in the terminal as it happens, under the table, and in the results.
+    assert (
+        f"warning: server (trivial, timeouts, idle N=20): loop-uvloop failed: {reason}; "
+        "the run goes on without it"
+    ) in captured.err.splitlines()
+    assert captured.err.splitlines()[-1] == (
+        "aiowheel bench: failed: server loop-uvloop (the reasons are above)"
+    )
+    assert f"loop-uvloop failed (trivial, timeouts, idle N=20): {reason}" in " ".join(
+        captured.out.split()
+    )
+    results = json.loads(save.read_text())["results"]
+    measured = [r for r in results if r["contender"] == "loop-asyncio"]
+    assert {r["variant"] for r in measured} == {"trivial", "timeouts", "idle N=20"}
+    assert all(r["samples"] and r["failed"] is None for r in measured)
+    failed = [r for r in results if r["contender"] == "loop-uvloop"]
+    assert {r["failed"] for r in failed} == {reason}
+
+
+def test_a_child_that_writes_much_to_stderr_is_not_blocked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server's log went to a pipe read only at its end: past 64 KiB of log lines (an
+    # error logged per request), the server blocked on its next write and stopped
+    # answering. Its stderr is a file now, its last line the reason given.
+    monkeypatch.setattr(server, "START_TIMEOUT", 20.0)
+    code = (
+        "import sys\n"
+        "for i in range(4000): print('x' * 100, 'line', i, file=sys.stderr)\n"
+        "print('LocalProtocolError: ' + 'y' * 400, file=sys.stderr, flush=True)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with server._process(["-c", code], "the chatty child") as child:
+        assert server._first_line(child) == "ready"
+        last = child.last_error()
+    assert last.startswith("LocalProtocolError: yyy")
+    assert len(last) == 200
+    assert last.endswith("...")
+
+
+def test_rloop_sits_out_under_wrk_with_the_reason(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rloop = BY_NAME["call_later-rloop"]
+    monkeypatch.setattr(server.shutil, "which", lambda name: None)
+    assert server._wrk_problem(rloop) is None  # the bench's own load generator measures it
+    monkeypatch.setattr(server.shutil, "which", lambda name: f"/opt/bin/{name}")
+    assert server._wrk_problem(BY_NAME["call_later-uvloop"]) is None
+    reason = server._wrk_problem(rloop)
+    assert reason is not None
+    assert "under wrk" in reason
+    assert "connection_lost from inside transport.write" in reason
+    # Said on stderr and in the results; no server is started for it.
+    monkeypatch.setattr(server, "_process", None)
+    assert cli.main(["-w", "server", "-c", "call_later-rloop", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"warning: server: skipping call_later-rloop: {reason}" in captured.err.splitlines()
+    assert "skipped call_later-rloop (trivial, timeouts" in captured.out
 
 
 def test_wrk_output_is_read() -> None:
