@@ -213,6 +213,7 @@ def plot_headline(
     subtitle: str = "",
     *,
     ours: str = "aiowheel",
+    theirs: str = "the peer",
     title: str = (
         "aiowheel against each peer, per workload (each peer against aiowheel on its backend)"
     ),
@@ -261,13 +262,13 @@ def plot_headline(
             name += ": ONE search per contender, not a median"
         ax.set_title(plain(name), loc="left", fontsize=10)
     axes[-1].set_xlabel(
-        f"how many times better {ours} is than the peer on its backend (log scale)", fontsize=9
+        f"how many times better {ours} is than {theirs} on its base (log scale)", fontsize=9
     )
     top = axes[0]
     # The first panel's title goes above the "who is better" labels, not through them.
     top.set_title(top.get_title(loc="left"), loc="left", fontsize=10, pad=16)
     for text, align in (
-        ("\u2190 the peer is better  ", "right"),
+        (f"\u2190 {theirs} is better  ", "right"),
         (f"  {ours} is better \u2192", "left"),
     ):
         top.annotate(

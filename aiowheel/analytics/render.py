@@ -326,6 +326,7 @@ next to its traces (`aiowheel bench --report` does); give it with
 {source} holds no ratios (no peer was measured next to aiowheel).
 """
     headers, cells = headline_cells(headline.ratios)
+    cells, skipped = _footnoted(cells)
     subtitle = headline_subtitle(headline.bench)
     source = md_code(_shown_path(headline.bench.path, out))
     X = _X
@@ -342,7 +343,24 @@ the 1{X} line; a ratio past 100{X} is drawn to the edge, marked, with its value.
 (the ratio's range crosses 1{X}). From {source}{f" ({md_text(subtitle)})" if subtitle else ""}.
 
 {_markdown_table(headers, cells, 2)}
-"""
+{skipped}"""
+
+
+def _footnoted(cells: list[list[str]]) -> tuple[list[list[str]], str]:
+    """Cells whose note is long (a skipped contender's reason, repeated in every row
+    it skips) as ``skipped (1)``, each reason listed once under the table."""
+    reasons: dict[str, int] = {}
+    shown = []
+    for row in cells:
+        out = []
+        for cell in row:
+            if cell.startswith("skipped: "):
+                number = reasons.setdefault(cell.removeprefix("skipped: "), len(reasons) + 1)
+                cell = f"skipped ({number})"
+            out.append(cell)
+        shown.append(out)
+    notes = "\n".join(f"{number}. skipped: {md_text(why)}" for why, number in reasons.items())
+    return shown, f"\n{notes}\n" if notes else ""
 
 
 def _drop_in_section(headline: Headline, out: Path | None = None) -> str:
@@ -351,6 +369,7 @@ def _drop_in_section(headline: Headline, out: Path | None = None) -> str:
     if frame is None or frame.empty or headline.bench is None:
         return ""
     headers, cells = headline_cells(frame)
+    cells, skipped = _footnoted(cells)
     figures = _markdown_table(*_drop_in_figures(frame), 2)
     crossed = sorted(
         {
@@ -382,7 +401,7 @@ where the two loops' min-max ranges over their repetitions overlap (the ratio's 
 crosses 1{X}).
 
 {_markdown_table(headers, cells, 2)}
-
+{skipped}
 The figures (medians) behind the ratios:
 
 {figures}

@@ -870,6 +870,7 @@ def _write_outputs(
                 staging / LOOP_PNG,
                 headline_subtitle(source.bench),
                 ours="the drop-in loop",
+                theirs="the plain loop",
                 title="The drop-in loop against the plain loop on its own base, per workload",
             )
             written.append(LOOP_PNG)

@@ -272,6 +272,9 @@ def test_ratios_have_one_meaning_two_digits_and_overlapping_ranges_are_no_differ
     assert "2,500\u00d7" in text  # 2514.82x to two significant digits
     assert "770\u00d7" in text
     assert "2514" not in text
+    # A skipped peer's reason is said once under its table, not in every cell.
+    assert "| skipped (1) |" in text
+    assert "1. skipped: fell behind at 100,000 req/s (saturated)" in text
     assert "771.3" not in text
     drop = text.split("## The drop-in loop")[1].split("\n## ")[0]
     assert f"]({LOOP_PNG})" in drop
