@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bench_support import (
@@ -139,3 +140,94 @@ def test_default_run_without_trace_writes_no_results_file(
     monkeypatch.chdir(tmp_path)
     run_json(capsys, "-w", "rearm", "--n", "50", "--ops", "100", "--reps", "1", "-c", "asyncio")
     assert list(tmp_path.iterdir()) == []
+
+
+def _failing_repetition(
+    monkeypatch: pytest.MonkeyPatch, workload: str, contender: str, error: BaseException, rep: int
+) -> None:
+    """Make ``contender``'s repetition number ``rep`` (from 1) of ``workload`` raise."""
+    target = WORKLOADS[workload]
+    real = type(target).repetition
+    calls: dict[str, int] = {}
+
+    def repetition(self: Any, c: Any, n: int, data: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[c.name] = calls.get(c.name, 0) + 1
+        if c.name == contender and calls[c.name] == rep:
+            raise error
+        return real(self, c, n, data, *args, **kwargs)
+
+    monkeypatch.setattr(type(target), "repetition", repetition)
+
+
+def test_a_contender_that_raises_is_recorded_as_failed_and_the_others_are_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _failing_repetition(monkeypatch, "churn", "aiowheel-asyncio", RuntimeError("boom\nline 2"), 2)
+    save = tmp_path / "run.json"
+    args = ["-w", "churn", "-w", "loop-few", "-c", "aiowheel-asyncio,call_later-asyncio"]
+    args += ["-c", "loop-asyncio", *TINY, "--save", str(save), "--json"]
+    assert cli.main(args) == 1
+    captured = capsys.readouterr()
+    assert (
+        captured.err == "aiowheel bench: failed: churn aiowheel-asyncio (the reasons are above)\n"
+    )
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert [m["message"] for m in lines if m["type"] == "warning"] == [
+        "churn (N=300): aiowheel-asyncio failed: rep 2/2: RuntimeError: boom line 2; "
+        "the run goes on without it"
+    ]
+    results = json.loads(save.read_text())["results"]
+    churn = [r for r in results if r["workload"] == "churn"]
+    ours = [r for r in churn if r["contender"] == "aiowheel-asyncio"]
+    assert ours
+    assert all(r["failed"] == "rep 2/2: RuntimeError: boom line 2" for r in ours)
+    assert all(r["samples"] == [] for r in ours)
+    peer = [r for r in churn if r["contender"] == "call_later-asyncio"]
+    assert peer
+    assert all(len(r["samples"]) == 2 and r["failed"] is None for r in peer)
+    # No ratio against a contender that failed.
+    assert all(r["ratios"] == {} or set(r["ratios"].values()) == {None} for r in peer)
+    # The next workload ran.
+    assert any(r["workload"] == "loop-few" and r["samples"] for r in results)
+
+
+def test_an_interrupted_run_keeps_the_results_of_what_it_finished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _failing_repetition(monkeypatch, "fire", "call_later-asyncio", KeyboardInterrupt(), 1)
+    save = tmp_path / "run.json"
+    args = ["-w", "churn", "-w", "fire", "-c", "aiowheel-asyncio,call_later-asyncio", *TINY]
+    args += ["--save", str(save), "--no-progress"]
+    assert cli.main(args) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"aiowheel bench: interrupted; the finished workloads' results are in {save}"
+    )
+    document = json.loads(save.read_text())
+    assert document["complete"] is False
+    assert {r["workload"] for r in document["results"]} == {"churn"}
+    assert all(r["samples"] for r in document["results"])
+
+
+def test_the_traces_of_an_interrupted_variant_are_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class FileRecorder(StandInRecorder):
+        def __init__(self, path: str, **kwargs: Any) -> None:
+            super().__init__(path, **kwargs)
+            Path(path).write_text("half a trace")
+
+    StandInRecorder.made = []
+    _failing_repetition(monkeypatch, "fire", "call_later-asyncio", KeyboardInterrupt(), 3)
+    args = ["-w", "churn", "-w", "fire", "-c", "aiowheel-asyncio,call_later-asyncio", *TINY]
+    args += ["--trace", str(tmp_path), "--no-progress"]
+    assert cli.run(parse(args), args, trace_factory=FileRecorder) == 130
+    capsys.readouterr()
+    # churn's traces stay (its results are in bench-results.json); fire's, cut off
+    # in its traced repetition, are gone.
+    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == [
+        "churn-aiowheel-asyncio.parquet",
+        "churn-call_later-asyncio.parquet",
+    ]
+    document = json.loads((tmp_path / "bench-results.json").read_text())
+    assert {r["workload"] for r in document["results"]} == {"churn"}
