@@ -322,9 +322,9 @@ def kafka_rates(bench: BenchResults) -> pd.DataFrame:
     sustained: dict[tuple[str, str], float] = {}
     rows: list[dict[str, Any]] = []
     for r in bench.results:
-        if r["workload"] != "kafka":
+        params = r.get("params")
+        if r["workload"] != "kafka" or not isinstance(params, dict):
             continue
-        params = r.get("params") or {}
         value = _float(r.get("median"))
         if r["metric"] == "sustained_rps" and "rate" not in params:
             sustained[(r["contender"], str(r["variant"]))] = value
@@ -426,9 +426,9 @@ def kafka_mismatches(bench: BenchResults) -> list[KafkaMismatch]:
     behind: list[tuple[str, str, float, dict[str, Any]]] = []
     settings = bench.settings
     for r in bench.results:
-        if r["workload"] != "kafka":
-            continue
-        params = r.get("params") or {}
+        params = r.get("params")
+        if r["workload"] != "kafka" or not isinstance(params, dict):
+            continue  # a hand-edited file's params that are no object say nothing here
         case = str(params.get("case", r["variant"]))
         if r["metric"] == "sustained_rps" and "rate" not in params:
             value = _float(r.get("median"))

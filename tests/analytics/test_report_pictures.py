@@ -335,3 +335,17 @@ def test_pictures_for_the_loop_and_the_server_no_empty_panel_no_flattening_outli
     assert len(whiskers) == len(server[server["metric"] == "rps"])
     assert (tmp_path / SERVER_PNG).stat().st_size > 0
     assert math.isfinite(low)
+
+
+def test_kafka_results_whose_params_are_no_object_are_left_out(tmp_path: Path) -> None:
+    path = _bench(tmp_path)
+    data = json.loads(path.read_text())
+    for result in data["results"]:
+        if result["workload"] == "kafka":
+            result["params"] = ["rate"]
+    path.write_text(json.dumps(data))
+    bench = load_bench_results(path)
+    assert kafka_mismatches(bench) == []
+    from aiowheel.analytics.bench_results import kafka_rates
+
+    assert kafka_rates(bench).empty
