@@ -64,6 +64,7 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -878,6 +879,9 @@ class LongPollService:
         # cancel (a traceback in its log, an empty reply for its client).
         self.closing = False
         self._bodies: set[Timeout] = set()  # the deadline of each body being received
+        # HTTP requests in the app, their answers being sent included (RequestCounter):
+        # what a stopping server waits for (see _uvicorn_server).
+        self.requests = 0
 
     @property
     def max_body_bytes(self) -> int:
@@ -1477,9 +1481,33 @@ def create_app(
         Route("/topics", publish, methods=["POST"]),
         Route("/stats", stats, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found},
+        middleware=[Middleware(RequestCounter, service=service)],
+    )
     app.state.longpoll = service
     return app
+
+
+class RequestCounter:
+    """ASGI middleware: counts the HTTP requests in the app, from their start until
+    their answer has been sent (or their client is gone), in ``service.requests``."""
+
+    def __init__(self, app: Any, service: LongPollService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.service.requests += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.service.requests -= 1
 
 
 # -- serving ------------------------------------------------------------------------------------
@@ -1515,10 +1543,10 @@ async def serving(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Asy
                 stop.set()
         return
 
-    import uvicorn
-
     sock = _listening_socket(host, port)
-    server = uvicorn.Server(_uvicorn_config(app, "none"))
+    # log_config=None: uvicorn leaves the logging of the program it is embedded in
+    # alone (its own configuration removes the handlers already on its loggers).
+    server = _uvicorn_server(app, "none", log_config=None)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
@@ -1555,7 +1583,7 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _uvicorn_config(app: Starlette, loop: str) -> Any:
+def _uvicorn_config(app: Starlette, loop: str, **options: Any) -> Any:
     import uvicorn
 
     from aiowheel.middleware import uvicorn_protocol
@@ -1584,7 +1612,54 @@ def _uvicorn_config(app: Starlette, loop: str) -> Any:
         access_log=False,
         backlog=2048,
         timeout_graceful_shutdown=1,
+        **options,
     )
+
+
+def _uvicorn_server(app: Starlette, loop: str, **options: Any) -> Any:
+    """A ``uvicorn.Server`` for ``app`` whose graceful shutdown never cancels a request.
+
+    uvicorn's own gives the requests in flight a grace period of wall-clock time
+    (``timeout_graceful_shutdown``) and then cancels what is left: a CancelledError
+    traceback each in the log and an ERROR line, and no answer for the client. Whether
+    a request was left depended on how soon its task ran and how soon its client read
+    its answer: under load, now and then, one was. Here the server stops accepting,
+    ends every request of the service (``shut_down``: parked polls answered, bodies
+    cut off with 503), and waits for them until they have ended, as each does at once.
+    The only thing that can keep one going is a client that does not take its answer:
+    once it has had the grace period, its connection is dropped (its request then
+    ends, quietly, as for any client gone away), never its request cancelled. Then
+    uvicorn's own shutdown has nothing left to cancel."""
+    import uvicorn
+
+    service: LongPollService = app.state.longpoll
+    config = _uvicorn_config(app, loop, **options)
+    grace = float(config.timeout_graceful_shutdown or 0)
+
+    class LongPollServer(uvicorn.Server):
+        def _unsent(self) -> list[Any]:
+            # The connections holding output their client has not taken yet.
+            return [
+                connection
+                for connection in list(self.server_state.connections)
+                if connection.transport.get_write_buffer_size()
+            ]
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            for server in self.servers:
+                server.close()  # no new connections
+            service.shut_down()
+            loop = asyncio.get_running_loop()
+            while service.requests or self._unsent():
+                end = loop.time() + grace
+                # Polled as uvicorn polls: neither it nor the transports tell.
+                while (service.requests or self._unsent()) and loop.time() < end:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+                for connection in self._unsent():
+                    connection.transport.abort()  # its client does not read its answer
+            await super().shutdown(sockets)
+
+    return LongPollServer(config)
 
 
 def _positive_int(text: str) -> int:
@@ -1707,11 +1782,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         except KeyboardInterrupt:
             pass
         return
-    import uvicorn
-
     announce()
     try:
-        uvicorn.Server(_uvicorn_config(app, args.backend)).run(sockets=[sock])
+        _uvicorn_server(app, args.backend).run(sockets=[sock])
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the SIGINT it handled, once it has shut down
 

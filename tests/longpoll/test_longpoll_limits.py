@@ -1065,3 +1065,76 @@ async def test_a_whole_publish_never_waits_behind_reconnecting_fillers(
         assert filed > 32
         await until(lambda: service.inflight.used == 0)
         assert service.inflight.clients == {}
+
+
+async def test_stopping_the_server_never_cancels_a_request(mode: str, backend: str) -> None:
+    # Issue 38, finding 14: the shutdown check (parked polls and uploads, SIGTERM) logged
+    # tracebacks under load. uvicorn gives the requests in flight a grace period of
+    # wall-clock time, then cancels what is left: a CancelledError traceback each, and an
+    # ERROR line. Whether a request was left depended on how soon its task ran and its
+    # client read its answer. Here a parked poll is answered at shutdown with a 6 MiB
+    # answer (1 MiB of control characters, escaped) that its client never reads, the
+    # surest way to outlast the grace period; the other clients read theirs. Now the
+    # server waits for its requests themselves (each ends at once at shutdown) and
+    # drops a connection whose client does not take its answer within the grace
+    # period, rather than cancel the request: no traceback, whatever the timing.
+    if backend == "trio":
+        pytest.skip("uvicorn's shutdown (hypercorn on trio)")
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "aiowheel.middleware")]
+    for logger in loggers:
+        logger.addHandler(records)
+    answers: dict[str, bytes] = {}
+
+    async def read_all(stream: Any, name: str) -> None:
+        data = b""
+        with anyio.fail_after(30):
+            try:
+                while True:
+                    data += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+        answers[name] = data
+        await stream.aclose()
+
+    unread = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        async with anyio.create_task_group() as tg, running(mode) as s:
+            await s.publish("big", b"\x01" * (1 << 20))
+            # Its client reads nothing, with a small receive buffer: the answer (6 MiB
+            # once escaped) fills the kernel's buffers and the server's send waits.
+            unread.connect((s.host, s.port))  # loopback: the kernel accepts at once
+            unread.sendall(
+                b"GET /topics/big?offset=0&min_bytes=2000000&max_wait_ms=30000 HTTP/1.1\r\n"
+                b"Host: t\r\n\r\n"
+            )
+            for i in range(5):
+                stream = await anyio.connect_tcp(s.host, s.port)
+                await stream.send(
+                    b"GET /topics/t?offset=0&max_wait_ms=30000 HTTP/1.1\r\nHost: t\r\n\r\n"
+                )
+                tg.start_soon(read_all, stream, f"poll{i}")
+            for i in range(2):
+                upload = await anyio.connect_tcp(s.host, s.port)
+                await upload.send(
+                    b"POST /topics/v HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nab"
+                )
+                tg.start_soon(read_all, upload, f"upload{i}")
+            await until(lambda: s.parked() == 6 and s.service.inflight.used == 20)
+            service = s.service
+        # The server has stopped: it waited for every request, and dropped the
+        # connection that did not take its answer within the grace period.
+        assert (service.requests, service.parked()) == (0, 0)
+    finally:
+        unread.close()
+        for logger in loggers:
+            logger.removeHandler(records)
+    for i in range(5):
+        status, _, body = parse_response(answers[f"poll{i}"])
+        assert (status, body) == (200, {"messages": [], "next_offset": 0})
+    for i in range(2):
+        assert parse_response(answers[f"upload{i}"])[0] == 503
+    assert service.expired == 6
+    errors = [(r.getMessage(), r.exc_info) for r in records.records if r.levelno >= logging.WARNING]
+    assert errors == []
