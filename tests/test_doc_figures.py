@@ -171,11 +171,6 @@ def test_every_page_that_quotes_the_reference_run_is_checked() -> None:
             assert name in PROSE_PAGES, name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tools/doc_figures.py prints every ratio with two decimals (15.75x): "
-    "its fmt_ratio should round those of 10 and more to 3 significant digits",
-)
 def test_a_ratio_is_printed_to_the_precision_its_run_supports() -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     ratios = re.findall(r"(\d[\d,]*(?:\.\d+)?)\u00d7 \|", page)

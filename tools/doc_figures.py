@@ -65,7 +65,16 @@ def fmt(value: float | None) -> str:
 
 
 def fmt_ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}{X}"
+    """A ratio to the precision a run supports, 2 or 3 significant digits (0.84x,
+    2.49x, 15.8x, 2,510x): the figures it divides move by tens of percent."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    rounded = float(f"{value:.3g}")
+    if rounded >= 100:
+        return f"{rounded:,.0f}{X}"
+    if rounded >= 10:
+        return f"{rounded:.1f}{X}"
+    return f"{value:.2f}{X}"
 
 
 class Run:
