@@ -10,7 +10,8 @@ offset 0, like a Kafka consumer), publishes ``--rate`` messages per second for
 * delivery latency, publish to delivery, p50 and p99 (every consumer of the topic
   counts: one message yields topics/consumers samples);
 * empty-poll overshoot p99: return time minus ``max_wait_ms`` for polls that came
-  back with nothing (how late the server's timeout fired, plus HTTP);
+  back with nothing (how late the server's timeout fired, plus HTTP); "n/a (no poll
+  expired)" when every poll got data;
 * server CPU time per answered poll (``time.process_time()`` from ``/stats`` at the
   window's edges, divided by the polls the server answered in between).
 
@@ -22,6 +23,7 @@ the server share the machine: on 2 cores the client is usually the first to satu
 so compare the modes side by side in one run rather than across runs.
 
     python examples/longpoll/load.py --consumers 2000 --duration 10
+    python examples/longpoll/load.py --server-backend aiowheel   # the drop-in loop
     python examples/longpoll/load.py --url http://127.0.0.1:8080   # one running server
 """
 
@@ -48,6 +50,12 @@ from typing import Any
 import aiohttp
 
 SERVER = Path(__file__).with_name("server.py")
+# server.py --backend: uvicorn on asyncio, uvloop or aiowheel's drop-in loop (on either
+# base), hypercorn on trio.
+SERVER_BACKENDS = ("asyncio", "uvloop", "aiowheel", "aiowheel-uvloop", "trio")
+# What a percentile cell says when the window has no sample for it.
+NO_POLL_EXPIRED = "n/a (no poll expired)"
+NOTHING_DELIVERED = "n/a (nothing delivered)"
 
 
 @dataclass
@@ -79,10 +87,17 @@ class Window:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, which must not be empty."""
     if not values:
-        return float("nan")
+        raise ValueError("no values to take a percentile of")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def milliseconds(values: Sequence[float], q: float, none: str) -> str:
+    """The ``q`` quantile of ``values`` (seconds) in ms, or ``none`` when there are
+    none: a window in which no poll expired has no overshoot to show, not a NaN."""
+    return f"{percentile(values, q) * 1e3:.1f}" if values else none
 
 
 async def consumer(
@@ -312,12 +327,12 @@ def summary(
         "polls/s": f"{window.polls / elapsed:,.0f}",
         "server answered/s": f"{answered / elapsed:,.0f}",
         "published/s": f"{window.published / elapsed:,.0f}",
-        "delivery p50 ms": f"{percentile(window.latencies, 0.50) * 1e3:.1f}",
-        "delivery p99 ms": f"{percentile(window.latencies, 0.99) * 1e3:.1f}",
+        "delivery p50 ms": milliseconds(window.latencies, 0.50, NOTHING_DELIVERED),
+        "delivery p99 ms": milliseconds(window.latencies, 0.99, NOTHING_DELIVERED),
         "deliveries": f"{len(window.latencies):,}",
         "empty polls": f"{window.empty_polls:,}",
-        "overshoot p50 ms": f"{percentile(window.overshoots, 0.50) * 1e3:.1f}",
-        "overshoot p99 ms": f"{percentile(window.overshoots, 0.99) * 1e3:.1f}",
+        "overshoot p50 ms": milliseconds(window.overshoots, 0.50, NO_POLL_EXPIRED),
+        "overshoot p99 ms": milliseconds(window.overshoots, 0.99, NO_POLL_EXPIRED),
         "server timer late max ms": (
             f"{after['timer_lateness_max_ms']:.1f}"
             if after.get("timer_lateness_max_ms") is not None
@@ -343,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="load this running server instead of starting them")
     parser.add_argument("--modes", default="purgatory,wait_for", help="server modes to compare")
-    parser.add_argument("--server-backend", choices=("asyncio", "uvloop", "trio"), default="uvloop")
+    parser.add_argument("--server-backend", choices=SERVER_BACKENDS, default="uvloop")
     parser.add_argument("--client-loop", choices=("asyncio", "uvloop"), default="uvloop")
     parser.add_argument(
         "--client-procs", type=int, default=1, help="client processes sharing the consumers"

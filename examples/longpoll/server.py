@@ -26,18 +26,24 @@ Two ways to park a poll (``--mode``):
 * ``purgatory`` (default): each waiting poll is a ``DelayedOperation`` watched on its
   topic, its timeout a timer on the wheel; a publish calls
   ``purgatory.check_and_complete(topic)``, which completes exactly the polls whose
-  ``min_bytes`` are now met, without waking the others. Runs on asyncio, uvloop
-  (uvicorn) and trio (hypercorn).
+  ``min_bytes`` are now met, without waking the others. Runs on asyncio, uvloop,
+  aiowheel's drop-in loop on either (uvicorn) and trio (hypercorn).
 * ``wait_for``: the baseline most asyncio code would write: every poll waits with
   ``asyncio.wait_for(topic_event.wait(), remaining)``; a publish sets the topic's
   event, every waiter wakes, re-checks its ``min_bytes`` and parks again with the time
-  it has left. asyncio and uvloop only.
+  it has left. asyncio loops only (not trio).
 
 Run it::
 
     python examples/longpoll/server.py --host 127.0.0.1 --port 8080
     python examples/longpoll/server.py --backend trio --port 8080
     python examples/longpoll/server.py --mode wait_for --backend uvloop --port 8081
+    python examples/longpoll/server.py --backend aiowheel --port 8082
+
+``--backend aiowheel`` serves on aiowheel's drop-in event loop
+(``aiowheel.new_event_loop``, docs/loop.md), on which every ``call_later`` and
+``asyncio.timeout`` of uvicorn and Starlette is on a timing wheel as well;
+``--backend aiowheel-uvloop`` is the same loop on uvloop's base.
 
 ``--port 0`` picks a free port; the first line on stdout is always
 ``listening on http://HOST:PORT``.
@@ -69,7 +75,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aiowheel import Timeout, Timer, TimerHandle
+from aiowheel import Timeout, Timer, TimerHandle, loop_base
 from aiowheel.purgatory import DelayedOperation, Purgatory
 
 __all__ = ["Limits", "LongPollService", "MessageLog", "create_app", "main", "serving"]
@@ -1174,11 +1180,16 @@ class LongPollService:
 
 
 def current_backend() -> str:
-    """``"asyncio"``, ``"uvloop"`` or ``"trio"``: the event loop running this code."""
+    """The event loop running this code: ``"asyncio"``, ``"uvloop"``, ``"trio"``, or
+    aiowheel's drop-in loop, ``"aiowheel"`` (on asyncio's loop) or
+    ``"aiowheel-uvloop"`` (on uvloop's)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return "trio"  # anyio runs us on asyncio or trio; not asyncio, so trio
+    base = loop_base(loop)
+    if base is not None:
+        return "aiowheel" if base == "asyncio" else f"aiowheel-{base}"
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
@@ -1616,6 +1627,17 @@ def _uvicorn_config(app: Starlette, loop: str, **options: Any) -> Any:
     )
 
 
+# --backend: uvicorn's loop setting for each asyncio backend (trio is hypercorn's). The
+# drop-in loop by the import string of its factory, as docs/loop.md says uvicorn takes it.
+UVICORN_LOOPS = {
+    "asyncio": "asyncio",
+    "uvloop": "uvloop",
+    "aiowheel": "aiowheel:new_event_loop",
+    "aiowheel-uvloop": "aiowheel:new_uvloop_event_loop",
+}
+BACKENDS = (*UVICORN_LOOPS, "trio")
+
+
 def _uvicorn_server(app: Starlette, loop: str, **options: Any) -> Any:
     """A ``uvicorn.Server`` for ``app`` whose graceful shutdown never cancels a request.
 
@@ -1739,7 +1761,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_port, default=8080, help="0 picks a free port")
-    parser.add_argument("--backend", choices=("asyncio", "uvloop", "trio"), default="asyncio")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="asyncio",
+        help="the event loop: aiowheel is aiowheel's drop-in loop on asyncio's, "
+        "aiowheel-uvloop the same on uvloop's",
+    )
     parser.add_argument("--mode", choices=("purgatory", "wait_for"), default="purgatory")
     defaults = Limits()
     for flag, field, text in LIMIT_FLAGS:
@@ -1752,7 +1780,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.mode == "wait_for" and args.backend == "trio":
-        parser.error("--mode wait_for uses asyncio.wait_for: choose --backend asyncio or uvloop")
+        parser.error(
+            "--mode wait_for uses asyncio.wait_for: choose an asyncio --backend "
+            f"({', '.join(UVICORN_LOOPS)})"
+        )
     try:
         limits = Limits(**{field: getattr(args, field) for _, field, _ in LIMIT_FLAGS})
     except ValueError as error:
@@ -1784,7 +1815,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     announce()
     try:
-        _uvicorn_server(app, args.backend).run(sockets=[sock])
+        _uvicorn_server(app, UVICORN_LOOPS[args.backend]).run(sockets=[sock])
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the SIGINT it handled, once it has shut down
 

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import longpoll_helpers as helpers
 import pytest
 from longpoll_helpers import EXAMPLE, running, server, until
 
@@ -291,6 +292,73 @@ def test_command_line_refuses_wait_for_on_trio(capsys: pytest.CaptureFixture[str
         server.main(["--mode", "wait_for", "--backend", "trio"])
     assert exit_info.value.code == 2
     assert "wait_for" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["aiowheel", "aiowheel-uvloop"])
+def test_the_command_line_serves_on_the_drop_in_loop(backend: str) -> None:
+    # `--backend aiowheel` runs uvicorn on aiowheel's drop-in loop (on asyncio's base,
+    # or uvloop's): a poll parks, a publish answers it, SIGTERM stops it quietly.
+    import signal
+    import threading
+
+    import httpx
+
+    command = [sys.executable, str(EXAMPLE / "server.py"), "--port=0", f"--backend={backend}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        url = line.split()[-1]
+        answers: list[httpx.Response] = []
+        with httpx.Client(base_url=url, timeout=10) as http:
+            poller = threading.Thread(
+                target=lambda: answers.append(
+                    http.get("/topics/t", params={"offset": 0, "max_wait_ms": 10_000})
+                )
+            )
+            poller.start()
+            for _ in range(1000):  # the poll parks: the server says so
+                stats = http.get("/stats").json()
+                if stats["parked"] == 1:
+                    break
+            assert stats["parked"] == 1
+            assert stats["backend"] == backend
+            assert http.post("/topics/t", content=b"hello").json() == {"offset": 0}
+            poller.join(10)
+            assert [answer.json() for answer in answers] == [
+                {"messages": ["hello"], "next_offset": 1}
+            ]
+            assert http.get("/stats").json()["completed"] == 1
+        process.send_signal(signal.SIGTERM)
+        _, errors = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert "Traceback" not in errors, errors
+    assert "ERROR" not in errors, errors
+
+
+def test_the_examples_listen_on_loopback_by_default() -> None:
+    assert server.build_parser().parse_args([]).host == "127.0.0.1"
+    assert server.serving.__wrapped__.__defaults__[0] == "127.0.0.1"
+
+
+def test_the_load_client_says_when_no_poll_expired() -> None:
+    # Issue 39: a window in which every poll got data printed "nan" for the overshoot.
+    load = helpers.load("load")
+    window = load.Window(start=0.0, end=1.0, polls=3, latencies=[0.002, 0.003, 0.004])
+    stats = {"answered": 0, "cpu_time": 0.0, "timer_lateness_max_ms": None}
+    row = load.summary("purgatory", window, stats, {**stats, "answered": 3})
+    assert row["overshoot p50 ms"] == row["overshoot p99 ms"] == "n/a (no poll expired)"
+    assert row["delivery p50 ms"] == "3.0"
+    assert not any("nan" in value for value in row.values()), row
+    empty = load.Window(start=0.0, end=1.0)
+    row = load.summary("purgatory", empty, stats, stats)
+    assert row["delivery p99 ms"] == "n/a (nothing delivered)"
+    with pytest.raises(ValueError, match="no values"):
+        load.percentile([], 0.5)
 
 
 def test_service_validation() -> None:

@@ -687,7 +687,8 @@ BAD_COMMAND_LINES = [
     ),
     (
         ["--mode", "wait_for", "--backend", "trio"],
-        "--mode wait_for uses asyncio.wait_for: choose --backend asyncio or uvloop",
+        "--mode wait_for uses asyncio.wait_for: choose an asyncio --backend "
+        "(asyncio, uvloop, aiowheel, aiowheel-uvloop)",
     ),
 ]
 
