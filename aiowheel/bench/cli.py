@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
+import math
 import os
 import sys
 import tempfile
@@ -85,13 +86,28 @@ EPILOG = "\n\n".join(
 ).replace("\n\n  ", "\n  ")
 
 
+#: The largest count (timers, operations, repetitions) the command line takes: a
+#: billion timers do not fit a machine's memory; more is a typing error.
+MAX_COUNT = 1_000_000_000
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A value from the command line in an error message, cut: ``--n`` given 400
+    digits gets a line, not a screenful."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit // 2]!r}... ({len(text):,} characters)"
+
+
 def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or N,N,... got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected N or N,N,... got {_shown(text)}") from None
     if not sizes or any(n < 1 for n in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"sizes must be positive integers, got {_shown(text)}")
+    if any(n > MAX_COUNT for n in sizes):
+        raise argparse.ArgumentTypeError(f"sizes are at most {MAX_COUNT:,}, got {_shown(text)}")
     return sizes
 
 
@@ -100,9 +116,9 @@ def _rates(text: str) -> tuple[float, float]:
     try:
         start, top = (float(p) for p in parts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected START,MAX req/s, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected START,MAX req/s, got {_shown(text)}") from None
     if not 0 < start <= top < float("inf"):
-        raise argparse.ArgumentTypeError(f"need 0 < START <= MAX, got {text!r}")
+        raise argparse.ArgumentTypeError(f"need 0 < START <= MAX, got {_shown(text)}")
     return start, top
 
 
@@ -113,10 +129,12 @@ def _targets(text: str) -> tuple[float, ...]:
         rates = tuple(float(p.replace("_", "")) for p in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected req/s separated by commas (or none), got {text!r}"
+            f"expected req/s separated by commas (or none), got {_shown(text)}"
         ) from None
     if not all(0 < r < float("inf") for r in rates):
-        raise argparse.ArgumentTypeError(f"every rate must be a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"every rate must be a positive number, got {_shown(text)}"
+        )
     return tuple(sorted(set(rates)))
 
 
@@ -124,9 +142,11 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text.replace("_", ""))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer, got {_shown(text)}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {_shown(text)}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT:,}, got {_shown(text)}")
     return value
 
 
@@ -134,9 +154,11 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected seconds, got {_shown(text)}") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, got {_shown(text)}"
+        )
     return value
 
 
@@ -324,6 +346,7 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         for c, why in selection.unavailable
         if any(WORKLOADS[w].applies_to(c) for w in workloads)
     ]
+    _check_kafka_windows(ns, quick)
     trace_dir: Path | None = ns.trace
     if ns.report:
         trace_dir = _out(ns) / "traces"
@@ -364,6 +387,31 @@ def settings_from(ns: argparse.Namespace) -> Settings:
         server_rounds=ns.reps,
         progress=not (ns.no_progress or ns.json),
     )
+
+
+def _check_kafka_windows(ns: argparse.Namespace, quick: bool) -> None:
+    """``UsageError`` for a kafka rate that expects less than one request in its window
+    (a probe of it measures nothing): each fixed rate in ``--kafka-target-seconds``,
+    the search's start in ``--kafka-probe``."""
+    target_seconds = ns.kafka_target_seconds or (0.6 if quick else 3.0)
+    probe_seconds = ns.kafka_probe or (0.3 if quick else 1.0)
+    checks = [
+        (rate, target_seconds, "--kafka-targets", "--kafka-target-seconds")
+        for rate in (ns.kafka_targets or ())
+    ]
+    if ns.kafka_rates:
+        checks.append((ns.kafka_rates[0], probe_seconds, "--kafka-rates", "--kafka-probe"))
+    for rate, seconds, option, window in checks:
+        if rate * seconds < 1:
+            raise UsageError(
+                f"{option}: {_short(rate)} req/s expects fewer than one request in its "
+                f"{seconds:g} s window ({window}): give at least {math.ceil(1 / seconds):,} req/s"
+            )
+
+
+def _short(value: float) -> str:
+    """A number from the command line, for an error message: never hundreds of digits."""
+    return f"{value:.6g}"
 
 
 def _default_reps(ns: argparse.Namespace) -> int:

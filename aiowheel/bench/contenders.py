@@ -227,7 +227,8 @@ def select(specs: list[str] | None) -> Selection:
                 wanted.extend((c, False) for c in CONTENDERS if c.trace_every)
             else:
                 choices = ", ".join([*_BY_NAME, *_BACKENDS, *_KINDS[:-1], _PURE, _TRACED])
-                raise ValueError(f"unknown contender {token!r}; choose from {choices}")
+                shown = repr(token) if len(token) <= 40 else f"{token[:20]!r}..."
+                raise ValueError(f"unknown contender {shown}; choose from {choices}")
     chosen: list[Contender] = []
     left_out: dict[Contender, str] = {}
     for contender, explicit in wanted:

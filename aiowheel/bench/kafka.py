@@ -301,7 +301,9 @@ async def run_probe(
                 next_arrival += exponential[key % size] * spacing
             while heap and heap[0][0] <= t:
                 complete(pop(heap)[2])
-            wake = min(next_arrival, heap[0][0]) if heap else next_arrival
+            # Never past the window's end: at a low rate the next arrival may be long
+            # after it (1/rate seconds away, on average).
+            wake = min(next_arrival, heap[0][0], end) if heap else min(next_arrival, end)
             delay = wake - now()
             if delay > 0.0:
                 await sleep(delay if delay > _QUANTUM else _QUANTUM)

@@ -4,6 +4,7 @@ checks made before any measuring, exit statuses, and ``--report``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
@@ -338,3 +339,28 @@ def test_save_writes_the_results_document_without_tracing(
     blocker.write_text("")
     assert cli.main(["-w", "loop-few", "--save", str(blocker / "run.json")]) == 2
     assert "--save" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--n", "9" * 400],
+        ["--n", "2000000000"],
+        ["--n", "1," + "x" * 400],
+        ["--reps", "-" + "9" * 400],
+        ["--ops", "9" * 5000],
+        ["--server-seconds", "1" * 400 + "e9"],
+        ["--kafka-rates", "1," + "2" * 400],
+        ["--kafka-targets", "x" * 400],
+        ["-c", "x" * 400],
+    ],
+)
+def test_an_error_cuts_a_long_value(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # Never hundreds of digits on the terminal: the value's start, and its length.
+    with contextlib.suppress(SystemExit):
+        assert cli.main(["-w", "churn", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert " error: " in err
+    assert len(err) < 200 or args[0] == "-c"  # -c lists the contenders to choose from
+    for digit in "xy912":
+        assert digit * 41 not in err

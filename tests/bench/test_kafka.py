@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 from bench_support import TINY, applicable, results_of, run_json
 
+from aiowheel.bench import cli
 from aiowheel.bench.contenders import CONTENDERS
-from aiowheel.bench.kafka import TARGET_METRICS, Cycle, Kafka, ProbeResult, _Search
+from aiowheel.bench.env import open_env, run_fresh
+from aiowheel.bench.kafka import TARGET_METRICS, Cycle, Kafka, ProbeResult, _Search, run_probe
 from aiowheel.bench.registry import WORKLOADS
 from aiowheel.bench.settings import Settings
 from aiowheel.bench.workload import SearchedWorkload
@@ -198,3 +201,73 @@ def test_kafka_quick_searches_on_asyncio_and_uvloop_only(
     full = Settings(workloads=["kafka"], quick=False)
     trio = next(c for c in CONTENDERS if c.name == "trio-native")
     assert Kafka().skip_reason(trio, None, full) is None
+
+
+@pytest.mark.parametrize("contender", ["call_later-asyncio", "aiowheel-asyncio"])
+def test_a_probe_never_sleeps_past_its_window(contender: str) -> None:
+    # A rate this low has its next arrival days away: the probe waited for it (1/rate
+    # seconds), past its window's end, for ever. Every wait now ends by the window's end.
+    spec = next(c for c in CONTENDERS if c.name == contender)
+    seconds = 0.05
+    settings = Settings(workloads=["kafka"], kafka_max_rate=1.0, kafka_probe=seconds)
+    pools = Kafka().pools(settings)
+    waits: list[float] = []
+
+    async def body() -> ProbeResult:
+        async with open_env(spec) as env:
+            real_sleep = env.sleep
+
+            async def sleep(delay: float) -> None:
+                waits.append(delay)
+                assert delay <= seconds, f"slept {delay:g} s in a {seconds:g} s window"
+                await real_sleep(delay)
+
+            env.sleep = sleep
+            return await run_probe(env, 1e-6, seconds, "high", pools, 0.05)
+
+    result: ProbeResult = run_fresh("asyncio", body)
+    assert waits
+    assert result.arrivals == 0
+    assert result.seconds == seconds
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--kafka-targets", "0.000001"],
+            "--kafka-targets: 1e-06 req/s expects fewer than one request in its 3 s window "
+            "(--kafka-target-seconds): give at least 1 req/s",
+        ),
+        (
+            ["--kafka-rates", "0.000001,0.000001"],
+            "--kafka-rates: 1e-06 req/s expects fewer than one request in its 1 s window "
+            "(--kafka-probe): give at least 1 req/s",
+        ),
+        (
+            ["--kafka-targets", "25000,1", "--kafka-target-seconds", "0.1"],
+            "--kafka-targets: 1 req/s expects fewer than one request in its 0.1 s window "
+            "(--kafka-target-seconds): give at least 10 req/s",
+        ),
+        (
+            ["--quick", "--kafka-rates", "2,4"],
+            "--kafka-rates: 2 req/s expects fewer than one request in its 0.3 s window "
+            "(--kafka-probe): give at least 4 req/s",
+        ),
+    ],
+)
+def test_a_rate_with_no_request_in_its_window_is_refused(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["-w", "kafka", *args]) == 2
+    assert capsys.readouterr().err == f"aiowheel bench: error: {message}\n"
+
+
+def test_a_low_rate_with_a_request_in_its_window_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["-w", "kafka", "-c", "call_later-asyncio", "--kafka-rates", "20,20"]
+    args += ["--kafka-probe", "0.1", "--kafka-seconds", "0.1", "--kafka-targets", "none"]
+    assert cli.main([*args, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[-1]["type"] == "end"
+    probes = next(r for r in lines if r["type"] == "result")["params"]["probes"]
+    assert {p["rate"] for p in probes} == {20}
