@@ -29,12 +29,14 @@ settle the handle first and then propagate (docs/design.md, guarantee 5).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Coroutine, Generator
 from contextvars import Context
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
 
+from ._awaits import quiet
 from ._handle import TimerHandle, _Failure, without_frame
 from ._wheel import QUEUE_LEVEL, Bucket
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["InContext", "RunQueue", "WorkerPool"]
 
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
+logger: Final = logging.getLogger("aiowheel")
 
 
 class RunQueue(Bucket):
@@ -112,9 +115,12 @@ class WorkerPool:
 
     # -- the timer's side ---------------------------------------------------------------
 
-    def submit(self, handle: TimerHandle[Any], awaitable: Awaitable[Any]) -> None:
-        """Queue an expired async callback (the host counts it pending again)."""
-        handle._become_queued(awaitable)
+    def submit(self, handle: TimerHandle[Any], awaitable: Awaitable[Any], context: Context) -> None:
+        """Queue an expired async callback (the host counts it pending again), to be
+        stepped in ``context``: the copy of the handle's context its call ran in. The
+        job carries it, not the handle, whose own context is what a re-arm starts
+        from (docs/usage.md, "Context variables")."""
+        handle._become_queued(InContext(awaitable, context))
         self.queue.add(handle)
         if self._parked:
             self._parked.pop().set()
@@ -156,17 +162,33 @@ class WorkerPool:
         """Wait until every worker but the calling one has returned: asyncio's
         workers are tasks the backend joins by hand; trio's live in the timer's task
         group, and a job that calls aclose() waits here for the others' ``done``."""
-        await self._backend.join()  # asyncio's: every worker has ended after it
+        await quiet(self._backend.join())  # asyncio's: every worker has ended after it
         me = self._backend.current_task()
         for task, worker in list(self._workers.items()):
             if task is not me:
-                await worker.done.wait()
+                await quiet(worker.done.wait())
 
     # -- workers ------------------------------------------------------------------------
 
     def _spawn(self) -> None:
+        # Counted before it starts (a worker's first step may come before this
+        # returns, with an eager task factory), and taken back if it could not be
+        # started (a task factory that refuses): a count of workers that do not exist
+        # would keep the pool from ever starting another, and the queue would wait
+        # for ever. The job stays queued; the next submit tries again.
         self.workers += 1
-        self._backend.spawn(self._worker)
+        try:
+            self._backend.spawn(self._worker)
+        except _EXIT:
+            self.workers -= 1
+            raise
+        except BaseException:
+            self.workers -= 1
+            logger.exception(
+                "aiowheel: could not start a worker task for async callbacks (%d queued);"
+                " the next expired async callback tries again",
+                len(self.queue),
+            )
 
     async def _worker(self) -> None:
         task = self._backend.current_task()
@@ -197,7 +219,7 @@ class WorkerPool:
             parked = anyio.Event()
             self._parked.append(parked)
             try:
-                await parked.wait()
+                await quiet(parked.wait())
             finally:
                 if parked in self._parked:
                     self._parked.remove(parked)
@@ -212,9 +234,9 @@ class WorkerPool:
         outcome: Any = None
         failure: BaseException | None = None
         try:
-            # The job runs in the handle's context, as its call did in the pass (the
-            # one captured at schedule time), on every step, not in the worker's.
-            outcome = await InContext(awaitable, handle._context)
+            # The job (an InContext: submit) runs in the copy its call ran in, on every
+            # step, not in the worker's context.
+            outcome = await awaitable
         except anyio.get_cancelled_exc_class() as exc:
             if self._really_cancelled(worker.scope):
                 self._leave(handle)
@@ -326,6 +348,8 @@ _OWN_FRAMES: Final = frozenset({"_stepped"})
 def close_awaitable(awaitable: object) -> None:
     """A queued async callback that will never run: close it, so Python does not warn
     that a coroutine was never awaited."""
+    if isinstance(awaitable, InContext):
+        awaitable = awaitable._awaitable
     if isinstance(awaitable, Coroutine):
         awaitable.close()
 

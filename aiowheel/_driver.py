@@ -32,6 +32,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from contextvars import Context, copy_context
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -141,7 +142,16 @@ class Driver(Protocol):
 class AsyncioDriver:
     """Wakes the timer with a single ``call_at`` handle on the running loop."""
 
-    __slots__ = ("_call_at", "_call_soon", "_grid", "_handle", "_loop", "_on_wakeup", "_recheck")
+    __slots__ = (
+        "_call_at",
+        "_call_soon",
+        "_context",
+        "_grid",
+        "_handle",
+        "_loop",
+        "_on_wakeup",
+        "_recheck",
+    )
 
     def __init__(
         self,
@@ -149,7 +159,7 @@ class AsyncioDriver:
         loop: asyncio.AbstractEventLoop | None = None,
         grid: float | None = None,
         call_at: Callable[..., asyncio.Handle] | None = None,
-        call_soon: Callable[[Callable[[], None]], asyncio.Handle] | None = None,
+        call_soon: Callable[..., asyncio.Handle] | None = None,
     ) -> None:
         # By default the running loop, its grid, its call_at and its call_soon (the
         # wake-up for "now"); the drop-in loop (aiowheel/_loop.py) gives its own,
@@ -166,13 +176,22 @@ class AsyncioDriver:
         self._call_at = call_at if call_at is not None else self._loop.call_at
         self._call_soon = call_soon if call_soon is not None else self._loop.call_soon
         self._recheck: Callable[[], None] | None = None
+        # The context every wake-up (the pass) and re-check runs in: the timer's own,
+        # copied where the timer was made, and given to every call_at and call_soon.
+        # Without it the base loop copies the caller's context, and the caller of
+        # arm() is whichever task filed the earliest timer: the pass, its error
+        # reports (on_error, the loop's exception handler, the logger) and the
+        # worker tasks it starts (each copies the pass's context for its whole life)
+        # would run in a stranger's request context and keep it alive. trio's driver
+        # is a task of the timer's own, which has the same rule by construction.
+        self._context: Context = copy_context()
 
     def recheck(self, check: Callable[[], None]) -> None:
         """Run ``check`` once, early in the next loop iteration (coalesced)."""
         if self._recheck is None:
             self._recheck = check
             try:
-                self._loop.call_soon(self._run_recheck)
+                self._loop.call_soon(self._run_recheck, context=self._context)
             except BaseException:
                 # Not queued (a closed loop, debug mode's thread check): not latched
                 # either, or every later re-check would be dropped (issue 28,
@@ -198,7 +217,7 @@ class AsyncioDriver:
         # which the engine's wake_at still describes (issue 28, finding 4).
         old = self._handle
         if when == -_INF:
-            self._handle = self._call_soon(self._wake)
+            self._handle = self._call_soon(self._wake, context=self._context)
             if old is not None:
                 old.cancel()
             return
@@ -213,7 +232,7 @@ class AsyncioDriver:
             # rounds the step to zero, for ever. One grid unit of lateness at most
             # (on uvloop its clock's own resolution), and never early.
             when = round_up(when, self._grid)
-        self._handle = self._call_at(when, self._wake)
+        self._handle = self._call_at(when, self._wake, context=self._context)
         if old is not None:
             old.cancel()
 

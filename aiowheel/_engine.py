@@ -31,7 +31,7 @@ import logging
 import math
 from typing import Any, Final, cast, final
 
-from ._handle import TimerHandle, TracedHandle, _Failure, without_frame
+from ._handle import TimerHandle, TracedHandle, _Failure, forget_snapshot, without_frame
 from ._loophandle import LoopTimerHandle, run_in_pass
 from ._shutdown import break_engine, close_engine
 from ._state import EngineState, TimerStats
@@ -59,6 +59,7 @@ class Engine(EngineState):
         the driver is re-armed on the way out."""
         if self.closed:
             return
+        forget_snapshot()  # a finished request's context is not kept past a pass
         self.wake_at = -_INF
         self.passing = True
         self.wakeups += 1
@@ -161,8 +162,7 @@ class Engine(EngineState):
                         result = self.callback_failed(handle, exc)
                     else:
                         if result is not None and hasattr(type(result), "__await__"):
-                            handle._context = context  # its worker steps it there
-                            self.to_worker(handle, result)
+                            self.to_worker(handle, result, context)  # stepped there
                             continue
                         if handle._bucket is None:
                             handle._result = result  # inline copy of TimerHandle._settle
@@ -227,9 +227,9 @@ class Engine(EngineState):
                 outcome = self.callback_failed(handle, exc)
             else:
                 if result is not None and hasattr(type(result), "__await__"):
-                    # Its worker steps it in the copy its call ran in.
-                    handle._context = context
-                    self.to_worker(handle, result)
+                    # Its worker steps it in the copy its call ran in; the handle
+                    # keeps the context it captured (a re-arm starts from that).
+                    self.to_worker(handle, result, context)
                     return
                 outcome = result
                 if handle._bucket is None:

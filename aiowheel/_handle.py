@@ -70,7 +70,14 @@ if TYPE_CHECKING:
     from ._affinity import Affinity
     from ._tracing import Tracer
 
-__all__ = ["HandleOwner", "TimerHandle", "TracedHandle", "snapshot_context", "to_seconds"]
+__all__ = [
+    "HandleOwner",
+    "TimerHandle",
+    "TracedHandle",
+    "forget_snapshot",
+    "snapshot_context",
+    "to_seconds",
+]
 
 T = TypeVar("T")
 _get_ident: Final = get_ident
@@ -79,7 +86,10 @@ _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the hand
 _copy_context: Final = copy_context
 # The last snapshot taken (snapshot_context), shared by the next handles scheduled in
 # an equal context. One per process, whatever the thread: a race between two threads
-# only costs a share that is not made.
+# only costs a share that is not made. It keeps one context alive that its handles may
+# no longer hold, so it is let go (forget_snapshot) at every pass of any timer and when
+# a timer or a drop-in loop closes: a finished request's variables are not held by it
+# past the next pass (docs/usage.md, "Context variables").
 _last_context: Final[list[Any]] = [None]
 _MISSING_VALUE: Final = object()
 # Contexts with more variables than this are not shared: asking whether two hold the
@@ -111,6 +121,11 @@ def snapshot_context() -> Context:
         return cast("Context", last)
     _last_context[0] = context
     return context
+
+
+def forget_snapshot() -> None:
+    """Let go of the last snapshot: the next handle takes a new one."""
+    _last_context[0] = None
 
 
 def _same_variables(context: Context, other: Context) -> bool:

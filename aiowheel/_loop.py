@@ -274,8 +274,9 @@ class _WheelLoop(WheelEventLoop):
         queued: the wheel's wake-up for "now" is a heap entry, ``_wake_soon``)."""
         return None
 
-    def _wake_soon(self, callback: Callable[[], None]) -> Any:
-        """The driver's wake-up for "now" (``AsyncioDriver.arm(-inf)``)."""
+    def _wake_soon(self, callback: Callable[[], None], *, context: Context) -> Any:
+        """The driver's wake-up for "now" (``AsyncioDriver.arm(-inf)``), run in the
+        driver's ``context``."""
         raise NotImplementedError  # each base's class
 
     def set_debug(self, enabled: bool) -> None:
@@ -536,14 +537,16 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     ) -> asyncio.TimerHandle:
         return asyncio.SelectorEventLoop.call_at(self, when, callback, *args, context=context)
 
-    def _wake_soon(self, callback: Callable[[], None]) -> asyncio.TimerHandle:
+    def _wake_soon(self, callback: Callable[[], None], *, context: Context) -> asyncio.TimerHandle:
         # A heap entry at now, not call_soon: asyncio moves a due timer to the ready
         # queue at the next iteration, after the callbacks already queued, and so
-        # must the wheel's pass that runs it (issue 28, finding 5: `call_later(0, B);
-        # call_soon(A); call_later(0, C)` ran B C A, asyncio runs A B C).
-        return self._arm_at(self._engine.clock(), callback)
+        # must the wheel's pass that runs it (`call_later(0, B); call_soon(A);
+        # call_later(0, C)` must run A B C, as asyncio does).
+        return self._arm_at(self._engine.clock(), callback, context=context)
 
-    def _arm_at(self, when: float, wake: Callable[[], None]) -> asyncio.TimerHandle:
+    def _arm_at(
+        self, when: float, wake: Callable[[], None], *, context: Context
+    ) -> asyncio.TimerHandle:
         # The driver's wake-up (`when` on the wheel's clock): one heap entry (the base
         # class's call_at), which the base loop compares with self.time().
         if self._time_patched:
@@ -552,8 +555,10 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
             if isinstance(patched_now, (int, float)):
                 when = patched_now + (when - self._engine.clock())  # as far ahead
         if self._debug:  # type: ignore[attr-defined]
-            return asyncio.SelectorEventLoop.call_at(self, when, self._measured_pass, wake)
-        return asyncio.SelectorEventLoop.call_at(self, when, wake)
+            return asyncio.SelectorEventLoop.call_at(
+                self, when, self._measured_pass, wake, context=context
+            )
+        return asyncio.SelectorEventLoop.call_at(self, when, wake, context=context)
 
     def _measured_pass(self, wake: Callable[[], None]) -> None:
         self._debug_measured = 0.0
@@ -665,16 +670,16 @@ class _UvloopOverrides(_WheelLoop):
     def _due_call_soon(self) -> Callable[..., Any] | None:
         return MethodType(_UvLoop.call_soon, self)
 
-    def _wake_soon(self, callback: Callable[[], None]) -> Any:
-        return _UvLoop.call_soon(self, callback)
+    def _wake_soon(self, callback: Callable[[], None], *, context: Context) -> Any:
+        return _UvLoop.call_soon(self, callback, context=context)
 
-    def _arm_at(self, when: float, wake: Callable[[], None]) -> Any:
+    def _arm_at(self, when: float, wake: Callable[[], None], *, context: Context) -> Any:
         # The driver's wake-up, on uvloop's real clock (its time() method may
         # be patched: the wheel's clock is uvloop's own).
         delay = when - _UvLoop.time(self)
         if self.get_debug():
-            return _UvLoop.call_later(self, delay, self._measured_pass, wake)
-        return _UvLoop.call_later(self, delay, wake)
+            return _UvLoop.call_later(self, delay, self._measured_pass, wake, context=context)
+        return _UvLoop.call_later(self, delay, wake, context=context)
 
     def _measured_pass(self, wake: Callable[[], None]) -> None:
         self._debug_measured = 0.0

@@ -125,6 +125,13 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         return self._deadline
 
     def get_context(self) -> Context:
+        """The context the callback will run in, the handle's own (asyncio's rule):
+        a snapshot shared with other handles (``snapshot_context``) is copied first,
+        so that what a caller sets in it (``get_context().run(var.set, v)``) reaches
+        this handle's callback and no other's."""
+        if self._shared_context:
+            self._context = self._context.copy()
+            self._shared_context = False
         return self._context
 
     def cancelled(self) -> bool:

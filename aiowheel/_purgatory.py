@@ -18,6 +18,7 @@ from typing import Any, Final, Self, SupportsFloat, SupportsIndex, TypeVar
 
 import anyio
 
+from ._awaits import quiet
 from ._checks import seconds
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import TimerHandle
@@ -280,9 +281,9 @@ class _DelayedOperation(_Link):
             event = self._event
             if event is None:
                 event = self._event = anyio.Event()
-            await event.wait()
+            await quiet(event.wait())
         else:
-            await anyio.lowlevel.checkpoint()
+            await quiet(anyio.lowlevel.checkpoint())
         if self._state == _CANCELLED:
             raise TimerCancelled(f"{self!r} was cancelled by its purgatory")
 

@@ -75,4 +75,10 @@ def check_timer(timer: HandleOwner, engine: EngineState | None, *, open_: bool) 
     assert open_ != engine.closed
     if open_:
         for entry in engine.wheel:
-            assert cast("TimerHandle[Any]", entry)._timer is timer, entry
+            if isinstance(entry, TimerHandle):
+                assert entry._timer is timer, entry
+            else:
+                # A drop-in loop's call_at handle (LoopTimerHandle): filed only on its
+                # loop's own timer (loop.timer), and it names that timer's engine.
+                assert engine.loop_timers, entry
+                assert cast("Any", entry)._engine is engine, entry

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._dispatch import close_awaitable
 from ._exceptions import TimerCancelled
-from ._handle import _CANCELLED, TimerHandle, TracedHandle, _Failure, release
+from ._handle import _CANCELLED, TimerHandle, TracedHandle, _Failure, forget_snapshot, release
 from ._loophandle import drop_all
 from ._timeout import Guard
 from ._wheel import deadline_of
@@ -62,6 +62,7 @@ def close_engine(engine: EngineState) -> list[TimerHandle[Any]]:
     finally:
         engine.pool.close()
         engine.waiters.wake_all()
+        forget_snapshot()  # no context outlives a closed timer or loop through it
         # The dropped handles (their callbacks' and arguments' finalizers) go last,
         # once the close is complete (compiled, a local dies at its last use: release()
         # is that use).

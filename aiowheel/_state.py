@@ -39,6 +39,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
+from contextvars import Context
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
@@ -438,11 +439,12 @@ class EngineState:
         if not self.closed and not self.passing:
             self.sync_wakeup()
 
-    def to_worker(self, handle: TimerHandle[Any], awaitable: Any) -> None:
-        """The callback returned an awaitable: queue it for a worker, still pending."""
+    def to_worker(self, handle: TimerHandle[Any], awaitable: Any, context: Context) -> None:
+        """The callback returned an awaitable: queue it for a worker, still pending;
+        it is stepped in ``context``, the copy its call ran in."""
         self.fired -= 1  # it fires when a worker starts it
         self.pending += 1
-        self.pool.submit(handle, awaitable)
+        self.pool.submit(handle, awaitable, context)
 
     def report(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         try:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, Protocol, SupportsFloat
 
 import anyio
 
+from ._awaits import quiet
 from ._checks import not_copyable, seconds
 
 if TYPE_CHECKING:
@@ -236,7 +237,7 @@ async def sleep_until(timer: Schedules, deadline: SupportsFloat) -> None:
     wake = Wake()
     handle = await timer.schedule_at(deadline, wake)
     try:
-        await wake.event.wait()
+        await quiet(wake.event.wait())
     finally:
         handle.cancel()
     if wake.closed:

@@ -86,6 +86,7 @@ from typing import (
 import anyio
 
 from . import _threads
+from ._awaits import quiet
 from ._checks import (
     check_callable,
     check_int,
@@ -195,7 +196,7 @@ class Timer(TimerLifecycle):
         # The tasks the engine runs in, and the recorder's opening, are the host's
         # (aiowheel/_host.py); if it raises, nothing it started is left running.
         host = self._host = Host(self._new_engine, self._recorder)
-        self._started(await host.start())
+        self._started(await quiet(host.start()))
         return self
 
     async def __aexit__(
@@ -207,7 +208,7 @@ class Timer(TimerLifecycle):
         with anyio.CancelScope(shield=True):
             await self.aclose()
         if self._host is not None:
-            await self._host.exit(self._engine)  # every worker, then the task group
+            await quiet(self._host.exit(self._engine))  # every worker, then the task group
         return False
 
     async def aclose(self, drain: bool = False) -> list[TimerHandle[Any]]:
@@ -238,15 +239,15 @@ class Timer(TimerLifecycle):
             # Closed during the drain, by a callback's aclose(): this call too returns
             # once every running callback (but its own caller) has ended, the closer
             # included, as aclose() does below.
-            await host.join(live)
+            await quiet(host.join(live))
             return []
         cancelled = live.close()
         # Whoever calls, every running callback has ended when aclose() returns, but
         # the one that calls it (its worker would wait for itself). A task that a
         # callback started is not that callback: the callback is cancelled, and
         # waited for (docs/usage.md, "Shutting down").
-        await host.join(live)
-        await host.close_recorder()
+        await quiet(host.join(live))
+        await quiet(host.close_recorder())
         return cancelled
 
     # -- clock and introspection ----------------------------------------------------

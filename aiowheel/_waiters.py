@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import anyio
 
+from ._awaits import quiet
 from ._handle import _PENDING, TimerHandle, _Failure
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class Waiters:
         if waiter is None:
             waiter = self.handles[handle] = _Waiter()
             engine.notify_cancel = True
-        await waiter.event.wait()
+        await quiet(waiter.event.wait())
         return waiter.outcome
 
     async def wait_for_room(self) -> None:
@@ -77,7 +78,7 @@ class Waiters:
             self.room.append(event)
             engine.notify_cancel = True
             try:
-                await event.wait()
+                await quiet(event.wait())
             except BaseException:
                 if event in self.room:
                     self.room.remove(event)
@@ -96,7 +97,7 @@ class Waiters:
             event = anyio.Event()
             self.idle.append(event)
             engine.notify_cancel = True
-            await event.wait()
+            await quiet(event.wait())
 
     def wake_room(self) -> None:
         """Wake as many tasks waiting for room as there is room for."""

@@ -72,10 +72,10 @@ def test_timers_share_a_snapshot_but_each_callback_runs_in_its_own_copy(base: st
 
         first = loop.call_later(0.005, cb, "first")
         second = loop.call_later(0.005, cb, "second")
-        assert first.get_context() is second.get_context()  # one snapshot
+        assert first._context is second._context  # one snapshot, shared
         var.set("changed")
         third = loop.call_later(10, cb, "third")
-        assert third.get_context() is not first.get_context()
+        assert third._context is not first._context
         third.cancel()
         await done
         # After its run, a handle's context is the copy it ran in, as asyncio's.
@@ -92,6 +92,38 @@ def test_timers_share_a_snapshot_but_each_callback_runs_in_its_own_copy(base: st
         return seen
 
     assert run_on(base, main) == ["first saw outer", "second saw outer"]
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_get_context_is_the_handles_own_even_when_its_snapshot_is_shared(base: str) -> None:
+    # asyncio's rule: what a caller sets in h1.get_context() reaches h1's callback and
+    # no other's. The shared snapshot is copied for h1 first (LoopTimerHandle.get_context).
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="-")
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        done = loop.create_future()
+        var.set("scheduler")
+
+        def cb(name: str) -> None:
+            seen.append(f"{name}={var.get()}")
+            if len(seen) == 3:
+                done.set_result(None)
+
+        h1 = loop.call_later(0.002, cb, "h1")
+        h2 = loop.call_later(0.002, cb, "h2")
+        h3 = loop.call_later(0.002, cb, "h3")
+        assert h1._context is h2._context is h3._context
+        context = h1.get_context()
+        assert context is h1.get_context()  # the handle's own from now on
+        context.run(var.set, "only h1")
+        assert h2.get_context() is not context
+        await done
+        assert h1.get_context() is context  # run in as it is, as asyncio's
+        return sorted(seen)
+
+    assert run_on(base, main) == ["h1=only h1", "h2=scheduler", "h3=scheduler"]
 
 
 @pytest.mark.parametrize("base", BASES)

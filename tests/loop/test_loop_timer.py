@@ -37,12 +37,27 @@ def run_on(base: str, main: Callable[[], Coroutine[Any, Any, Any]], tick: float 
 
 
 def check(loop: asyncio.AbstractEventLoop) -> None:
-    """The engine's counters and the wheel's invariants, between passes."""
-    loop._engine.check()  # type: ignore[attr-defined]
+    """The engine's counters and the wheel's invariants, between passes: the timer's
+    own self-check (``Timer._check``), which must see the loop's handles too."""
+    loop.timer._check()  # type: ignore[attr-defined]
 
 
 def cb(*args: object) -> None:
     pass
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_the_timers_self_check_sees_pending_loop_handles(base: str) -> None:
+    # Timer._check on loop.timer while loop timers are pending: it raised
+    # AttributeError (a loop handle has no _timer), blind where the drop-in loop is.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        handles = [loop.call_later(10 + n, cb) for n in range(3)]
+        check(loop)
+        handles[1].cancel()
+        check(loop)
+
+    run_on(base, main)
 
 
 # -- the handle's contract -------------------------------------------------------------
