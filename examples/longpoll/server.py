@@ -66,6 +66,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from typing import Any
 
 import anyio
@@ -1532,8 +1533,6 @@ async def serving(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Asy
     command line (``main``) lets each server own the process and its signals.
     """
     if current_backend() == "trio":
-        from functools import partial
-
         import hypercorn.config
         import hypercorn.trio
         import trio
@@ -1546,7 +1545,12 @@ async def serving(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Asy
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(
-                partial(hypercorn.trio.serve, _asgi(app), config, shutdown_trigger=stop.wait)
+                partial(
+                    hypercorn.trio.serve,
+                    _asgi(app),
+                    config,
+                    shutdown_trigger=partial(_stop_hypercorn, app, stop.wait, 1.0),
+                )
             )
             try:
                 yield str(binds[0])
@@ -1569,6 +1573,33 @@ async def serving(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Asy
     finally:
         server.should_exit = True
         await task
+
+
+async def _signalled() -> None:
+    """Returns on SIGINT or SIGTERM (trio): what stops the command line's hypercorn."""
+    import signal
+
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+async def _stop_hypercorn(app: Starlette, wait: Callable[[], Any], grace: float) -> None:
+    """hypercorn's ``shutdown_trigger``: once ``wait()`` returns, answer every parked
+    poll and cut off every body (``shut_down``), as on uvicorn, and wait until the
+    requests have ended (each does at once now) before hypercorn starts its graceful
+    shutdown, which cancels what is left after its ``graceful_timeout``. Only a
+    client that does not take its answer within ``grace`` is left to it."""
+    import trio
+
+    service: LongPollService = app.state.longpoll
+    await wait()
+    service.shut_down()
+    with trio.move_on_after(grace):
+        while service.requests:  # noqa: ASYNC110 - the service has no event to await
+            await trio.sleep(0.01)
 
 
 def _asgi(app: Starlette) -> Any:
@@ -1808,10 +1839,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         # hypercorn binds its own socket: hand it ours by file descriptor.
         config.bind = [f"fd://{sock.fileno()}"]
         announce()
-        try:
-            trio.run(hypercorn.trio.serve, _asgi(app), config)
-        except KeyboardInterrupt:
-            pass
+        trio.run(
+            partial(
+                hypercorn.trio.serve,
+                _asgi(app),
+                config,
+                shutdown_trigger=partial(_stop_hypercorn, app, _signalled, config.graceful_timeout),
+            )
+        )
         return
     announce()
     try:
