@@ -1,46 +1,53 @@
 """``IdleTimeoutMiddleware``: a plain ASGI middleware that drops idle requests.
 
-One aiowheel timer handle per request (or websocket). Every message either way
-re-arms it with ``handle.reset(timeout)`` (O(1); moving a deadline later only records
-it). When it fires, the callback cancels the application's cancel scope; the
-middleware then answers what can still be answered:
+Each request (or websocket) stores its deadlines, and every message either way moves
+the idle one (a clock read and a float store: ``IdleControl`` in ``_shared.py``).
+Nothing is armed per request: the request is timed by a filing that is already in
+the timer, its connection's behind ``uvicorn_protocol``, else a spare one the
+middleware keeps per concurrent request (``SpareHolder``). When that filing comes due
+and a deadline has passed, the request's task is cancelled (asyncio: ``Task.cancel``
+from the timer's callback, taken back with ``Task.uncancel`` as ``asyncio.timeout``
+does; trio: an anyio cancel scope) and the middleware answers what can still be
+answered:
 
 * HTTP, no response started: ``408 Request Timeout`` when the application was waiting
   for the request body (the client stalled) or the body missed its deadline (a
   trickle: see ``body_timeout``), else ``503 Service Unavailable`` (the
   application itself did nothing: no read, no write);
 * HTTP, response started: the response is aborted by raising ``IdleTimeoutError``
-  (ASGI has no other way to abort; servers drop the connection);
+  (ASGI has no other way to abort; servers drop the connection), or behind
+  ``uvicorn_protocol`` by aborting the connection;
 * websocket: ``websocket.close`` with ``close_code`` (default 1001, "going away").
 
 Timing stops once the response is complete (or the websocket closed): work after the
 response, such as Starlette's background tasks, is not idleness. An endpoint changes
 its own timeout with ``set_idle_timeout(scope, seconds_or_None)``; ``overrides`` does
 it by path prefix.
-
-The application runs inside an anyio ``CancelScope``, so the same code serves
-asyncio, uvloop and trio (hypercorn) servers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import anyio
 
-from .. import Timer, TimerClosed, TimerHandle
+from .. import Timer
 from ._shared import (
+    CONNECTION_KEY,
     SCOPE_KEY,
     IdleControl,
+    IdleHost,
     IdleTimeoutError,
     check_timeout,
     check_timer,
     get_shared_timer,
     has_shared_timer,
     logger,
-    schedule_idle,
+    loop_key,
+    running_clock,
     scope_connection,
     shared_timer,
 )
@@ -60,6 +67,8 @@ _STARTS_RESPONSE = frozenset(
 )
 _BODY = frozenset(("http.response.body", "websocket.http.response.body"))
 _ENDS_RESPONSE = frozenset(("websocket.close", "http.response.pathsend"))
+
+_INF = math.inf
 
 _SENDABLE_CLOSE_CODES = frozenset((1000, 1001, 1002, 1003, *range(1007, 1015)))
 
@@ -86,21 +95,28 @@ _DEFAULT = _Default()
 
 
 class _RequestWatch(IdleControl):
-    """The idle timer of one HTTP request or one websocket.
+    """The idle timeout of one HTTP request or one websocket, and the request's
+    ``receive`` and ``send`` (bound methods: nothing is wrapped per request).
 
-    Invariant (``IdleControl``'s): ``_handle`` is the filed handle exactly while the
-    request is being timed; it is ``None`` once timing stopped (opted out,
-    response complete, expired, or the timer closed), so ``touch`` is one attribute
-    test when there is nothing to time.
+    Two deadlines, one filing (``IdleControl``): the idle one, ``_deadline``, and the
+    body's, ``_body_deadline`` (``inf`` when there is none), both stored and looked at
+    when the filing fires (``_on_due``). The filing is the request's own handle, or,
+    behind ``uvicorn_protocol``, the connection's (``IdleControl.hold``): then a
+    request arms nothing at all. Expiry calls ``_cancel``: the request's task's
+    ``cancel`` on asyncio (edge-triggered, as ``asyncio.timeout`` does it: the
+    middleware takes the request back with ``Task.uncancel``), an anyio cancel scope's
+    on trio.
     """
 
     __slots__ = (
         "_body_deadline",
-        "_body_handle",
         "_body_rate",
+        "_body_started",
         "_body_timeout",
-        "_cancel_scope",
+        "_cancel",
         "_parent",
+        "_receive",
+        "_send",
         "body_complete",
         "body_expired",
         "complete",
@@ -114,19 +130,31 @@ class _RequestWatch(IdleControl):
     def __init__(
         self,
         timer: Timer,
+        clock: Callable[[], float],
         timeout: float | None,
-        cancel_scope: anyio.CancelScope,
+        cancel: Callable[[], object],
         parent: IdleControl | None,
+        receive: Receive,
+        send: Send,
         body_timeout: float | None = None,
         body_rate: float | None = None,
     ) -> None:
-        self._init_idle(timer, timeout)
+        # IdleControl._init_idle, inline (one frame less per request)
+        self._timer = timer
+        self._clock = clock
+        self._timeout = timeout
+        self._handle = None
+        self._holder = None
+        self._deadline = 0.0
+        self._filed = 0.0
+        self._cancel = cancel
+        self._parent = parent
+        self._receive = receive
+        self._send = send
         self._body_timeout = body_timeout
         self._body_rate = body_rate
-        self._body_handle: TimerHandle[Any] | None = None
-        self._body_deadline = 0.0
-        self._cancel_scope = cancel_scope
-        self._parent = parent
+        self._body_started = False
+        self._body_deadline = _INF
         self.expired = False
         self.complete = False  # response complete or websocket closed: timing stopped
         self.disconnected = False
@@ -140,6 +168,19 @@ class _RequestWatch(IdleControl):
     def timeout(self) -> float | None:
         return self._timeout
 
+    def start(self, host: IdleHost, connection: IdleControl | None) -> None:
+        """Start timing: on ``connection``'s filing when it takes the request, else on
+        a spare filing of ``host``'s."""
+        timeout = self._timeout
+        if timeout is None:
+            return
+        self._deadline = self._clock() + timeout
+        if connection is None or not connection.hold(self):
+            connection = host.holder()
+            if not connection.hold(self):  # the timer closed: a server shutting down
+                return
+        self._holder = connection
+
     def set_timeout(self, timeout: float | None) -> None:
         if self._parent is not None:  # an outer idle middleware times this request too
             self._parent.set_timeout(timeout)
@@ -148,72 +189,118 @@ class _RequestWatch(IdleControl):
     def _timing(self) -> bool:
         return not (self.complete or self.expired)
 
-    # -- the body deadline: a separate handle, so that it neither depends on nor
-    # changes how activity re-arms the idle one (touch) --
+    def _due(self) -> float:
+        deadline = self._deadline
+        body = self._body_deadline
+        return body if body < deadline else deadline
+
+    def stop(self) -> None:
+        # IdleControl.stop, inline, and the body deadline with it.
+        holder = self._holder
+        handle = self._handle
+        if holder is None and handle is None:
+            return  # not timing (stopped already, or never started)
+        self._holder = None
+        if holder is not None and holder is not self:
+            holder.release(self)
+        if handle is not None:
+            self._handle = None
+            handle.cancel()
+        # No idle timeout, no body deadline (a later set_timeout starts a new one).
+        self._body_deadline = _INF
+        self._body_started = False
+
+    # -- the body deadline: stored beside the idle one, so that it neither depends on
+    # nor changes how activity moves the idle one (touch) --
 
     def body_wanted(self) -> None:
         """The application asks for the body: start its deadline (once)."""
+        self._body_started = True
+        holder = self._holder
         if (
-            self._body_handle is None
-            and self._body_timeout is not None
+            self._body_timeout is not None
             and not self.body_complete
-            and self._handle is not None  # timed at all (not opted out, not over)
+            and holder is not None  # timed at all (not opted out, not over)
         ):
-            self._body_deadline = self._timer.time() + self._body_timeout
-            self._body_handle = schedule_idle(self._timer, self._body_deadline, self._body_expire)
+            deadline = self._body_deadline = self._clock() + self._body_timeout
+            holder._earlier(deadline)
 
     def body_received(self, size: int, more: bool) -> None:
-        handle = self._body_handle
-        if handle is None:
+        deadline = self._body_deadline
+        if deadline == _INF:
             return
         if not more:
-            self._body_handle = None
-            handle.cancel()
+            self._body_deadline = _INF
         elif size and self._body_rate is not None:
             # Progress buys time at the minimum rate (mod_reqtimeout's MinRate): a
-            # steady upload is never cut, a trickle gets almost nothing.
-            self._body_deadline += size / self._body_rate
-            if not math.isfinite(self._body_deadline):
-                # A tiny body_min_rate buys an infinite extension: no deadline at
-                # all (the timer only takes finite ones).
-                self._body_handle = None
-                handle.cancel()
-                return
-            try:
-                handle.reset_at(self._body_deadline)
-            except TimerClosed:
-                self._body_handle = None
+            # steady upload is never cut, a trickle gets almost nothing. A tiny
+            # body_min_rate buys an infinite extension: no deadline at all.
+            deadline += size / self._body_rate
+            self._body_deadline = deadline if math.isfinite(deadline) else _INF
 
-    def stop(self) -> None:
-        super().stop()
-        handle = self._body_handle
-        if handle is not None:
-            self._body_handle = None
-            handle.cancel()
+    def _on_due(self, now: float) -> None:
+        if now >= self._body_deadline:
+            self._body_expire()
+        elif now >= self._deadline:
+            self._expire()
 
     def _body_expire(self) -> None:
         # The body is not complete by its deadline, however it trickled: the
         # client's doing (408), whether or not the application was in receive().
-        self._body_handle = None
-        if not self._timing():
-            return
-        handle = self._handle
-        self._handle = None
-        if handle is not None:
-            handle.cancel()
+        self.stop()
         self.expired = True
         self.body_expired = True
         self.stalled_body = True
-        self._cancel_scope.cancel()
+        self._cancel()
 
     def _expire(self) -> None:
-        # Runs on the timer's driver. The handle has fired: forget it so that messages
-        # racing with the cancellation do not re-arm it.
-        self._handle = None
+        # Runs on the timer's driver. Stop timing first, so that messages racing with
+        # the cancellation do not move deadlines any more.
+        self.stop()
         self.expired = True
         # Who were we waiting for? Decided now: the cancellation unwinds receive().
         self.stalled_body = self.receiving > 0 and not self.body_complete
-        self._cancel_scope.cancel()
+        self._cancel()
+
+    # -- the application's receive and send --
+
+    async def receive(self) -> Message:
+        if not self._body_started:
+            self.body_wanted()
+        self.receiving += 1
+        try:
+            message = await self._receive()
+        finally:
+            self.receiving -= 1
+        if self._holder is not None:  # touch(), inline
+            self._deadline = self._clock() + self._timeout  # type: ignore[operator]
+        kind = message.get("type")
+        if kind == "http.request":
+            more = bool(message.get("more_body", False))
+            if not more:
+                self.body_complete = True
+            if self._body_deadline != _INF:
+                self.body_received(len(message.get("body", b"")), more)
+        elif kind == "http.disconnect" or kind == "websocket.disconnect":
+            # Keep timing: an application that ignores the disconnect is still
+            # cancelled after the timeout; there is nobody to answer.
+            self.disconnected = True
+            self._body_deadline = _INF  # no body to wait for any more
+        return message
+
+    async def send(self, message: Message) -> None:
+        kind = message.get("type")
+        if not self.response_started and kind in _STARTS_RESPONSE:
+            self.response_started = True
+        clock = self._clock
+        if self._holder is not None:  # touch(), inline
+            self._deadline = clock() + self._timeout  # type: ignore[operator]
+        await self._send(message)
+        if (kind in _BODY and not message.get("more_body", False)) or kind in _ENDS_RESPONSE:
+            self.complete = True
+            self.stop()
+        elif self._holder is not None:  # the client took it: flow control let it through
+            self._deadline = clock() + self._timeout  # type: ignore[operator]
 
 
 class IdleTimeoutMiddleware:
@@ -270,6 +357,8 @@ class IdleTimeoutMiddleware:
         )
         self._timer = check_timer(timer)
         self._overrides = _check_overrides(overrides)
+        # The running loop's timer and clock, found on its first request.
+        self._cached: IdleHost | None = None
         self._close_code = _check_close_code(close_code)
 
     @property
@@ -299,12 +388,71 @@ class IdleTimeoutMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http" or kind == "websocket":
-            await self._watch(scope, receive, send, kind == "http")
-        elif kind == "lifespan" and self._timer is None and not has_shared_timer():
-            await self._lifespan(scope, receive, send)
+        if kind != "http" and kind != "websocket":
+            if kind == "lifespan" and self._timer is None and not has_shared_timer():
+                await self._lifespan(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        # A request: what follows is the per-request path, kept in this one frame.
+        http = kind == "http"
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # trio: anyio's cancel scope
+            await self._watch_in_scope(scope, receive, send, http)
+            return
+        task = asyncio.current_task(loop)
+        if task is None:  # pragma: no cover - a coroutine always runs in a task here
+            await self._watch_in_scope(scope, receive, send, http)
+            return
+        host = self._cached
+        if host is None or host.key is not loop or host.timer.closed:
+            host = await self._host()
+        parent = scope.get(SCOPE_KEY)
+        timeout = self.timeout_for(scope.get("path", "")) if self._overrides else self._timeout
+        watch = _RequestWatch(
+            host.timer,
+            host.clock,
+            timeout,
+            task.cancel,
+            parent if isinstance(parent, IdleControl) else None,
+            receive,
+            send,
+            self._body_timeout if http else None,
+            self._body_rate,
+        )
+        # ASGI: copy the scope before changing it for the inner application.
+        connection = scope.get(CONNECTION_KEY)
+        scope = dict(scope)
+        scope[SCOPE_KEY] = watch
+        # asyncio.timeout's bookkeeping: the cancellation is ours only if taking ours
+        # back leaves no more than there were when the request started.
+        cancelling = task.cancelling()
+        if timeout is not None:  # watch.start(host, connection), inline
+            watch._deadline = host.clock() + timeout
+            if not (isinstance(connection, IdleControl) and connection.hold(watch)):
+                connection = host.holder()
+                if not connection.hold(watch):  # the timer closed: a server shutting down
+                    connection = None
+            watch._holder = connection
+        try:
+            await self.app(scope, watch.receive, watch.send)
+        except asyncio.CancelledError:
+            watch.stop()
+            if not watch.expired or task.uncancel() > cancelling:
+                raise  # not ours, or not only ours
+        except BaseException:
+            watch.stop()
+            if watch.expired:
+                task.uncancel()
+            raise
         else:
-            await self.app(scope, receive, send)
+            if watch._holder is not None or watch._handle is not None:
+                watch.stop()
+            if watch.expired:  # the application swallowed our cancellation
+                task.uncancel()
+        if watch.expired and not watch.complete:
+            await self._expired(watch, scope, send, http)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Tie the shared timer to the server's lifetime: opened before the first
@@ -324,62 +472,38 @@ class IdleTimeoutMiddleware:
 
             await self.app(scope, receive, lifespan_send)
 
-    async def _watch(self, scope: Scope, receive: Receive, send: Send, http: bool) -> None:
+    async def _host(self) -> IdleHost:
+        """The timer and clock of the running event loop, found on the loop's first
+        request (and again when the loop or its shared timer changes)."""
         timer = self._timer
         if timer is None:
             timer = await get_shared_timer()
+        host = self._cached = IdleHost(loop_key()[0], timer, running_clock())
+        return host
+
+    async def _watch_in_scope(self, scope: Scope, receive: Receive, send: Send, http: bool) -> None:
+        # trio (hypercorn): an anyio cancel scope, cancelled by the expiry.
+        host = self._cached
+        if host is None or host.key is not loop_key()[0] or host.timer.closed:
+            host = await self._host()
         parent = scope.get(SCOPE_KEY)
         with anyio.CancelScope() as cancel_scope:
             watch = _RequestWatch(
-                timer,
+                host.timer,
+                host.clock,
                 self.timeout_for(scope.get("path", "")),
-                cancel_scope,
+                cancel_scope.cancel,
                 parent if isinstance(parent, IdleControl) else None,
+                receive,
+                send,
                 self._body_timeout if http else None,
                 self._body_rate,
             )
-            # ASGI: copy the scope before changing it for the inner application.
             scope = dict(scope)
             scope[SCOPE_KEY] = watch
-
-            async def watched_receive() -> Message:
-                watch.body_wanted()
-                watch.receiving += 1
-                try:
-                    message = await receive()
-                finally:
-                    watch.receiving -= 1
-                watch.touch()
-                kind = message.get("type")
-                if kind == "http.request":
-                    more = bool(message.get("more_body", False))
-                    if not more:
-                        watch.body_complete = True
-                    watch.body_received(len(message.get("body", b"")), more)
-                elif kind == "http.disconnect" or kind == "websocket.disconnect":
-                    # Keep timing: an application that ignores the disconnect is
-                    # still cancelled after the timeout; there is nobody to answer.
-                    watch.disconnected = True
-                    watch.body_received(0, False)  # no body to wait for any more
-                return message
-
-            async def watched_send(message: Message) -> None:
-                kind = message.get("type")
-                if kind in _STARTS_RESPONSE:
-                    watch.response_started = True
-                watch.touch()
-                await send(message)
-                if kind in _ENDS_RESPONSE or (
-                    kind in _BODY and not message.get("more_body", False)
-                ):
-                    watch.complete = True
-                    watch.stop()
-                else:
-                    watch.touch()  # the client took it: flow control let it through
-
-            watch.arm()
+            watch.start(host, None)
             try:
-                await self.app(scope, watched_receive, watched_send)
+                await self.app(scope, watch.receive, watch.send)
             finally:
                 watch.stop()
         if watch.expired and not watch.complete:

@@ -38,6 +38,7 @@ from typing import Any, Final, Protocol
 import anyio
 
 from .. import Timer, TimerClosed, TimerHandle, loop_timer
+from .._driver import loop_clock
 
 __all__ = [
     "DEFAULT_TICK",
@@ -51,6 +52,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("aiowheel.middleware")
+
+_INF = math.inf
 
 #: Tick of a shared timer the middleware creates: idle timeouts are seconds long, so
 #: 10 ms resolution costs nothing in accuracy and lets the connections whose deadlines
@@ -146,65 +149,137 @@ def schedule_idle(
 
 
 class IdleControl:
-    """One request's or one connection's idle timer, and what ``set_idle_timeout``
-    talks to.
+    """One request's or one connection's idle timeout, and what ``set_idle_timeout``
+    talks to: the one "store the deadline, check on fire" pattern every integration
+    uses (``_asgi.py``, ``_uvicorn.py``, ``_streams.py``).
 
     Activity is a store, not a re-arm (Netty's ``IdleStateHandler``): ``touch`` writes
-    the new deadline, now + timeout, in ``_deadline`` and leaves the wheel alone. The
-    handle stays filed where it was; when it fires, ``_fired`` looks at the stored
-    deadline and either re-files the handle for what is left (there was activity) or
-    expires. A connection that reads all the time costs one wake-up per timeout, not
-    one wheel operation per read; the timeout is exactly as before, because the stored
-    deadline is the one a ``reset`` would have filed.
+    the new deadline, now + timeout, in ``_deadline`` and leaves the wheel alone. A
+    timer handle stays filed at ``_filed``; when it fires, ``_fired`` hands the due
+    deadlines to ``_on_due`` (which expires what is due) and re-files the handle at
+    ``_due()`` for what is left. A connection that reads all the time costs one
+    wake-up per timeout, not one wheel operation per read; the timeout is exactly as
+    before, because the stored deadline is the one a ``reset`` would have filed.
+
+    Who files: a control is timed by a *holder*, ``_holder``: itself (its own
+    handle), or a connection that already has a handle filed and looks at the
+    control's deadlines too when it fires (``hold``: a request behind
+    ``uvicorn_protocol`` arms nothing of its own).
+
+    One clock: every deadline is on the event loop's clock, read through ``_clock``
+    (the timer's own clock, ``aiowheel._driver.current_clock``), whichever timer files.
 
     Invariants, kept by every method here:
 
-    * ``_handle`` is the filed handle exactly while timing; ``None`` once timing
-      stopped (opted out, finished, expired, or the timer closed), so ``touch`` is one
-      attribute test when there is nothing to time.
-    * While timing, the handle is filed at or before ``_deadline`` (a touch only moves
-      ``_deadline`` later; whatever moves it earlier, ``set_timeout``, re-files at
-      once). So the connection is never dropped early, and never late by more than the
-      timer's tick: ``_fired`` expires only when now has reached ``_deadline``.
+    * ``_holder`` is set exactly while timing; ``None`` once timing stopped (opted
+      out, finished, expired, or the timer closed), so ``touch`` is one attribute test
+      when there is nothing to time. ``_handle`` is this control's own filed handle,
+      set only while it times something (itself or a control it holds).
+    * The filing is never later than the deadlines it covers: ``_filed <= _due()``
+      while ``_handle`` is set (a touch only moves a deadline later; whatever moves one
+      earlier, ``set_timeout``, a body deadline, a held request, calls ``_earlier``).
+      So nothing is dropped early, and never late by more than the timer's tick:
+      ``_on_due`` expires only what has reached its deadline.
 
-    Subclasses keep the slots below and say what expiry does (``_expire``, which must
-    set ``_handle`` to ``None``) and when timing is over (``_timing``).
+    Subclasses say what expiry does (``_on_due``, which must stop timing what it
+    expires) and when timing is over for good (``_timing``).
     """
 
-    __slots__ = ("_clock", "_deadline", "_handle", "_timeout", "_timer")
+    __slots__ = ("_clock", "_deadline", "_filed", "_handle", "_holder", "_timeout", "_timer")
 
-    _timer: Timer
+    _timer: Timer | None
     _clock: Callable[[], float]
     _timeout: float | None
     _deadline: float
+    _filed: float
     _handle: TimerHandle[Any] | None
+    _holder: IdleControl | None
 
-    def _init_idle(self, timer: Timer, timeout: float | None) -> None:
-        """Set up the slots above; nothing is timed until ``arm``."""
+    def _init_idle(
+        self, timer: Timer | None, clock: Callable[[], float], timeout: float | None
+    ) -> None:
+        """Set up the slots above; nothing is timed until ``arm`` (``timer`` may be
+        ``None`` until a shared timer runs: ``_timer_ready``)."""
         self._timer = timer
-        self._clock = timer.time
+        self._clock = clock
         self._timeout = timeout
         self._handle = None
+        self._holder = None
         self._deadline = 0.0
+        self._filed = 0.0
 
     def arm(self) -> None:
-        """Start timing, with a timeout (without one there is nothing to time)."""
+        """Start timing on this control's own handle, with a timeout (without one there
+        is nothing to time)."""
         timeout = self._timeout
         if timeout is not None:
             self._deadline = self._clock() + timeout
-            self._handle = schedule_idle(self._timer, self._deadline, self._fired)
+            self._holder = self
+            self._file()
+
+    def _file(self) -> None:
+        """File this control's own handle at ``_due()`` (or re-file it there)."""
+        timer = self._timer
+        if timer is None:  # the shared timer is starting: _timer_ready files
+            return
+        due = self._filed = self._due()
+        handle = self._handle
+        if handle is None:
+            handle = self._handle = schedule_idle(timer, due, self._fired)
+            if handle is None:  # the timer closed (a server shutting down): not timed
+                self._closed()
+        else:
+            try:
+                handle.reset_at(due)
+            except TimerClosed:  # the timer closed under us (a server shutting down)
+                self._handle = None
+                self._closed()
+
+    def _closed(self) -> None:
+        """The timer closed under this control: stop timing (and what it holds)."""
+        self._holder = None
+
+    def _earlier(self, deadline: float) -> None:
+        """A deadline this control's handle covers moved to ``deadline``: re-file at
+        once if that is before the filing (a later one is caught by ``_fired``)."""
+        if deadline < self._filed and self._handle is not None:
+            self._file()
+
+    def _due(self) -> float:
+        """The earliest deadline this control's handle must look at."""
+        return self._deadline
 
     @property
     def deadline(self) -> float | None:
-        """When the connection is dropped unless there is activity first (the timer's
-        clock); ``None`` when nothing is being timed."""
-        return self._deadline if self._handle is not None else None
+        """When the connection is dropped unless there is activity first (the event
+        loop's clock); ``None`` when nothing is being timed."""
+        return self._deadline if self._holder is not None else None
 
     def touch(self) -> None:
-        if self._handle is not None:
+        if self._holder is not None:
             self._deadline = self._clock() + self._timeout  # type: ignore[operator]  # set while timing
 
+    def hold(self, control: IdleControl) -> bool:
+        """Time ``control``, which starts timing now (its idle deadline stored), on
+        this control's handle instead of a handle of its own; False when this control
+        cannot (the default)."""
+        return False
+
+    def release(self, control: IdleControl) -> None:
+        """``control``, held by this one, stopped timing."""
+
+    def rehome(self) -> None:
+        """The control that held this one stopped timing (a connection lost or
+        upgraded): time this one on a handle of its own from now on."""
+        if self._holder is not None and self._holder is not self:
+            self._holder = self
+            self._file()
+
     def stop(self) -> None:
+        holder = self._holder
+        self._holder = None
+        if holder is not None and holder is not self:
+            holder.release(self)
         handle = self._handle
         if handle is not None:
             self._handle = None
@@ -218,36 +293,147 @@ class IdleControl:
             self.stop()
             return
         self._deadline = self._clock() + timeout
-        handle = self._handle
-        if handle is None:
-            self._handle = schedule_idle(self._timer, self._deadline, self._fired)
-        else:
+        holder = self._holder
+        if holder is None:
+            self._holder = self
+            self._file()
+        elif holder._handle is not None:
             # Re-file at once: a shorter timeout must not wait for the old filing (a
             # longer one would be caught by _fired, but this call is rare).
-            self._refile(handle)
+            holder._file()
 
     def _fired(self) -> None:
-        """The handle came due: expire, or sleep on to the deadline activity stored."""
-        handle = self._handle
-        if handle is None:  # stopped meanwhile: nothing to do
+        """The handle came due: expire what is due, sleep on to what is left."""
+        if self._handle is None:  # stopped meanwhile: nothing to do
             return
-        if self._clock() < self._deadline:
-            self._refile(handle)
-        else:
-            self._expire()
+        self._on_due(self._clock())
+        if self._holder is None and not self._holds():
+            self._handle = None  # nothing left to time (it fired: nothing to cancel)
+        elif self._handle is not None:
+            self._file()  # the fired handle, re-filed for what is left
 
-    def _refile(self, handle: TimerHandle[Any]) -> None:
-        try:
-            handle.reset_at(self._deadline)
-        except TimerClosed:  # the timer closed under us (a server shutting down)
-            self._handle = None
+    def _holds(self) -> bool:
+        """True while this control times another one (a connection holding a request
+        after the connection itself stopped timing)."""
+        return False
 
     def _timing(self) -> bool:
         """False once timing is over for good (expired, or finished)."""
         return True
 
-    def _expire(self) -> None:  # pragma: no cover - abstract
+    def _on_due(self, now: float) -> None:  # pragma: no cover - abstract
+        """The handle fired at ``now``: expire what has reached its deadline (and stop
+        timing it), leave the rest."""
         raise NotImplementedError
+
+
+class RequestHolder(IdleControl):
+    """An ``IdleControl`` whose filing also times one request it holds (``hold``), so
+    that the request arms nothing of its own: a uvicorn connection
+    (``_uvicorn._ConnectionWatch``), or a spare filing a middleware keeps for requests
+    with no connection to hold them (``SpareHolder``).
+
+    ``_due()`` is the earlier of its own deadline (while it times itself) and the held
+    request's; ``_on_due`` expires the request when the request's is reached, then
+    this control when its own is (``_on_own_due``).
+    """
+
+    __slots__ = ("_request",)
+
+    _request: IdleControl | None
+
+    def _due(self) -> float:
+        deadline = self._deadline if self._holder is not None else _INF
+        request = self._request
+        if request is not None:
+            held = request._due()
+            if held < deadline:
+                return held
+        return deadline
+
+    def hold(self, control: IdleControl) -> bool:
+        # Called as ``control`` starts timing: its only deadline is its idle one.
+        if self._request is not None or self._timer is None:
+            return False  # holding one already, or no timer runs yet
+        self._request = control
+        if self._handle is None:
+            self._file()
+            if self._handle is None:  # the timer closed: nothing times it here
+                self._request = None
+                return False
+        elif control._deadline < self._filed:  # _earlier, inline
+            self._file()
+        return True
+
+    def release(self, control: IdleControl) -> None:
+        if self._request is control:
+            self._request = None
+
+    def _holds(self) -> bool:
+        return self._request is not None
+
+    def _on_due(self, now: float) -> None:
+        request = self._request
+        if request is not None and now >= request._due():
+            request._on_due(now)  # expires it: it stops timing, which releases it
+        if self._holder is not None and now >= self._deadline:
+            self._on_own_due()
+
+    def _on_own_due(self) -> None:
+        """This control's own deadline is reached."""
+
+
+class SpareHolder(RequestHolder):
+    """A filing a middleware keeps for the requests no connection holds (aiohttp's
+    shape: a handle kept and a deadline stored, per connection; here per concurrent
+    request). A request takes one from ``IdleHost.spare`` and gives it back when it
+    stops timing; its handle stays filed meanwhile (only a store per request), and a
+    spare that comes due holding nothing lets its handle go until it is taken again.
+    """
+
+    __slots__ = ("_spare",)
+
+    def __init__(self, host: IdleHost) -> None:
+        self._init_idle(host.timer, host.clock, None)
+        self._request = None
+        self._spare = host.spare
+
+    def release(self, control: IdleControl) -> None:
+        if self._request is control:
+            self._request = None
+            self._spare.append(self)
+
+
+class IdleHost:
+    """What the requests a middleware serves on one event loop share, found once:
+    the loop (or trio token) it was found on, the timer, and the loop's clock."""
+
+    __slots__ = ("clock", "key", "spare", "timer")
+
+    def __init__(self, key: object, timer: Timer, clock: Callable[[], float]) -> None:
+        self.key = key
+        self.timer = timer
+        self.clock = clock
+        #: SpareHolders not holding a request (most recently given back last).
+        self.spare: list[SpareHolder] = []
+
+    def holder(self) -> SpareHolder:
+        """A spare filing for a request (the most recently used: the likeliest to be
+        filed still)."""
+        spare = self.spare
+        return spare.pop() if spare else SpareHolder(self)
+
+
+def running_clock() -> Callable[[], float]:
+    """The running event loop's clock: the one every idle deadline is on (the timer's
+    own, ``Timer.time``, without its frame)."""
+    try:
+        return loop_clock(asyncio.get_running_loop())
+    except RuntimeError:
+        pass
+    import trio
+
+    return trio.current_time
 
 
 def set_idle_timeout(target: object, timeout: float | None) -> bool:
@@ -332,7 +518,7 @@ class _Slot:
 _slots: weakref.WeakKeyDictionary[object, _Slot] = weakref.WeakKeyDictionary()
 
 
-def _loop_key() -> tuple[object, bool]:
+def loop_key() -> tuple[object, bool]:
     """(registry key, is_trio) for the running event loop."""
     try:
         return asyncio.get_running_loop(), False
@@ -385,7 +571,7 @@ def shared_timer_nowait(on_ready: Callable[[Timer | None], None]) -> Timer | Non
     """The loop's running shared timer, or ``None`` after arranging for one to start
     and for ``on_ready(timer)`` to be called once it runs (``None`` if it failed).
     For synchronous callers such as ``Protocol.connection_made``."""
-    key, is_trio = _loop_key()
+    key, is_trio = loop_key()
     slot = _slots.get(key)
     if slot is not None:
         timer = slot.running()
@@ -410,7 +596,7 @@ async def get_shared_timer() -> Timer:
     one, else a timer owned by a background task that lives until the event loop
     shuts down (asyncio: a task; trio: a system task).
     """
-    key, is_trio = _loop_key()
+    key, is_trio = loop_key()
     slot = _slots.get(key)
     if slot is not None:
         timer = slot.running()
@@ -461,7 +647,7 @@ async def shared_timer(timer: Timer | None = None) -> AsyncIterator[Timer]:
     ``RuntimeError`` if this event loop already has a running shared timer.
     """
     check_timer(timer)
-    key, _ = _loop_key()
+    key, _ = loop_key()
     existing = _slots.get(key)
     if existing is not None and existing.alive():
         raise RuntimeError("this event loop already has a shared aiowheel timer")
@@ -488,6 +674,6 @@ async def shared_timer(timer: Timer | None = None) -> AsyncIterator[Timer]:
 
 def has_shared_timer() -> bool:
     """True when the running event loop has a shared timer (running or starting)."""
-    key, _ = _loop_key()
+    key, _ = loop_key()
     slot = _slots.get(key)
     return (slot is not None and slot.alive()) or loop_timer() is not None

@@ -26,6 +26,7 @@ from ._shared import (
     check_timeout,
     check_timer,
     get_shared_timer,
+    running_clock,
 )
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class _StreamWatch(IdleControl):
         reader: asyncio.StreamReader,
         transport: asyncio.WriteTransport,
     ) -> None:
-        self._init_idle(timer, timeout)
+        self._init_idle(timer, running_clock(), timeout)
         self._reader = reader
         self._transport = transport
         self.error: IdleTimeoutError | None = None
@@ -61,8 +62,12 @@ class _StreamWatch(IdleControl):
     def _timing(self) -> bool:
         return self.error is None
 
+    def _on_due(self, now: float) -> None:
+        if now >= self._deadline:
+            self._expire()
+
     def _expire(self) -> None:
-        self._handle = None
+        self.stop()
         error = self.error = IdleTimeoutError(
             f"connection idle (no read or write) for more than {self._timeout} s"
         )

@@ -6,10 +6,13 @@ sends a request, a keep-alive gap, a request head trickled a byte at a time
 are unbounded there, and the third always is. This module subclasses uvicorn's HTTP/1.1
 protocol (given to ``uvicorn.Config(http=...)``) so that:
 
-* ``connection_made`` arms an aiowheel timer for the connection;
-* each read and each write re-arms it (``reset``, O(1)); while a request head is
-  arriving the deadline is capped at ``header_timeout`` after its first byte, so
-  trickling bytes does not extend it;
+* ``connection_made`` files the connection on an aiowheel timer (once);
+* each read and each completed response stores the connection's new deadline (the
+  filing looks at it when it fires: ``IdleControl`` in ``_shared.py``); while a
+  request head is arriving the deadline is capped at ``header_timeout`` after its
+  first byte, so trickling bytes does not extend it;
+* the same filing times the request in flight for ``IdleTimeoutMiddleware``
+  (``RequestHolder``): a request arms nothing of its own;
 * on expiry, a connection with no request in flight is closed (aborted when a partial
   request head or unsent output is pending); a request in flight belongs to the
   application and is left alone (``IdleTimeoutMiddleware`` times those: we only look
@@ -19,9 +22,13 @@ protocol (given to ``uvicorn.Config(http=...)``) so that:
   keep-alive timer only when the connection closed cleanly, so we cancel that too).
 
 Reliance on uvicorn internals, kept to this module and tested against the installed
-uvicorn (0.54): the protocol constructor is untouched; the protocol writes through the
-transport given to ``connection_made`` (we pass a thin wrapper that notices writes);
+uvicorn (0.55): the protocol constructor is untouched; the protocol writes through the
+transport given to ``connection_made`` (we pass a thin wrapper, whose ``write`` is the
+real transport's); ``on_response_complete`` is called when a response has gone out;
 ``protocol.cycle`` / ``cycle.response_complete`` tell whether a request is in flight;
+``protocol.scope`` is the latest request's scope, which gets the connection
+(``CONNECTION_KEY``) before the request's task first runs (httptools:
+``on_headers_complete``);
 ``timeout_keep_alive_task`` is uvicorn's keep-alive handle. A websocket upgrade hands
 the transport to another protocol (``transport.set_protocol``); the wrapper notices it
 and stops timing that connection.
@@ -32,9 +39,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from .. import Timer, TimerClosed, TimerHandle
+from .. import Timer
+from .._driver import loop_clock
 from ._shared import (
     CONNECTION_KEY,
+    IdleControl,
+    RequestHolder,
     abort_with_reset,
     check_timeout,
     check_timer,
@@ -42,7 +52,7 @@ from ._shared import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    pass
 
 __all__ = ["uvicorn_protocol"]
 
@@ -66,32 +76,27 @@ def _cancel_uvicorn_keepalive(protocol: object) -> None:
         protocol.timeout_keep_alive_task = None  # type: ignore[attr-defined]
 
 
-class _ConnectionWatch:
-    """The idle timer of one uvicorn connection.
+class _ConnectionWatch(RequestHolder):
+    """The idle timeout of one uvicorn connection (``IdleControl``'s pattern: reads
+    and completed responses store the deadline; the filing looks at it when it fires).
 
-    Activity is a store (Netty's ``IdleStateHandler``, as ``IdleControl`` in
-    ``_shared.py``): a read or a write computes the connection's deadline and stores
-    it in ``_deadline``; the handle stays filed at ``_filed``. When it fires,
-    ``_fired`` re-files it at ``_deadline`` if activity moved that later, or expires.
-
-    Invariant: while ``_handle`` is set, ``_filed <= _deadline`` (the handle fires no
-    later than the deadline): a deadline that moves earlier (a request head arriving
-    under ``header_timeout``) re-files at once. Before the shared timer runs (the first
-    connections of a process can arrive while it starts) only ``_deadline`` is kept.
+    While a request is in flight the connection's handle also times the request,
+    when ``IdleTimeoutMiddleware`` asks (``hold``): the request arms nothing of its
+    own. ``_due()`` is the earlier of the two deadlines. A request head arriving
+    under ``header_timeout`` moves the connection's deadline earlier, which re-files
+    at once. Before the shared timer runs (the first connections of a process can
+    arrive while it starts) only the deadlines are kept; ``_timer_ready`` files.
     """
 
     __slots__ = (
-        "_deadline",
-        "_filed",
-        "_handle",
         "_head_started",
         "_header_timeout",
         "_loop",
         "_lost",
         "_lost_waiters",
+        "_marked",
         "_protocol",
-        "_stopped",
-        "_timeout",
+        "_request",
         "_transport",
         "_upgraded",
     )
@@ -103,19 +108,20 @@ class _ConnectionWatch:
         timeout: float,
         header_timeout: float,
     ) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        # One clock: the loop's, which is the timer's (Timer.time).
+        self._init_idle(None, loop_clock(loop), timeout)
         self._protocol = protocol
         self._transport = transport
-        self._timeout = timeout
         self._header_timeout = header_timeout
-        self._loop = asyncio.get_running_loop()
-        self._handle: TimerHandle[Any] | None = None
         self._head_started: float | None = None
-        self._stopped = False
+        self._request: IdleControl | None = None  # the request this connection times
         self._lost = False  # connection_lost was called
         self._upgraded = False  # handed to a websocket protocol
         self._lost_waiters: list[asyncio.Future[None]] = []
-        self._deadline = self._loop.time() + timeout
-        self._filed = self._deadline
+        self._marked: object = None  # the latest scope given CONNECTION_KEY
+        self._deadline = self._clock() + timeout
+        self._holder = self  # timed from now on (filed once a timer runs)
 
     def start(self, timer: Timer | None) -> None:
         if timer is None:
@@ -125,68 +131,47 @@ class _ConnectionWatch:
         self._timer_ready(timer)
 
     def _timer_ready(self, timer: Timer | None) -> None:
-        if self._stopped or timer is None:
+        if self._holder is None or timer is None:
             return
-        try:
-            self._filed = self._deadline
-            self._handle = timer.schedule_at_nowait(self._deadline, self._fired)
-        except TimerClosed:
-            if not timer.closed:
-                raise  # a timer that was never started: a configuration error
+        self._timer = timer
+        self._file()
 
-    def _rearm(self, deadline: float) -> None:
-        """Activity: store the deadline; re-file only if it moved earlier."""
-        self._deadline = deadline
-        if deadline < self._filed and self._handle is not None:
-            self._refile()
-
-    def _refile(self) -> None:
-        handle = self._handle
-        if handle is None:
-            return
-        deadline = self._filed = self._deadline
-        try:
-            handle.reset_at(deadline)
-        except TimerClosed:  # the shared timer closed: the server is shutting down
-            self._handle = None
-            self._stopped = True
-
-    def _fired(self) -> None:
-        """The handle came due: sleep on to the stored deadline, or expire."""
-        if self._loop.time() < self._deadline:
-            self._refile()
-        else:
-            self._expire()
+    def _on_own_due(self) -> None:
+        self._expire()
 
     def on_read(self) -> None:
-        if self._stopped:
+        if self._holder is None:
             return
-        now = self._loop.time()
-        deadline = now + self._timeout
-        if _request_in_flight(self._protocol):
+        now = self._clock()
+        deadline = now + self._timeout  # type: ignore[operator]  # set while timing
+        cycle = getattr(self._protocol, "cycle", None)  # _request_in_flight, inline
+        if cycle is not None and not getattr(cycle, "response_complete", True):
             self._head_started = None
         else:
             # A request head is arriving: trickling it does not buy more time.
             started = self._head_started
             if started is None:
                 started = self._head_started = now
-            deadline = min(deadline, started + self._header_timeout)
-        self._rearm(deadline)
-
-    def on_write(self) -> None:
-        if not self._stopped:
-            self._rearm(self._loop.time() + self._timeout)
+            header = started + self._header_timeout
+            if header < deadline:
+                deadline = header
+        self._deadline = deadline
+        if deadline < self._filed:
+            self._earlier(deadline)
 
     def stop(self) -> None:
-        self._stopped = True
-        handle = self._handle
-        if handle is not None:
-            self._handle = None
-            handle.cancel()
+        request = self._request
+        if request is not None:
+            # The request outlives our timing (a client gone away, an application
+            # that goes on): it files a handle of its own.
+            self._request = None
+            request.rehome()
+        super().stop()
 
     def lost(self) -> None:
         """``connection_lost``: stop timing, and wake ``abort_connection``."""
         self.stop()
+        self._marked = None  # (the scope refers to us: no cycle left behind)
         self._lost = True
         waiters, self._lost_waiters = self._lost_waiters, []
         for waiter in waiters:
@@ -226,45 +211,74 @@ class _ConnectionWatch:
         transport = self._transport
         if transport.is_closing():
             # uvicorn is closing it but the peer does not take the output: give up.
+            self._give_up()
             abort_with_reset(transport)
         elif _request_in_flight(self._protocol):
             # The application's business (IdleTimeoutMiddleware times requests). Look
-            # again a timeout later: the request may end without a write that would
-            # re-arm us, e.g. when uvicorn closes the connection after an error.
-            self._deadline = self._loop.time() + self._timeout
-            self._refile()
+            # again a timeout later: the request may end without a read or a response
+            # that would move the deadline, e.g. when uvicorn closes the connection
+            # after an error.
+            self._deadline = self._clock() + self._timeout  # type: ignore[operator]
         elif self._head_started is not None or transport.get_write_buffer_size():
+            self._give_up()
             abort_with_reset(transport)  # slowloris, or a peer that stopped reading
         else:
+            self._give_up()
             transport.close()
+
+    def _give_up(self) -> None:
+        """Stop timing the connection itself (it is being closed); a request it holds
+        stays timed until connection_lost hands it over."""
+        self._holder = None
 
 
 class _WatchedTransport(asyncio.Transport):
-    """The transport uvicorn's protocol sees: the real one, with writes noticed."""
+    """The transport uvicorn's protocol sees: the real one, with its closing and its
+    hand-over to a websocket protocol noticed.
 
-    __slots__ = ("_transport", "_watch")
+    Everything else is the real transport's bound method, stored on the instance: a
+    write, ``is_closing`` and the rest cost no frame of ours (a completed response is
+    the write activity that counts: ``_IdleProtocolMixin.on_response_complete``).
+    """
+
+    __slots__ = (
+        "_transport",
+        "_watch",
+        "abort",
+        "can_write_eof",
+        "get_extra_info",
+        "get_protocol",
+        "get_write_buffer_limits",
+        "get_write_buffer_size",
+        "is_closing",
+        "is_reading",
+        "pause_reading",
+        "resume_reading",
+        "set_write_buffer_limits",
+        "write",
+        "write_eof",
+        "writelines",
+    )
 
     def __init__(self, transport: asyncio.Transport, watch: _ConnectionWatch) -> None:
         super().__init__()
         self._transport = transport
         self._watch = watch
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._transport.write(data)
-        self._watch.on_write()
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        self._transport.writelines(list_of_data)
-        self._watch.on_write()
-
-    def write_eof(self) -> None:
-        self._transport.write_eof()
-
-    def can_write_eof(self) -> bool:
-        return self._transport.can_write_eof()
-
-    def abort(self) -> None:
-        self._transport.abort()
+        # (mypy: a method replaced by an attribute of the same signature.)
+        self.abort = transport.abort  # type: ignore[method-assign]
+        self.can_write_eof = transport.can_write_eof  # type: ignore[method-assign]
+        self.get_extra_info = transport.get_extra_info  # type: ignore[method-assign]
+        self.get_protocol = transport.get_protocol  # type: ignore[method-assign]
+        self.get_write_buffer_limits = transport.get_write_buffer_limits  # type: ignore[method-assign]
+        self.get_write_buffer_size = transport.get_write_buffer_size  # type: ignore[method-assign]
+        self.is_closing = transport.is_closing  # type: ignore[method-assign]
+        self.is_reading = transport.is_reading  # type: ignore[method-assign]
+        self.pause_reading = transport.pause_reading  # type: ignore[method-assign]
+        self.resume_reading = transport.resume_reading  # type: ignore[method-assign]
+        self.set_write_buffer_limits = transport.set_write_buffer_limits  # type: ignore[method-assign]
+        self.write = transport.write  # type: ignore[method-assign]
+        self.write_eof = transport.write_eof  # type: ignore[method-assign]
+        self.writelines = transport.writelines  # type: ignore[method-assign]
 
     def close(self) -> None:
         if _request_in_flight(self._watch._protocol):
@@ -277,39 +291,12 @@ class _WatchedTransport(asyncio.Transport):
         else:
             self._transport.close()
 
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._transport.is_reading()
-
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         if protocol is not self._watch._protocol:
             # A websocket upgrade: the new protocol gets the data and connection_lost,
             # so this connection is no longer ours to time.
             self._watch.upgraded(protocol)
         self._transport.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._transport.get_protocol()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._transport.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size()
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._transport.get_write_buffer_limits()
 
 
 def _app_for(app: Any, watch: _ConnectionWatch) -> Any:
@@ -336,17 +323,47 @@ class _IdleProtocolMixin(asyncio.Protocol):
         watch = _ConnectionWatch(self, transport, self.idle_timeout, self.header_timeout)
         self._aiowheel_watch = watch
         super().connection_made(_WatchedTransport(transport, watch))
-        # Each request's task runs the application through this wrapper, which tells
-        # IdleTimeoutMiddleware (CONNECTION_KEY in the scope) how to drop this connection.
-        # uvicorn's protocols take `self.app` when they start a request's task.
-        self.app = _app_for(self.app, watch)
+        # Each request's scope carries this connection (CONNECTION_KEY), which tells
+        # IdleTimeoutMiddleware how to drop it and lets its filing time the request:
+        # written into uvicorn's scope once it is built, before the request's task
+        # first runs (_mark). A loop with a task factory may run the task at once
+        # (eager tasks): there, the application is wrapped instead.
+        if watch._loop.get_task_factory() is not None:
+            self.app = _app_for(self.app, watch)
         watch.start(self.idle_timer)
+
+    def _mark(self, watch: _ConnectionWatch) -> None:
+        # uvicorn's `scope` of the latest request (h11: built in handle_events, which
+        # data_received and on_response_complete run; httptools: see
+        # on_headers_complete). Its task has not run yet.
+        scope = getattr(self, "scope", None)
+        if scope is not None and scope is not watch._marked:
+            watch._marked = scope
+            scope[CONNECTION_KEY] = watch
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         watch = self._aiowheel_watch
         if watch is not None:
+            self._mark(watch)
             watch.on_read()
+
+    def on_headers_complete(self) -> None:
+        # httptools' (h11's protocol has no such method and never calls it): the
+        # request's scope is complete and its cycle, and maybe its task, come next.
+        watch = self._aiowheel_watch
+        if watch is not None:
+            self._mark(watch)
+        super().on_headers_complete()  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        # uvicorn's: a response has gone out whole; the keep-alive gap starts now.
+        super().on_response_complete()  # type: ignore[misc]  # uvicorn's protocols have it
+        watch = self._aiowheel_watch
+        if watch is not None:
+            if watch._holder is not None:  # watch.touch(), inline
+                watch._deadline = watch._clock() + watch._timeout  # type: ignore[operator]
+            self._mark(watch)  # (h11 may have started a pipelined request)
 
     def connection_lost(self, exc: Exception | None) -> None:
         watch = self._aiowheel_watch

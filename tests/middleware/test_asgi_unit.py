@@ -7,7 +7,7 @@ runs the same tests in real time with small delays.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import anyio
@@ -21,6 +21,8 @@ from aiowheel.middleware import (
     get_shared_timer,
     set_idle_timeout,
 )
+
+NothingHeld = Callable[..., None]  # conftest.py's nothing_held
 
 pytestmark = pytest.mark.anyio
 
@@ -154,20 +156,25 @@ async def test_idle_websocket_is_closed(virtual: bool) -> None:
     assert_at_deadline(when, start, virtual)
 
 
-async def test_endpoint_extends_then_opts_out(virtual: bool) -> None:
+async def test_endpoint_extends_then_opts_out(
+    virtual: bool, expiries: Expiries, nothing_held: NothingHeld
+) -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         assert set_idle_timeout(scope, 3 * T)
         await anyio.sleep(2 * T)
+        assert timer.stats().fired == 0  # re-filed at once: no wake-up at T
         assert set_idle_timeout(scope, None)
         await anyio.sleep(5 * T)
         await respond(send)
 
     async with Timer(tick=TICK) as timer:
         peer = Peer(timer)
-        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
-            http_scope(), peer.receive, peer.send
-        )
-        assert timer.stats().fired == 0
+        middleware = IdleTimeoutMiddleware(app, timeout=T, timer=timer)
+        await middleware(http_scope(), peer.receive, peer.send)
+        assert expiries.count == 0
+        # The filing the request gave back came due holding nothing, and let go.
+        assert timer.stats().fired <= 1
+        nothing_held(timer, middleware)
     assert peer.sent[0][1]["status"] == 200
 
 
@@ -367,20 +374,23 @@ async def test_a_trickled_body_gets_408_at_its_deadline(virtual: bool) -> None:
 
 
 @pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
-async def test_a_steady_upload_outlives_the_body_timeout(virtual: bool) -> None:
+async def test_a_steady_upload_outlives_the_body_timeout(
+    virtual: bool, nothing_held: NothingHeld
+) -> None:
     # 10 T in all, but 1,000 bytes every 0.5 T is far above the minimum rate.
     async with Timer(tick=TICK) as timer:
         client = Trickle(timer, chunk=1000, gap=0.5 * T, pieces=20)
-        await IdleTimeoutMiddleware(
+        middleware = IdleTimeoutMiddleware(
             read_body_then_respond, timeout=T, timer=timer, body_min_rate=1000
-        )(http_scope(), client.receive, client.send)
-        assert len(timer) == 0
+        )
+        await middleware(http_scope(), client.receive, client.send)
+        nothing_held(timer, middleware)
     assert client.sent[0][1]["status"] == 200
     assert client.sent[1][1]["body"] == b"20000"
 
 
 @pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
-async def test_body_timeout_settings(virtual: bool) -> None:
+async def test_body_timeout_settings(virtual: bool, nothing_held: NothingHeld) -> None:
     # No minimum rate: the whole body within body_timeout. None: no body deadline.
     async with Timer(tick=TICK) as timer:
         client = Trickle(timer, chunk=10_000, gap=0.5 * T, pieces=20)
@@ -402,11 +412,10 @@ async def test_body_timeout_settings(virtual: bool) -> None:
             set_idle_timeout(scope, None)
             await read_body_then_respond(scope, receive, send)
 
-        await IdleTimeoutMiddleware(opted_out, timeout=T, timer=timer)(
-            http_scope(), client.receive, client.send
-        )
+        middleware = IdleTimeoutMiddleware(opted_out, timeout=T, timer=timer)
+        await middleware(http_scope(), client.receive, client.send)
         assert client.sent[0][1]["status"] == 200
-        assert len(timer) == 0
+        nothing_held(timer, middleware)
     with pytest.raises(ValueError, match="body_timeout"):
         IdleTimeoutMiddleware(read_body_then_respond, timeout=1, body_timeout=0)
     with pytest.raises(TypeError, match="body_min_rate must be a number of bytes per second"):
@@ -451,15 +460,18 @@ async def test_stalled_response_behind_a_connection_is_aborted_quietly(virtual: 
 
 
 @pytest.mark.virtual_time  # gaps a fraction of T: too tight for a loaded real clock
-async def test_a_tiny_body_min_rate_does_not_overflow_the_deadline(virtual: bool) -> None:
+async def test_a_tiny_body_min_rate_does_not_overflow_the_deadline(
+    virtual: bool, nothing_held: NothingHeld
+) -> None:
     # Hostile review of issue 28's fixes: body_min_rate is accepted down to any
     # positive float, and 1,000 bytes at 1e-306 bytes a second buy an infinite
     # extension; Timer.reset_at(inf) raised ValueError out of the app's receive().
     async with Timer(tick=TICK) as timer:
         client = Trickle(timer, chunk=1000, gap=0.5 * T, pieces=4)
-        await IdleTimeoutMiddleware(
+        middleware = IdleTimeoutMiddleware(
             read_body_then_respond, timeout=T, timer=timer, body_min_rate=1e-306
-        )(http_scope(), client.receive, client.send)
-        assert len(timer) == 0
+        )
+        await middleware(http_scope(), client.receive, client.send)
+        nothing_held(timer, middleware)
     assert client.sent[0][1]["status"] == 200
     assert client.sent[1][1]["body"] == b"4000"

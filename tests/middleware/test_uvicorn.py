@@ -308,6 +308,43 @@ async def test_client_that_stops_reading_is_dropped_in_one_timeout_and_one_line(
     assert all(r.exc_info is None for r in records.records)
 
 
+async def test_a_request_behind_the_protocol_arms_nothing_and_outlives_its_connection() -> None:
+    # The connection's filing times the request in flight (nothing is filed per
+    # request); when the connection goes away under a request whose application
+    # ignores it, the request takes a filing of its own and is still cancelled at its
+    # deadline.
+    started = asyncio.Event()
+    ended = asyncio.Event()
+    cancelled: list[float] = []
+
+    async def stuck(request: Request) -> Response:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.append(anyio.current_time())
+            ended.set()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async with Timer(tick=TICK) as timer:
+        app = IdleTimeoutMiddleware(Starlette(routes=[Route("/", stuck)]), timeout=T, timer=timer)
+        # The connection's own timeout is long: only the request's can explain a drop.
+        protocol = uvicorn_protocol(timeout=20 * T, timer=timer)
+        async with serving(app, protocol) as port:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            start = anyio.current_time()  # before the request: precedes its deadline
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            with anyio.fail_after(10):
+                await started.wait()
+            assert len(timer) == 1  # the connection's filing, and nothing for the request
+            reset_on_close(writer)
+            writer.close()  # the client goes away; the application does not notice
+            with anyio.fail_after(20 * T):
+                await ended.wait()
+            await eventually(lambda: len(timer) == 0, within=2)
+    assert_idle_window(cancelled[0] - start)
+
+
 def small_window_socket() -> socket.socket:
     """A client socket with a tiny receive buffer (set before connecting, so that the
     window it announces is small): a peer that stops reading leaves the server's
