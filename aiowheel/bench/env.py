@@ -96,6 +96,7 @@ def run_fresh(
     elif backend == "rloop":
         # Imported by name: rloop ships no type information.
         loop = importlib.import_module("rloop").new_event_loop()
+        _own_self_pipe(loop)
     elif backend == "asyncio":
         loop = asyncio.new_event_loop()
     else:
@@ -121,6 +122,24 @@ def run_fresh(
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
+
+
+def _own_self_pipe(loop: Any) -> None:
+    """rloop (0.5) closes the descriptors of its self-pipe (a socket pair made anew by
+    each ``run_forever``) when the run ends, in its Rust core, and drops the Python
+    sockets that still hold them: each then warns "unclosed socket" when collected and
+    closes its number again, by then perhaps another file's. Detach them once their
+    descriptors are closed."""
+    stop = loop._ssock_stop
+
+    def ssock_stop() -> None:
+        pair = (loop._ssock_r, loop._ssock_w)
+        stop()
+        for sock in pair:
+            if sock is not None:
+                sock.detach()
+
+    loop._ssock_stop = ssock_stop
 
 
 def _quiet(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

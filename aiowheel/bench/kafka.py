@@ -469,6 +469,10 @@ class Kafka(SearchedWorkload):
             return "kafka with --quick (and --report) searches on asyncio and uvloop only"
         return None
 
+    def step_seconds(self, settings: Settings) -> float:
+        # A probe's window and its fresh event loop, pools and collection.
+        return settings.kafka_probe + 0.5
+
     def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
         # A typical search: about 6 probes, a confirmation and a traced probe; then
         # one probe per target rate.
@@ -697,6 +701,7 @@ class _HandRequest:
 
 class Cycle(RepeatedWorkload):
     name = "purgatory"
+    quick_step_seconds = 1.3
     title = "purgatory request cycle: new op, watch on one key, complete N requests later"
     metrics = (Metric("cycle_ns", "per request (create + watch + complete)", "ns", "lower"),)
     kinds = frozenset({"aiowheel", "call_later"})

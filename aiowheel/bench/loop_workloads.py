@@ -142,6 +142,7 @@ class _RescheduleData:
 
 class LoopReschedule(_LoopWorkload):
     name = "loop-reschedule"
+    quick_step_seconds = 1.2
     title = "reschedule one pending timer (cancel + call_at), N pending"
     metrics = (
         Metric("reschedule_ns", "reschedule (cancel + call_at)", "ns", "lower"),
@@ -210,6 +211,7 @@ def _steps(settings: Settings, full: int = _STEPS_FULL) -> int:
 
 class LoopSteps(_LoopWorkload):
     name = "loop-steps"
+    quick_step_seconds = 0.9
     title = "task steps that do no timer work, N timers pending"
     metrics = (
         Metric("step_ns", "task step (await asyncio.sleep(0))", "ns", "lower"),
@@ -281,6 +283,7 @@ _READS_FULL = 500_000
 
 class LoopTimeout(_LoopWorkload):
     name = "loop-timeout"
+    quick_step_seconds = 1.4
     title = "N tasks each inside asyncio.timeout, rescheduled on every read"
     metrics = (Metric("read_ns", "read (a task step) + cm.reschedule(now + 30 s)", "ns", "lower"),)
 
@@ -351,6 +354,7 @@ def _loop_factory(contender: Contender) -> Callable[[], asyncio.AbstractEventLoo
 
 class LoopFew(_LoopWorkload):
     name = "loop-few"
+    quick_step_seconds = 1.0
     title = "few timers: asyncio.timeout with nothing pending; N tasks sleeping 1 ms"
     metrics = (
         Metric(
@@ -431,6 +435,7 @@ class LoopFew(_LoopWorkload):
 
 class LoopMemory(_LoopWorkload, Memory):
     name = "loop-memory"
+    quick_step_seconds = 0.65
     title = "bytes per pending call_later timer"
     metrics = (Metric("bytes", "per pending call_later timer", "B", "lower"),)
 
@@ -452,6 +457,7 @@ class LoopMemory(_LoopWorkload, Memory):
 
 class LoopCollector(_LoopWorkload, Collector):
     name = "loop-collector"
+    quick_step_seconds = 0.6
     title = "the garbage collector with N call_later timers pending"
 
     def default_sizes(self, quick: bool) -> list[int]:

@@ -77,6 +77,14 @@ def fmt(value: float | None, unit: str = "") -> str:
 NO_DIFFERENCE = "no difference measured"
 
 
+def fmt_duration(seconds: float) -> str:
+    """``4 min 50 s``; ``40 s``; rounded to 10 s above a minute."""
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    total = round(seconds / 10) * 10
+    return f"{total // 60} min {total % 60} s" if total % 60 else f"{total // 60} min"
+
+
 def fmt_ratio(value: float | None, bounds: list[float] | None = None) -> str:
     """A ratio to 3 significant digits (figures move more than that between runs);
     ``NO_DIFFERENCE`` when its range over the repetitions (``bounds``) holds 1x."""
@@ -162,17 +170,36 @@ class Output:
         self._task: Any = None
         self._console: _Console | None = None
         self._started = 0.0
+        #: The run's plan (``start``), and what one step of the current workload weighs.
+        self.planned_seconds: float | None = None
+        self.step_seconds = 1.0
+        self._steps = 0
 
     # -- lifecycle ----------------------------------------------------------------
 
-    def start(self, steps: int, machine_info: dict[str, Any]) -> None:
+    def start(
+        self, steps: int, machine_info: dict[str, Any], *, planned_seconds: float | None = None
+    ) -> None:
+        """The run begins: ``steps`` progress steps in all (every workload's, the
+        server's too), about ``planned_seconds`` long (the bar's measure, and its time
+        remaining; each step weighs ``step_seconds``, set per workload)."""
         settings = self.settings
         self._started = time.perf_counter()
+        self.planned_seconds = planned_seconds
         for contender, reason in settings.unavailable:
             print(f"aiowheel bench: skipping {contender.name}: {reason}", file=self.stderr)
         if self.json:
             self._line(
-                {"type": "run", "argv": self.argv, **machine_info, "settings": settings.as_json()}
+                {
+                    "type": "run",
+                    "argv": self.argv,
+                    **machine_info,
+                    "settings": settings.as_json(),
+                    "planned_steps": steps,
+                    "planned_seconds": None
+                    if planned_seconds is None
+                    else round(planned_seconds, 1),
+                }
             )
             self.same_core_note()
             return
@@ -186,27 +213,39 @@ class Output:
             f"  Python {machine_info['python']} on {machine_info['cpus']} CPUs, "
             f"load average {machine_info['loadavg']}{core}  ({' '.join(self.argv)})",
         )
+        if planned_seconds:
+            self._console.line(
+                "",
+                f"{steps:,} steps, about {fmt_duration(planned_seconds)} on a quiet 2-core machine",
+            )
         self.same_core_note()
         if rich and settings.progress and self.stderr.isatty():
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
-                MofNCompleteColumn,
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
+                TimeRemainingColumn,
             )
 
             self._progress = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
-                MofNCompleteColumn(),
+                TextColumn("{task.fields[steps]}/{task.fields[of]}"),
                 TimeElapsedColumn(),
+                TextColumn("left"),
+                TimeRemainingColumn(),
                 console=Console(file=self.stderr),
                 transient=True,
             )
             self._progress.start()
-            self._task = self._progress.add_task("starting", total=max(steps, 1))
+            # The bar measures planned seconds (a server's step weighs several of a
+            # repetition's): its time remaining follows the plan, not a step count.
+            self._task = self._progress.add_task(
+                "starting", total=max(planned_seconds or steps, 1), steps=0, of=steps
+            )
+        self._steps = 0
 
     def same_core_note(self) -> None:
         """This process runs the pure core too: say that a ``-pure`` contender measures
@@ -224,8 +263,11 @@ class Output:
             self._progress.update(self._task, description=description)
 
     def advance(self, steps: int = 1) -> None:
+        """``steps`` more steps done, each weighing ``step_seconds`` of the plan."""
+        self._steps += steps
         if self._progress is not None:
-            self._progress.advance(self._task, steps)
+            weight = self.step_seconds if self.planned_seconds else 1.0
+            self._progress.update(self._task, advance=steps * weight, steps=self._steps)
 
     def warn(self, message: str) -> None:
         if self.json:
@@ -363,11 +405,13 @@ def tables(results: list[Result]) -> list[Table]:
             previous = key
             if _is_fraction(r):
                 # A fraction of the same loop's figure: shown as the cost it is.
+                holds_1 = len(r.samples) > 1 and r.low <= 1.0 <= r.high
+                undecided = undecided or holds_1
                 cells = [
                     r.variant,
-                    f"{r.label.replace('requests/s vs', 'cost in requests/s against')} (%)",
+                    f"{r.label.replace('requests/s vs', 'requests/s cost vs')} (%)",
                     r.contender.label,
-                    fmt_cost(r.median),
+                    NO_DIFFERENCE if holds_1 else fmt_cost(r.median),
                     "1 rep"
                     if len(r.samples) <= 1
                     else f"{fmt_cost(r.high)}{DASH}{fmt_cost(r.low)}",
@@ -404,7 +448,7 @@ def tables(results: list[Result]) -> list[Table]:
         if undecided:
             table.notes.append(
                 f"{NO_DIFFERENCE}: the ratio's range over the repetitions (the worst and the "
-                f"best pairing of min and max) holds 1{TIMES}"
+                f"best pairing of min and max) holds 1{TIMES}; a cost's range holds 0%"
             )
         table.notes += _capped_notes(rows)
         out.append(table)

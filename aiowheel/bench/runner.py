@@ -99,15 +99,22 @@ class Runner:
         s = self.settings
         workloads = [WORKLOADS[name] for name in s.workloads]
         self.machine = machine()
-        self.output.start(sum(self._planned_steps(w) for w in workloads), self.machine)
+        planned = [(self._planned_steps(w), w.step_seconds(s)) for w in workloads]
+        self.output.start(
+            sum(steps for steps, _ in planned),
+            self.machine,
+            planned_seconds=sum(steps * seconds for steps, seconds in planned),
+        )
         try:
             for workload in workloads:
                 match workload:
                     case RepeatedWorkload():
+                        self.output.step_seconds = workload.step_seconds(s)
                         sizes = workload.sizes(s)
                         for n in sizes:
                             self._repeat(workload, n, multi=len(sizes) > 1)
                     case SearchedWorkload():
+                        self.output.step_seconds = workload.step_seconds(s)
                         self._search(workload)
                     case _:
                         assert_never(workload)

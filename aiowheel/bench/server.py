@@ -21,19 +21,28 @@ Variants (each a phase of one server process per contender and round):
                 served the load beside them.
 ``protocol``    the trivial app with ``aiowheel.middleware.uvicorn_protocol`` closing
                 idle connections instead of uvicorn's own keep-alive timeout
-                (the plain loops only: that is where users run it).
+                (the plain loops only: that is where users run it; not in a quick
+                run, the main job's).
 ``middleware``  the same, and ``IdleTimeoutMiddleware`` around the app.
 
 Figures: requests/s, latency p50 and p99 (as the load generator sees them), server
 CPU per request (the server process's ``time.process_time()`` over the load run /
 requests), and for the guarded variants their requests/s as a fraction of the same
-contender's ``trivial`` in the same round (``vs uvicorn's keep-alive``).
+contender's ``trivial`` in the same round (``vs_uvicorn``; the tables print it as
+the cost it is, a percentage).
 
-Rounds alternate between contenders (A B C A B C ...); a figure is the median over
-the rounds. The ratio columns compare a plain loop with the drop-in loop on its own
-base (``call_later-uvloop`` with ``loop-uvloop``). The load generator shares the
-machine with the server: on 2 cores, requests/s is bounded by both; CPU per request
-is the server's own.
+At least 3 rounds (``--reps`` sets them), alternating between contenders (A B C,
+B C A, C A B): a figure is the median over the rounds, shown with their min-max;
+the ``idle`` variant runs in the first round only in a quick run. The ratio columns
+compare a plain loop with the drop-in loop on its own base (``call_later-uvloop``
+with ``loop-uvloop``); a ratio whose range over the rounds holds 1x is printed as
+"no difference measured". The load generator shares the machine with the server:
+on 2 cores, requests/s is bounded by both; CPU per request is the server's own.
+
+A server that fails (does not start, stops answering: every request the bench makes
+has a timeout) is recorded as failed with the reason and its last log line (its
+stderr goes to a file: a pipe read only at the end fills up and blocks the server's
+next log write), and the run goes on. rloop sits out under wrk (``_wrk_problem``).
 """
 
 from __future__ import annotations
@@ -389,15 +398,39 @@ class Server(SearchedWorkload):
         return f"idle N={idle_connections(settings):,}"
 
     def variants(self, settings: Settings) -> list[str]:
-        return ["trivial", "timeouts", self._idle_variant(settings), *_GUARDED]
+        return ["trivial", "timeouts", self._idle_variant(settings), *self._guards(settings)]
+
+    @staticmethod
+    def _guards(settings: Settings) -> tuple[str, ...]:
+        """The guarded variants run: a quick run (the main job's) has the middleware,
+        which is ``uvicorn_protocol`` and ``IdleTimeoutMiddleware``, what users run;
+        the protocol alone, a server more per round, in the others."""
+        return ("middleware",) if settings.quick else _GUARDED
 
     @staticmethod
     def guarded(contender: Contender) -> bool:
         """The idle-timeout middleware runs on the plain asyncio and uvloop loops."""
         return contender.kind == "call_later" and contender.backend in ("asyncio", "uvloop")
 
+    def step_seconds(self, settings: Settings) -> float:
+        """A server's start (about 1 s), its load runs and, one round in three
+        (quick) or every round, the idle connections' holder; the guarded servers'
+        steps have one load run: the mean over a round of a plain and a guarded loop."""
+        load = self._load_seconds(settings)
+        idle = (1.0 / self._rounds(settings) if settings.quick else 1.0) * (load + 1.0)
+        plain = 1.0 + 2 * load + idle
+        guarded = 1.0 + load
+        guards = len(self._guards(settings))
+        return (plain + guards * guarded) / (1 + guards)
+
+    def _load_seconds(self, settings: Settings) -> float:
+        """How long one load run takes (wrk counts whole seconds, at least one)."""
+        seconds = self._seconds(settings)
+        return max(1.0, round(seconds)) if shutil.which("wrk") else seconds
+
     def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
-        per_round = len(contenders) + sum(len(_GUARDED) for c in contenders if self.guarded(c))
+        guards = len(self._guards(settings))
+        per_round = len(contenders) + sum(guards for c in contenders if self.guarded(c))
         return per_round * self._rounds(settings)
 
     def params(self, settings: Settings) -> dict[str, Any]:
@@ -463,7 +496,7 @@ class Server(SearchedWorkload):
 
     def _variants_of(self, contender: Contender, settings: Settings) -> list[str]:
         variants = ["trivial", "timeouts", self._idle_variant(settings)]
-        return [*variants, *(_GUARDED if self.guarded(contender) else ())]
+        return [*variants, *(self._guards(settings) if self.guarded(contender) else ())]
 
     @staticmethod
     def _guards_of(variant: str) -> tuple[str, ...]:
@@ -499,7 +532,8 @@ class Server(SearchedWorkload):
             # other work on the machine hit every contender alike.
             shift = round_ % len(contenders) if contenders else 0
             for contender in [*contenders[shift:], *contenders[:shift]]:
-                for guard in ["uvicorn", *(_GUARDED if self.guarded(contender) else ())]:
+                guards = self._guards(settings) if self.guarded(contender) else ()
+                for guard in ["uvicorn", *guards]:
                     step = f"server round {round_ + 1}/{rounds}: {contender.name} ({guard})"
                     if (contender.name, guard) in failed:
                         progress(f"{step}: not run, it failed")

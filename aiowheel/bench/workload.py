@@ -51,6 +51,11 @@ def failure_reason(exc: BaseException, contender: Contender | None = None, limit
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: How much longer a step takes at the default sizes and windows than at the quick
+#: ones (5 s operation windows instead of 0.5 s, larger N).
+FULL_STEP_FACTOR = 8.0
+
+
 @dataclass(frozen=True)
 class Metric:
     key: str
@@ -92,6 +97,14 @@ class Workload(ABC):
     #: Runs when no ``--workload`` is given (the drop-in loop's workloads are opt-in:
     #: ``-w loop``).
     default: ClassVar[bool] = True
+    #: About how many seconds one progress step (a repetition of one contender, a
+    #: probe) takes in a quick run, the main job's, on a quiet 2-core machine: the
+    #: progress bar's plan and its time remaining.
+    quick_step_seconds: ClassVar[float] = 1.0
+
+    def step_seconds(self, settings: Settings) -> float:
+        """About how many seconds one progress step takes with ``settings``."""
+        return self.quick_step_seconds * (1.0 if settings.quick else FULL_STEP_FACTOR)
 
     def applies_to(self, contender: Contender) -> bool:
         return contender.kind in self.kinds and contender.backend in self.backends

@@ -103,6 +103,7 @@ class _ChurnData:
 
 class Churn(RepeatedWorkload):
     name = "churn"
+    quick_step_seconds = 0.9
     title = "schedule + cancel with N pending"
     metrics = (
         Metric("pair_ns", "schedule+cancel pair", "ns", "lower"),
@@ -185,6 +186,7 @@ class _RearmData:
 
 class Rearm(RepeatedWorkload):
     name = "rearm"
+    quick_step_seconds = 0.7
     title = "re-arm a pending timer to 30 s, N pending"
     metrics = (Metric("rearm_ns", "re-arm", "ns", "lower"),)
 
@@ -260,6 +262,7 @@ def _trio_memory_cap(settings: Settings) -> int:
 
 class Memory(RepeatedWorkload):
     name = "memory"
+    quick_step_seconds = 0.9
     title = "bytes per pending timer"
     metrics = (Metric("bytes", "per pending timer", "B", "lower"),)
     traced = False  # its timers never end: a trace would be N cancellations
@@ -359,6 +362,7 @@ class Collector(RepeatedWorkload):
     """
 
     name = "collector"
+    quick_step_seconds = 0.8
     title = "the garbage collector with N timers pending"
     metrics = (
         Metric("full_ms", "full collection (gc.collect()) pause", "ms", "lower"),
@@ -439,6 +443,7 @@ def _lateness_ms(fired: list[float], deadlines: list[float]) -> list[float]:
 
 class Fire(RepeatedWorkload):
     name = "fire"
+    quick_step_seconds = 1.0
     title = "burst of N timers due within 20 ms"
     metrics = (
         Metric("rate", "callbacks/s", "1/s", "higher"),
@@ -511,6 +516,7 @@ class Fire(RepeatedWorkload):
 
 class Spread(RepeatedWorkload):
     name = "spread"
+    quick_step_seconds = 1.1
     title = "N timers due uniformly over the window"
     metrics = (
         Metric("wakeups", "driver wake-ups / loop iterations", "", "lower"),
@@ -636,6 +642,7 @@ class _IdleData:
 
 class Idle(RepeatedWorkload):
     name = "idle"
+    quick_step_seconds = 1.5
     title = "idle timeout re-armed on every read, N connections"
     metrics = (
         Metric("read_ns", "per read (re-arm + deferred timer work)", "ns", "lower"),
@@ -823,6 +830,7 @@ class _TimeoutData:
 
 class TimeoutScope(RepeatedWorkload):
     name = "timeout"
+    quick_step_seconds = 1.0
     title = "a timeout block: enter + exit, and reset per read, N other timers pending"
     metrics = (
         Metric("enter_exit_ns", "enter + exit of a timeout block", "ns", "lower"),
