@@ -525,21 +525,43 @@ class ByteBudget:
     or lose it (IncomingBody's pace rule, --body-stall-ms): one byte and silence
     holds a reservation for the stall time only.
 
-    Waiters are granted in arrival order. A waiter blocked by its own client's share
-    does not block the others (only its own client's releases can unblock it); one
-    that does not fit the whole budget blocks those behind it, so that smaller ones
-    cannot starve it.
+    Waiters are granted in arrival order, but those of a client whose last body fell
+    behind (``fell_behind``: it ended, unfinished, behind a steady pace) wait behind
+    everyone else's for ``memory`` seconds: bodies that stall and come back, however
+    many, do not stay ahead of the bodies of clients that keep pace. A waiter blocked
+    by its own client's share does not block the others (only its own client's
+    releases can unblock it); one that does not fit the whole budget blocks those
+    behind it, so that smaller ones cannot starve it.
     Invariants: ``used == sum(clients.values())``, ``clients[c] <= client_limit``,
     ``used <= limit``; no client has a zero entry.
     """
 
-    def __init__(self, limit: int, client_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        client_limit: int | None = None,
+        *,
+        memory: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.client_limit = limit if client_limit is None else client_limit
         self.used = 0
         self.clients: dict[str, int] = {}
         # Waiters: [client, size, event], in arrival order.
         self._queue: deque[list[Any]] = deque()
+        # Clients whose last body fell behind -> until when their bodies wait behind
+        # the others'; in the order they expire (each is memory after its marking).
+        self.behind: dict[str, float] = {}
+        self.memory = memory
+        self.clock = clock
+
+    def fell_behind(self, client: str) -> None:
+        """A body of ``client`` ended unfinished, behind a steady pace: its client's
+        bodies wait behind everyone else's for ``memory`` seconds from now."""
+        self.behind.pop(client, None)
+        self.behind[client] = self.clock() + self.memory
+        self._grant()
 
     def _take(self, client: str, size: int) -> None:
         self.used += size
@@ -579,21 +601,38 @@ class ByteBudget:
         self._grant()
 
     def _grant(self) -> None:
-        # In order; a waiter over its client's share is passed over, one that does not
-        # fit the whole budget stops the walk (so later, smaller ones cannot starve it).
+        # In order, first the clients that keep pace, then those that fell behind; a
+        # waiter over its client's share is passed over, one that does not fit the
+        # whole budget stops the walk (so later, smaller ones cannot starve it).
         queue = self._queue
-        for entry in list(queue):
-            client, size, event = entry
-            if self.used + size > self.limit:
-                return
-            if self.clients.get(client, 0) + size > self.client_limit:
-                continue
-            queue.remove(entry)
-            self._take(client, size)
-            event.set()
+        if not queue:
+            return
+        behind = self.behind
+        if behind:
+            now = self.clock()
+            while behind:
+                client = next(iter(behind))
+                if behind[client] > now:
+                    break
+                del behind[client]
+        for last in (False, True):
+            for entry in list(queue):
+                client, size, event = entry
+                if (client in behind) is not last:
+                    continue
+                if self.used + size > self.limit:
+                    return
+                if self.clients.get(client, 0) + size > self.client_limit:
+                    continue
+                queue.remove(entry)
+                self._take(client, size)
+                event.set()
 
-    def waiting(self) -> int:
-        return len(self._queue)
+    def waiting(self, client: str | None = None) -> int:
+        """How many bodies wait for a reservation (of ``client``'s, if given)."""
+        if client is None:
+            return len(self._queue)
+        return sum(entry[0] == client for entry in self._queue)
 
 
 # How much of an oversized body we still read (and drop) before answering 413.
@@ -689,10 +728,11 @@ class IncomingBody:
         deadline = self.deadline if self.timer is not None else None
         end = deadline.deadline if deadline is not None else math.inf
         granted = 0.0
+        arrived = False  # the whole body arrived and was handed over
         receive = self.request.receive
+        size = 0
         try:
             chunks: list[bytes] = []
-            size = 0
             more = True
             while more:
                 # The ASGI messages themselves, not request.stream(): "more_body"
@@ -745,9 +785,24 @@ class IncomingBody:
                 deadline.reset(max(end - self._now(), 0.0))  # the pace is over
             body = b"".join(chunks)
             chunks.clear()
+            arrived = True
             yield body
         finally:
+            if held and not arrived and self._behind(granted, size, held):
+                # It ends unfinished (cut off, or its client left), behind a steady
+                # pace: its client's bodies wait behind those of clients that keep
+                # pace for a while. Fillers that send a byte and come back, leaving
+                # before or when the stall rule cuts them off, no longer stay ahead
+                # of every honest body in the queue, however many they are.
+                budget.fell_behind(peer)
             budget.release(peer, held)
+
+    def _behind(self, granted: float, received: int, claim: int) -> bool:
+        # Behind a steady pace over the window since the grant, without the stall's
+        # slack: one byte of 100 after a tenth of the window is.
+        if self.timer is None or not self.window:
+            return False
+        return received / claim < (self._now() - granted) / self.window
 
     def _keep_pace(
         self, deadline: Timeout, end: float, granted: float, received: int, claim: int
@@ -866,7 +921,10 @@ class LongPollService:
         self.tick = tick
         self.log = MessageLog(self.limits)
         self.inflight = ByteBudget(
-            self.limits.max_inflight_bytes, self.limits.max_client_inflight_bytes
+            self.limits.max_inflight_bytes,
+            self.limits.max_client_inflight_bytes,
+            memory=self.limits.body_timeout_ms / 1000,
+            clock=self._time,
         )
         self.timer: Timer | None = None
         self.purgatory: Purgatory | None = None
@@ -893,6 +951,11 @@ class LongPollService:
     @property
     def max_body_bytes(self) -> int:
         return self.limits.max_body_bytes
+
+    def _time(self) -> float:
+        # The clock of the bodies' deadlines: the service's timer while it runs.
+        timer = self.timer
+        return timer.time() if timer is not None and not timer.closed else time.monotonic()
 
     @property
     def max_messages(self) -> int:
@@ -1004,6 +1067,8 @@ class LongPollService:
             "inflight_bytes": self.inflight.used,
             "inflight_waiting": self.inflight.waiting(),
             "inflight_clients": len(self.inflight.clients),
+            # Clients whose last body fell behind a steady pace: theirs wait last.
+            "inflight_behind": len(self.inflight.behind),
             "limits": self.limits.as_dict(),
             "cpu_time": time.process_time(),
         }
