@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import sys
+from typing import Any
 
 import pytest
 
 import aiowheel
 from aiowheel.bench.contenders import CONTENDERS
 from aiowheel.bench.output import (
+    NO_DIFFERENCE,
     RATIO_HEADER,
     Output,
     Table,
@@ -279,3 +281,70 @@ def test_a_contender_measured_below_n_says_so_under_the_table() -> None:
         "trio-native (N=50,000): measured at 10,000 timers, a task each: its cost per "
         "timer does not depend on N"
     ]
+
+
+def _server_rows(ours: list[float], peer: list[float], fractions: list[float]) -> list[Result]:
+    def row(name: str, metric: str, unit: str, samples: list[float], **kw: Any) -> Result:
+        contender = next(c for c in CONTENDERS if c.name == name)
+        return Result("server", kw.pop("variant", "trivial"), None, metric, metric, unit,
+                      "higher", contender, samples, **kw)  # fmt: skip
+
+    rows = [
+        row("loop-uvloop", "rps", "1/s", ours),
+        row("call_later-uvloop", "rps", "1/s", peer),
+        row(
+            "call_later-uvloop", "vs_uvicorn", "x", fractions, variant="middleware", has_ratio=False
+        ),
+    ]
+    fill_ratios(rows)
+    return rows
+
+
+def test_a_ratio_whose_rounds_overlap_is_no_difference_measured() -> None:
+    # The drop-in loop at 1.67x plain uvloop's requests/s from one round, on an app with
+    # no timers: three rounds whose ranges overlap say nothing of the kind.
+    rows = _server_rows([9000.0, 15000.0, 11000.0], [9000.0, 10000.0, 8000.0], [0.9, 1.05, 0.8])
+    assert rows[1].ratios == {"loop-uvloop": pytest.approx(11000 / 9000)}
+    assert rows[1].ratio_ranges == {"loop-uvloop": pytest.approx([9000 / 10000, 15000 / 8000])}
+    assert rows[1].as_json()["ratio_ranges"] == rows[1].ratio_ranges
+    (table,) = tables(rows)
+    cells = {(c[0], c[2]): c for section in table.sections for c, _bold in section}
+    assert cells[("trivial", "call_later-uvloop")][-1] == NO_DIFFERENCE
+    # The middleware's requests/s as a cost, never as a second kind of ratio.
+    middleware = cells[("middleware", "call_later-uvloop")]
+    assert middleware[1] == "vs_uvicorn (%)"
+    assert middleware[3] == NO_DIFFERENCE  # 0.8-1.05 of uvicorn's own: holds no cost
+    assert middleware[4] == "-5%\u201320%"
+    assert any(note.startswith(f"{NO_DIFFERENCE}: the ratio's range") for note in table.notes)
+    text = render_plain(table)
+    assert "target" not in text
+    assert "met" not in text.split()
+
+
+def test_a_ratio_whose_rounds_do_not_overlap_is_printed_to_3_digits() -> None:
+    rows = _server_rows([15000.0, 16000.0, 15500.0], [9000.0, 10000.0, 8000.0], [0.7, 0.8, 0.75])
+    (table,) = tables(rows)
+    cells = {(c[0], c[2]): c for section in table.sections for c, _bold in section}
+    assert cells[("trivial", "call_later-uvloop")][-1] == "1.72\u00d7"
+    assert cells[("middleware", "call_later-uvloop")][3] == "25%"
+    assert not any(note.startswith(NO_DIFFERENCE) for note in table.notes)
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_measures_the_plan_and_never_passes_its_end() -> None:
+    settings = Settings(workloads=["churn"])
+    stdout, stderr = io.StringIO(), _Tty()
+    output = Output(settings, stdout=stdout, stderr=stderr, argv=["aiowheel", "bench"])
+    output.start(4, {"python": "3.x", "cpus": 2, "loadavg": [0.5, 0.5, 0.5]},
+                 planned_seconds=290.0)  # fmt: skip
+    assert "4 steps, about 4 min 50 s on a quiet 2-core machine" in stdout.getvalue()
+    task = output._progress.tasks[0]
+    assert task.total == 290.0
+    output.step_seconds = 2.5
+    output.advance()
+    assert (task.completed, task.fields["steps"], task.fields["of"]) == (2.5, 1, 4)
+    output.close()

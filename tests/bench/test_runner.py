@@ -3,6 +3,7 @@ contenders whose event loop is not installed."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -22,7 +23,9 @@ from bench_support import (
 
 from aiowheel.bench import cli
 from aiowheel.bench.contenders import CONTENDERS
+from aiowheel.bench.output import Output
 from aiowheel.bench.registry import WORKLOADS
+from aiowheel.bench.runner import Runner
 
 
 def test_trace_writes_one_file_per_contender_and_workload(
@@ -231,3 +234,36 @@ def test_the_traces_of_an_interrupted_variant_are_removed(
     ]
     document = json.loads((tmp_path / "bench-results.json").read_text())
     assert {r["workload"] for r in document["results"]} == {"churn"}
+
+
+class _CountingOutput(Output):
+    """Records the plan and every step done."""
+
+    def start(self, steps: int, machine_info: dict[str, Any], **kw: Any) -> None:
+        super().start(steps, machine_info, **kw)
+        self.plan = (steps, kw.get("planned_seconds"))
+        self.done: list[tuple[int, float]] = []
+
+    def advance(self, steps: int = 1) -> None:
+        super().advance(steps)
+        self.done.append((steps, self.step_seconds))
+
+
+def test_the_plan_counts_every_phase_and_a_long_search_never_passes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A kafka search that takes more probes than its plan: the bar counted past its
+    # end (266/258) and its time stopped. The server's steps are in the plan too.
+    monkeypatch.setattr(type(WORKLOADS["kafka"]), "planned_steps", lambda self, s, c: 2)
+    args = ["-w", "kafka", "-w", "fire", *TINY, "-c", "aiowheel-asyncio,call_later-asyncio"]
+    settings = cli.settings_from(parse([*args, "--json"]))
+    output = _CountingOutput(settings, stdout=io.StringIO(), stderr=io.StringIO())
+    Runner(settings, output).run()
+    steps, seconds = output.plan
+    assert sum(n for n, _ in output.done) == steps
+    assert sum(n * w for n, w in output.done) == pytest.approx(seconds)
+    report = cli.settings_from(parse(["--report"]))
+    server = WORKLOADS["server"]
+    runner = Runner(report, Output(report))
+    assert runner._planned_steps(server) > 0
+    assert server.step_seconds(report) > 2 * WORKLOADS["churn"].step_seconds(report)
