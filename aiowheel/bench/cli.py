@@ -28,6 +28,8 @@ from .settings import Settings
 __all__ = ["UsageError", "add_arguments", "main", "run", "settings_from"]
 
 PROG = "aiowheel bench"
+#: About how long ``--report``'s Spark job takes on a quiet 2-core machine (the plan).
+REPORT_SECONDS = 40
 DEFAULT_OUT = Path("bench-out")
 
 
@@ -520,6 +522,8 @@ def _run(
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     output = Output(settings, argv=["aiowheel", "bench", *(argv or [])])
+    if ns.report:
+        output.then = f", then the report, about {REPORT_SECONDS} s"
     targets = [] if settings.trace_dir is None else [settings.trace_dir / RESULTS_FILE]
     if getattr(ns, "save", None) is not None:
         targets.append(ns.save)

@@ -174,6 +174,8 @@ class Output:
         self.planned_seconds: float | None = None
         self.step_seconds = 1.0
         self._steps = 0
+        #: What follows the measuring, said with the plan (``--report``'s Spark job).
+        self.then = ""
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -216,7 +218,8 @@ class Output:
         if planned_seconds:
             self._console.line(
                 "",
-                f"{steps:,} steps, about {fmt_duration(planned_seconds)} on a quiet 2-core machine",
+                f"{steps:,} steps, about {fmt_duration(planned_seconds)} on a quiet 2-core machine"
+                + self.then,
             )
         self.same_core_note()
         if rich and settings.progress and self.stderr.isatty():

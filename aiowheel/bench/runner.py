@@ -207,8 +207,14 @@ class Runner:
                     try:
                         workload.repetition(contender, n, data, s, states[contender.name], recorder)
                     except Exception as exc:
-                        failed[contender.name] = f"traced run: {failure_reason(exc, contender)}"
+                        # Its measured figures stand; its trace, half written, goes.
+                        self.output.warn(
+                            f"{workload.name} ({variant}): {contender.name}'s traced run "
+                            f"failed: {failure_reason(exc, contender)}; its trace is left out"
+                        )
                         self.trace_files.remove(path)
+                        with contextlib.suppress(OSError):
+                            path.unlink()
                 self.output.advance()
             del data
         params = {**workload.params(s), "reps": s.reps}

@@ -267,3 +267,27 @@ def test_the_plan_counts_every_phase_and_a_long_search_never_passes_it(
     runner = Runner(report, Output(report))
     assert runner._planned_steps(server) > 0
     assert server.step_seconds(report) > 2 * WORKLOADS["churn"].step_seconds(report)
+
+
+def test_a_failed_traced_run_leaves_out_its_trace_and_keeps_the_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class FileRecorder(StandInRecorder):
+        def __init__(self, path: str, **kwargs: Any) -> None:
+            super().__init__(path, **kwargs)
+            Path(path).write_text("half a trace")
+
+    StandInRecorder.made = []
+    # Its third run is the traced one (TINY: 2 repetitions).
+    _failing_repetition(monkeypatch, "fire", "call_later-asyncio", OSError("disk full"), 3)
+    args = ["-w", "fire", "-c", "aiowheel-asyncio,call_later-asyncio", *TINY]
+    args += ["--trace", str(tmp_path), "--json"]
+    assert cli.run(parse(args), args, trace_factory=FileRecorder) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [m["message"] for m in lines if m["type"] == "warning"] == [
+        "fire (N=300): call_later-asyncio's traced run failed: OSError: disk full; "
+        "its trace is left out"
+    ]
+    assert [p.name for p in tmp_path.glob("*.parquet")] == ["fire-aiowheel-asyncio.parquet"]
+    results = [line for line in lines if line["type"] == "result"]
+    assert all(len(r["samples"]) == 2 and r["failed"] is None for r in results)
