@@ -159,7 +159,7 @@ def test_rss_under_attack_stays_within_the_documented_bound(backend: str) -> Non
         stats = get_json(f"{url}/stats")
     finally:
         process.terminate()
-        process.wait(30)
+        process.communicate(timeout=30)  # and closes its stdout
 
     assert stats["topics"] == LIMITS["max_topics"]
     assert stats["retained_bytes"] <= LIMITS["total_retention_bytes"]
@@ -255,7 +255,7 @@ def test_rss_of_answered_polls_stays_within_the_documented_bound(
         stats = get_json(f"{url}/stats")
     finally:
         process.terminate()
-        process.wait(30)
+        process.communicate(timeout=30)  # and closes its stdout
 
     polls = (ROUNDS + 1) * POLLS
     assert stats["expired" if expire else "completed"] == polls
@@ -320,7 +320,7 @@ def test_rss_of_unread_answers_of_dropped_messages_stays_within_the_bound(backen
         before, after = asyncio.run(asyncio.wait_for(pinned_answers(process.pid, url), 120))
     finally:
         process.terminate()
-        process.wait(30)
+        process.communicate(timeout=30)  # and closes its stdout
     bound = server.Limits(**LIMITS).memory_bound(connections=CONNECTIONS + PINNED)
     growth = after - before
     print(
