@@ -510,6 +510,10 @@ class MessageLog:
 # -- bodies being received -----------------------------------------------------------------
 
 
+# The most clients ByteBudget remembers as fallen behind (about 150 bytes each).
+MAX_BEHIND = 10_000
+
+
 class ByteBudget:
     """At most ``limit`` bytes of request bodies held at once, and at most
     ``client_limit`` of them by one client (peer address): Kafka's
@@ -558,10 +562,25 @@ class ByteBudget:
 
     def fell_behind(self, client: str) -> None:
         """A body of ``client`` ended unfinished, behind a steady pace: its client's
-        bodies wait behind everyone else's for ``memory`` seconds from now."""
-        self.behind.pop(client, None)
-        self.behind[client] = self.clock() + self.memory
+        bodies wait behind everyone else's for ``memory`` seconds from now. At most
+        ``MAX_BEHIND`` clients are remembered, the most recent ones."""
+        now = self.clock()
+        behind = self.behind
+        behind.pop(client, None)
+        behind[client] = now + self.memory
+        self._forget(now)
+        while len(behind) > MAX_BEHIND:
+            del behind[next(iter(behind))]
         self._grant()
+
+    def _forget(self, now: float) -> None:
+        # The marks that expired: the oldest first (each is memory after its marking).
+        behind = self.behind
+        while behind:
+            client = next(iter(behind))
+            if behind[client] > now:
+                return
+            del behind[client]
 
     def _take(self, client: str, size: int) -> None:
         self.used += size
@@ -609,12 +628,7 @@ class ByteBudget:
             return
         behind = self.behind
         if behind:
-            now = self.clock()
-            while behind:
-                client = next(iter(behind))
-                if behind[client] > now:
-                    break
-                del behind[client]
+            self._forget(self.clock())
         for last in (False, True):
             for entry in list(queue):
                 client, size, event = entry
@@ -1766,6 +1780,11 @@ def _uvicorn_server(app: Starlette, loop: str, **options: Any) -> Any:
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             for server in self.servers:
                 server.close()  # no new connections
+            # No new requests either: an idle connection is closed, one with a request
+            # in flight after its answer (uvicorn's own first step, which it repeats).
+            # LongPollHTTP.shutdown tells the service.
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
             service.shut_down()
             loop = asyncio.get_running_loop()
             while service.requests or self._unsent():

@@ -326,6 +326,21 @@ async def test_clients_that_fell_behind_wait_behind_the_others() -> None:
     assert (budget.used, budget.clients) == (0, {})
 
 
+def test_the_clients_that_fell_behind_are_bounded() -> None:
+    # Each address that falls behind is remembered for a while; addresses are many (an
+    # IPv6 prefix): at most MAX_BEHIND of them, the latest, and none past their time.
+    now = [0.0]
+    budget = server.ByteBudget(100, memory=10.0, clock=lambda: now[0])
+    for i in range(server.MAX_BEHIND + 5):
+        budget.fell_behind(f"2001:db8::{i:x}")
+    assert len(budget.behind) == server.MAX_BEHIND
+    assert "2001:db8::0" not in budget.behind
+    assert f"2001:db8::{server.MAX_BEHIND + 4:x}" in budget.behind
+    now[0] = 10.0
+    budget.fell_behind("192.0.2.1")
+    assert budget.behind == {"192.0.2.1": 20.0}
+
+
 # Characters JSON escapes in six bytes or two, and ones that take 2 to 4 bytes in UTF-8.
 AWKWARD = '\x00\x01\x1f\\"\n\t\x7fé中😀\u2028a'
 
@@ -1252,3 +1267,32 @@ async def test_a_body_under_way_is_not_starved_by_reconnecting_fillers(
         # One stall time (0.2 s) for a reservation to come back, not the queue's 1.4 s.
         assert max(waits) < (0.25 if virtual else 0.6), waits
         await until(lambda: service.inflight.used == 0)
+
+
+async def test_a_stopping_server_takes_no_further_request(backend: str) -> None:
+    # A client that pipelines a second request behind a parked poll (or polls in a
+    # tight loop on one connection) got it served while the server waited for its
+    # requests to end, and could keep it waiting: now the connection closes after the
+    # answer in flight, as uvicorn closes it after its own shutdown began.
+    if backend == "trio":
+        pytest.skip("uvicorn's shutdown (hypercorn on trio)")
+    answer = b""
+    async with running() as s:
+        stream = await anyio.connect_tcp(s.host, s.port)
+        await stream.send(
+            b"GET /topics/t?offset=0&max_wait_ms=30000 HTTP/1.1\r\nHost: t\r\n\r\n"
+            b"GET /stats HTTP/1.1\r\nHost: t\r\n\r\n"
+        )
+        await until(lambda: s.parked() == 1)
+        service = s.service
+    with anyio.fail_after(10):
+        try:
+            while True:
+                answer += await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            pass
+    await stream.aclose()
+    assert answer.count(b"HTTP/1.1") == 1  # the pipelined request was not served
+    status, _, body = parse_response(answer)
+    assert (status, body) == (200, {"messages": [], "next_offset": 0})
+    assert service.expired == 1
