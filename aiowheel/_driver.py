@@ -340,8 +340,11 @@ class TaskCancel:
 
     __slots__ = ("_cancelling", "_task")
 
-    def __init__(self) -> None:
-        task = asyncio.current_task()
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The task of the timer's own loop (the caller passed the owner check): asked
+        # of that loop, not of asyncio's running-loop lookup, a getpid() per call on
+        # CPython 3.11.
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("timer.timeout() must be used inside a task")
         self._task = task
@@ -481,7 +484,8 @@ class AsyncioBackend:
             await asyncio.wait(tasks)
 
     def block_cancel(self) -> BlockCancel:
-        return TaskCancel()
+        assert self.loop is not None
+        return TaskCancel(self.loop)
 
     def cancelled_by_us(self, scope: anyio.CancelScope) -> bool:
         if scope.cancel_called:

@@ -599,5 +599,12 @@ class Timer(TimerLifecycle):
         deadline out (an idle timeout). If the timer is closed (``aclose()``) while
         the block runs, the block is cancelled and raises ``TimerClosed``."""
         delay = to_seconds(delay)
-        live = self._open()
+        live = self._live
+        # The per-call owner check (Affinity.here, as schedule_nowait's): the full one
+        # asks asyncio for the running loop, a getpid() system call on 3.11, once per
+        # block (the block's task is found on the backend's own loop: TaskCancel).
+        if live is None:
+            raise self._closed_error()
+        if _get_ident() != self._loop_thread or live.affinity.elsewhere():
+            raise live.affinity.foreign()
         return Timeout(self, delay, live.backend)
