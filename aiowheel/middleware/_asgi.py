@@ -288,19 +288,26 @@ class _RequestWatch(IdleControl):
             self._body_deadline = _INF  # no body to wait for any more
         return message
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
         kind = message.get("type")
+        if self._holder is not None:  # touch(), inline
+            self._deadline = self._clock() + self._timeout  # type: ignore[operator]
+        if kind == "http.response.start":
+            # Nothing to do once it is sent: the server's own send is awaited
+            # directly (no coroutine of ours on the way).
+            self.response_started = True
+            return self._send(message)
+        return self._send_watched(message, kind)
+
+    async def _send_watched(self, message: Message, kind: object) -> None:
         if not self.response_started and kind in _STARTS_RESPONSE:
             self.response_started = True
-        clock = self._clock
-        if self._holder is not None:  # touch(), inline
-            self._deadline = clock() + self._timeout  # type: ignore[operator]
         await self._send(message)
         if (kind in _BODY and not message.get("more_body", False)) or kind in _ENDS_RESPONSE:
             self.complete = True
             self.stop()
         elif self._holder is not None:  # the client took it: flow control let it through
-            self._deadline = clock() + self._timeout  # type: ignore[operator]
+            self._deadline = self._clock() + self._timeout  # type: ignore[operator]
 
 
 class IdleTimeoutMiddleware:

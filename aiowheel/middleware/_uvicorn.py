@@ -345,7 +345,10 @@ class _IdleProtocolMixin(asyncio.Protocol):
         super().data_received(data)
         watch = self._aiowheel_watch
         if watch is not None:
-            self._mark(watch)
+            scope = getattr(self, "scope", None)  # self._mark(watch), inline
+            if scope is not None and scope is not watch._marked:
+                watch._marked = scope
+                scope[CONNECTION_KEY] = watch
             watch.on_read()
 
     def on_headers_complete(self) -> None:
@@ -363,7 +366,11 @@ class _IdleProtocolMixin(asyncio.Protocol):
         if watch is not None:
             if watch._holder is not None:  # watch.touch(), inline
                 watch._deadline = watch._clock() + watch._timeout  # type: ignore[operator]
-            self._mark(watch)  # (h11 may have started a pipelined request)
+            # (h11 may have started a pipelined request) self._mark(watch), inline:
+            scope = getattr(self, "scope", None)
+            if scope is not None and scope is not watch._marked:
+                watch._marked = scope
+                scope[CONNECTION_KEY] = watch
 
     def connection_lost(self, exc: Exception | None) -> None:
         watch = self._aiowheel_watch
