@@ -743,21 +743,12 @@ class IncomingBody:
         end = deadline.deadline if deadline is not None else math.inf
         granted = 0.0
         arrived = False  # the whole body arrived and was handed over
-        receive = self.request.receive
         size = 0
         try:
             chunks: list[bytes] = []
             more = True
             while more:
-                # The ASGI messages themselves, not request.stream(): "more_body"
-                # tells a body that has arrived whole from one still on its way.
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientDisconnect()
-                if message["type"] != "http.request":
-                    continue
-                chunk: bytes = message.get("body", b"")
-                more = bool(message.get("more_body", False))
+                chunk, more = await self._next_piece()
                 if not chunk:
                     continue
                 size += len(chunk)
@@ -810,6 +801,17 @@ class IncomingBody:
                 # of every honest body in the queue, however many they are.
                 budget.fell_behind(peer)
             budget.release(peer, held)
+
+    async def _next_piece(self) -> tuple[bytes, bool]:
+        """The next piece of the body, and whether more follows. The ASGI messages
+        themselves, not ``request.stream()``: ``more_body`` tells a body that has
+        arrived whole from one still on its way."""
+        while True:
+            message = await self.request.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            if message["type"] == "http.request":
+                return message.get("body", b""), bool(message.get("more_body", False))
 
     def _behind(self, granted: float, received: int, claim: int) -> bool:
         # Behind a steady pace over the window since the grant, without the stall's
@@ -1222,22 +1224,7 @@ class LongPollService:
         log.park(topic)
         expired = False
         try:
-            while not log.ready(topic, offset, min_bytes):
-                if self.closing:  # the server is stopping: answer with what there is
-                    expired = True
-                    break
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    expired = True
-                    break
-                event = self._events.get(topic)
-                if event is None:
-                    event = self._events[topic] = asyncio.Event()
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except TimeoutError:
-                    expired = True
-                    break
+            expired = await self._wait_until_ready(topic, offset, min_bytes, deadline)
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -1257,6 +1244,27 @@ class LongPollService:
         else:
             self.completed += 1
         return self.answer(topic, offset, max_bytes)
+
+    async def _wait_until_ready(
+        self, topic: str, offset: int, min_bytes: int, deadline: float
+    ) -> bool:
+        """``wait_for`` mode: wait until ``min_bytes`` are there, re-checking after
+        each publish on the topic; True if ``deadline`` (loop time) came first, or the
+        server is stopping (answered with what there is)."""
+        log = self.log
+        loop = asyncio.get_running_loop()
+        while not log.ready(topic, offset, min_bytes):
+            remaining = deadline - loop.time()
+            if self.closing or remaining <= 0:
+                return True
+            event = self._events.get(topic)
+            if event is None:
+                event = self._events[topic] = asyncio.Event()
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return True
+        return False
 
 
 def current_backend() -> str:
@@ -1445,6 +1453,83 @@ def parse_poll(request: Request, max_fetch_bytes: int) -> tuple[int, int, int, i
     return offset, max_wait_ms, min_bytes, max_bytes
 
 
+async def publish_message(service: LongPollService, request: Request) -> Response:
+    """``POST /topics/{topic}``: the body, received within the limits, appended."""
+    limits = service.limits
+    timer = service.timer
+    assert timer is not None
+    try:
+        topic = parse_topic(request)
+        for name, _ in request.query_params.multi_items():
+            raise BadRequest(400, name, f"unknown query parameter {_shown(name)}")
+        window = limits.body_timeout_ms / 1000
+        incoming = None
+        try:
+            # The whole body (waiting for the in-flight budget included) within
+            # body_timeout_ms, and once it holds a reservation at a steady pace: a
+            # client that trickles or stalls cannot keep one.
+            with (
+                timer.timeout(window) as deadline,
+                service.receiving(deadline),
+            ):
+                incoming = IncomingBody(
+                    request,
+                    limits.max_body_bytes,
+                    service.inflight,
+                    deadline,
+                    timer,
+                    limits.body_stall_ms / 1000,
+                    window,
+                )
+                async with incoming.receive() as body:
+                    check_message(body)
+                    offset = service.publish(topic, body)
+        except TimeoutError:
+            raise body_cut_off(service, incoming) from None
+    except BadRequest as error:
+        return service.refuse(error)
+    except ClientDisconnect:
+        # The client left before its body arrived (while it waited for the
+        # in-flight budget, say): normal, not an error. Nobody reads this answer.
+        service.publishes_disconnected += 1
+        return Response(status_code=204)
+    return _json({"offset": offset})
+
+
+def check_message(body: bytes) -> None:
+    """400 for a message that is empty or not UTF-8."""
+    if not body:
+        raise BadRequest(400, "body", "the message (request body) must not be empty")
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        raise BadRequest(400, "body", "the message must be UTF-8 text") from None
+
+
+def body_cut_off(service: LongPollService, incoming: IncomingBody | None) -> BadRequest:
+    """Why the deadline of a body being received ended it: too large (413, once the
+    drain was cut short), the server stopping (503), or too slow (408)."""
+    limits = service.limits
+    if incoming is not None and incoming.oversized:
+        return incoming.too_large()
+    if service.closing:
+        return BadRequest(
+            503,
+            None,
+            "the server is shutting down",
+            headers={"Connection": "close", "Retry-After": "1"},
+        )
+    if incoming is not None and incoming.stalled:
+        message = (
+            f"the body fell more than {limits.body_stall_ms} ms behind a "
+            f"steady pace over {limits.body_timeout_ms} ms"
+        )
+    else:
+        message = f"the body did not arrive within {limits.body_timeout_ms} ms"
+    # Connection: close, as the rest of it may still come.
+    return BadRequest(408, "body", message, headers={"Connection": "close"})
+
+
 # -- the app ----------------------------------------------------------------------------------
 
 
@@ -1477,74 +1562,7 @@ def create_app(
         return await service.poll(request, topic, offset, max_wait_ms, min_bytes, max_bytes)
 
     async def publish(request: Request) -> Response:
-        timer = service.timer
-        assert timer is not None
-        try:
-            topic = parse_topic(request)
-            for name, _ in request.query_params.multi_items():
-                raise BadRequest(400, name, f"unknown query parameter {_shown(name)}")
-            window = limits.body_timeout_ms / 1000
-            incoming = None
-            try:
-                # The whole body (waiting for the in-flight budget included) within
-                # body_timeout_ms, and once it holds a reservation at a steady pace: a
-                # client that trickles or stalls cannot keep one.
-                with (
-                    timer.timeout(window) as deadline,
-                    service.receiving(deadline),
-                ):
-                    incoming = IncomingBody(
-                        request,
-                        limits.max_body_bytes,
-                        service.inflight,
-                        deadline,
-                        timer,
-                        limits.body_stall_ms / 1000,
-                        window,
-                    )
-                    async with incoming.receive() as body:
-                        if not body:
-                            raise BadRequest(
-                                400, "body", "the message (request body) must not be empty"
-                            )
-                        try:
-                            body.decode()
-                        except UnicodeDecodeError:
-                            raise BadRequest(
-                                400, "body", "the message must be UTF-8 text"
-                            ) from None
-                        offset = service.publish(topic, body)
-            except TimeoutError:
-                if incoming is not None and incoming.oversized:
-                    raise incoming.too_large() from None
-                if service.closing:
-                    raise BadRequest(
-                        503,
-                        None,
-                        "the server is shutting down",
-                        headers={"Connection": "close", "Retry-After": "1"},
-                    ) from None
-                if incoming is not None and incoming.stalled:
-                    message = (
-                        f"the body fell more than {limits.body_stall_ms} ms behind a "
-                        f"steady pace over {limits.body_timeout_ms} ms"
-                    )
-                else:
-                    message = f"the body did not arrive within {limits.body_timeout_ms} ms"
-                raise BadRequest(
-                    408,
-                    "body",
-                    message,
-                    headers={"Connection": "close"},  # the rest of it may still come
-                ) from None
-        except BadRequest as error:
-            return service.refuse(error)
-        except ClientDisconnect:
-            # The client left before its body arrived (while it waited for the
-            # in-flight budget, say): normal, not an error. Nobody reads this answer.
-            service.publishes_disconnected += 1
-            return Response(status_code=204)
-        return _json({"offset": offset})
+        return await publish_message(service, request)
 
     async def stats(request: Request) -> Response:
         return _json(service.stats())
