@@ -503,7 +503,8 @@ def run(
         if saved:
             kept = f"; the finished workloads' results are in {', '.join(map(str, saved))}"
             if ns.report:
-                kept += f" (aiowheel report {saved[0].parent} makes their report)"
+                report = _out(ns) / "report"
+                kept += f" (aiowheel report {saved[0].parent} --out {report} makes their report)"
         print(f"\n{PROG}: interrupted{kept}", file=sys.stderr)
         return 130
 
