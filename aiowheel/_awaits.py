@@ -28,7 +28,7 @@ __all__ = ["quiet"]
 T = TypeVar("T")
 
 
-class quiet(Generic[T]):  # noqa: N801 - used as a function: `await quiet(x)`
+class quiet(Generic[T]):
     """``await quiet(awaitable)`` is ``await awaitable``; a thrown exception is passed
     on with ``throw(exc)``, whatever form it arrived in."""
 

@@ -17,6 +17,7 @@ import weakref
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import aiowheel
@@ -55,9 +56,9 @@ async def test_on_error_sees_the_timers_context_not_the_armers() -> None:
             # Scheduled from outside any request, after A armed the driver.
             plain = timer.schedule_nowait(0.01, failing)
             job = timer.schedule_nowait(0.01, async_failing)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="boom"):
             await plain.wait()
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="boom"):
             await job.wait()
     assert seen == ["unset", "unset"]
 
@@ -102,7 +103,7 @@ async def test_a_finished_requests_context_is_freed() -> None:
     freed: list[weakref.ref[_State]] = []
 
     async def job() -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
     async with Timer(tick=0.001) as timer:
 

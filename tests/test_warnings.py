@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from aiowheel import DelayedOperation, Purgatory, Timer
@@ -45,8 +46,8 @@ async def _cancelled_in(make: Callable[[], Awaitable[Any]]) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(body)
             await reached.wait()
-            await anyio.sleep(0)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             tg.cancel_scope.cancel()
         assert ended == ["cancelled"]
 
@@ -108,4 +109,4 @@ async def test_a_worker_cancelled_by_the_close() -> None:
             timer.schedule_nowait(0.001, job)
             timer.schedule_nowait(0.001, anyio.sleep, 0)  # a worker that parks
             await started.wait()
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
