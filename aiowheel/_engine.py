@@ -4,9 +4,9 @@
 what is filed (docs/design.md, "Module map"). It is two classes:
 
 * ``EngineState`` (``_state.py``): the parts (the wheel, the driver, the worker
-  pool, the waiters, the periodic timers, the trace), the counters and their one
-  writer, filing, the cancel and the driver's wake-up. Every room that serves the
-  engine is handed that, never the engine;
+  pool, the waiters, the periodic timers, the trace), the counters and the methods
+  that change them, filing, the cancel and the driver's wake-up. Every room that
+  serves the engine is handed that, never the engine;
 * ``Engine`` (here): the state, plus the pass. ``fire_due`` (the driver's callback,
   which the state declares and only this class implements) advances the wheel,
   ``run_due`` is a short loop over what it hands back, and ``run_one`` runs one
@@ -17,8 +17,8 @@ what is filed (docs/design.md, "Module map"). It is two classes:
   ``_shutdown.py``'s, the self-check (``check``, for tests) ``_selfcheck.py``'s.
 
 The engine needs no task group: the driver arms a wake-up and calls ``fire_due``, a
-plain method; the owner builds the pool (which may need one) and assigns ``pool``
-(``Timer._new_engine``; the task groups of ``async with`` are ``_host.py``'s).
+plain method; the state builds the pool (given ``max_concurrency`` by
+``TimerLifecycle._new_engine``; the task groups of ``async with`` are ``_host.py``'s).
 
 Re-entrancy (docs/design.md, "Re-entrancy"): no user code, finalizers included, runs
 between deciding a linked-list change and completing it; the pass releases each
@@ -172,7 +172,7 @@ class Engine(EngineState):
             self.pass_stopped(buckets[index:], exc)
         finally:
             self.fired += fired  # inline copy of EngineState.count_ran
-            self.lateness_max = lateness_max
+            self.lateness_max = lateness_max  # inline copy of EngineState.note_lateness
             handle = entry = result = context = None
 
     def run_loop_entry(self, entry: WheelEntry, now: float) -> float:
@@ -251,7 +251,7 @@ class Engine(EngineState):
         exception, ``CancelledError`` and ``GeneratorExit`` included, is its failure
         alone (reported to ``on_error``; returned, the handle's outcome);
         ``SystemExit`` and ``KeyboardInterrupt`` settle the handle and propagate."""
-        self.failed += 1
+        self.count_failed()
         outcome = _Failure(without_frame(exc))
         if handle._bucket is None:  # unless it re-armed itself
             handle._settle(outcome)

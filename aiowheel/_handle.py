@@ -5,22 +5,22 @@ its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 (four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
 (docs/benchmarks.md gives the bytes per pending timer on each core).
 
-A handle talks to its timer through ``HandleOwner`` (below), which ``Timer``
-implements: five methods, ``_cancel``, ``_reset``, ``_reset_at``, ``_wait`` and
-``_cancelled_error`` (a periodic handle, aiowheel/_periodic.py, adds the owner check,
-``_owner_check``), and it reads ``_now`` (the loop clock) and asks
-``_on_owner_loop()`` (the caller's thread and loop: the owner check) for the one path
-it keeps inline: the lazy ``reset`` of the idle-timeout pattern, which runs on every
-read of every connection and would pay a third of its cost for the full ``_reset``.
-The timer and its engine own every counter and decide every change of state; the
-handle owns its two state slots.
+A handle talks to its timer through ``HandleOwner`` (below): the methods a handle
+calls and the three attributes it reads, which ``TimerLifecycle`` (``_lifecycle.py``,
+``Timer``'s base class) implements (docs/design.md, "Module map", says who owns
+what). ``TimerHandle.reset`` keeps one path inline, the lazy touch (a deadline moved
+later than its bucket comes due only records it): it reads the clock, the thread and
+the open ``Affinity`` itself, an inline copy of ``TimerLifecycle._on_owner_loop``,
+instead of paying for the full ``_reset``. The timer and its engine own every counter
+and decide every change of state; the handle owns its two state slots.
 
 State lives in two slots. ``_bucket`` is the container holding the handle while it is
 pending, ``None`` otherwise: the container links and unlinks it (``Bucket``,
 ``RunQueue``). ``_result`` says the rest, and changes only through the transition
 methods at the end of ``TimerHandle`` (two hot paths keep tagged inline copies: the
-pass, ``Engine.run_due``, and ``Timer._cancel``). The states, the transition that
-enters each, and the rooms that decide it:
+pass, ``Engine.run_due``, and ``TimerLifecycle._cancel``). The states, the transition
+that enters each, and the modules that call it (tests/test_module_map.py checks the
+writes):
 
 =========  =================================  ============================  ==============
 state      ``_bucket``                        ``_result``                   entered by
@@ -28,7 +28,7 @@ state      ``_bucket``                        ``_result``                   ente
 pending    a wheel bucket, or a bucket the    ``_PENDING``                  ``__init__``,
            wheel handed back as expired                                     ``_become_
                                                                             pending``
-                                                                            (``_engine``,
+                                                                            (``_state``,
                                                                             ``_periodic``)
 queued     the pool's run queue (``RunQueue``) the awaitable to run         ``_become_
                                                                             queued``
@@ -41,12 +41,16 @@ done       ``None``                           the return value, or a        ``_s
                                               ``_Failure``                  ``_settle_if_
                                                                             running``
                                                                             (``_engine``,
-                                                                            ``_shutdown``)
+                                                                            ``_state``,
+                                                                            ``_shutdown``;
+                                                                            a copy in
+                                                                            ``_engine``)
 cancelled  ``None``                           ``_CANCELLED``                ``_become_
                                                                             cancelled``
-                                                                            (``_timer``,
-                                                                            ``_engine``,
-                                                                            ``_shutdown``)
+                                                                            (``_state``,
+                                                                            ``_shutdown``;
+                                                                            a copy in
+                                                                            ``_lifecycle``)
 =========  =================================  ============================  ==============
 
 *Pending* covers queued (``pending()`` is true for both: they count in ``len(timer)``).
@@ -234,7 +238,8 @@ def without_frame(exc: BaseException) -> BaseException:
 class HandleOwner:
     """The timer as its handles see it: what a handle reads and calls on its timer.
 
-    ``Timer`` (``_timer.py``) is the one subclass, and implements every method. The
+    ``TimerLifecycle`` (``_lifecycle.py``, ``Timer``'s base class) is the one
+    subclass, and implements every method. The
     handle's rooms (this module, ``_periodic.py``) know only this class, so they sit
     below the timer in the import map, with no import back up (docs/design.md,
     "Module map"); compiled, a call through it is a native call (a vtable slot), as a
@@ -242,9 +247,9 @@ class HandleOwner:
     name, a dictionary look-up per call on the hot paths (``cancel``, ``reset``).
     """
 
-    # Set by the timer once started (aiowheel/_timer.py, Timer._started): the loop's
-    # clock and thread, and the owner check's Affinity exactly while the timer is
-    # open (None before and after): the handle's inline lazy reset reads these three.
+    # Set by the timer once started (aiowheel/_lifecycle.py, TimerLifecycle._started):
+    # the loop's clock and thread, and the owner check's Affinity exactly while the
+    # timer is open (None before and after): the handle's inline lazy reset reads them.
     _now: Callable[[], float]
     _loop_thread: int
     _open_affinity: Affinity | None
@@ -409,7 +414,7 @@ class TimerHandle(WheelEntry, Generic[T]):
                 deadline = timer._now() + delay
                 if _INF > deadline >= bucket.time:
                     affinity = timer._open_affinity
-                    # inline copy of the owner check (Timer._on_owner_loop)
+                    # inline copy of the owner check (TimerLifecycle._on_owner_loop)
                     if (
                         affinity is not None
                         and _get_ident() == timer._loop_thread
@@ -417,7 +422,7 @@ class TimerHandle(WheelEntry, Generic[T]):
                     ):
                         self._deadline = deadline
                         return
-            elif timer._on_owner_loop():  # the owner check (Timer._on_owner_loop)
+            elif timer._on_owner_loop():  # the owner check (TimerLifecycle._on_owner_loop)
                 deadline = timer._now() + to_seconds(delay)
                 if _INF > deadline >= bucket.time:
                     self._deadline = deadline
@@ -455,7 +460,7 @@ class TimerHandle(WheelEntry, Generic[T]):
     # awaitable) only once its change is complete, because dropping it may run a
     # finalizer (docs/design.md, "Re-entrancy"). Two hot paths keep inline copies,
     # tagged with the method they copy: the pass (``Engine.run_due``) and
-    # ``Timer._cancel``.
+    # ``TimerLifecycle._cancel``.
 
     def _become_pending(self) -> Any:
         """Fired or cancelled (or queued, re-armed) -> pending; returns the old value."""

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, SupportsFloat
 
 from ._checks import closed, too_far
-from ._dispatch import WorkerPool
 from ._driver import Backend
 from ._engine import Engine
 from ._exceptions import TimerCancelled, TimerClosed
@@ -93,7 +92,7 @@ class TimerLifecycle(HandleOwner):
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def _new_engine(self, backend: Backend) -> Engine:
+    def _new_engine(self, backend: Backend, *, loop_timers: bool = False) -> Engine:
         """This timer's engine on ``backend``, with its worker pool: built by the host's
         supervisor, or by ``_open_for_loop`` (where there is no recorder)."""
         live = Engine(
@@ -105,8 +104,9 @@ class TimerLifecycle(HandleOwner):
             self._recorder,
             self._on_close,
             self._closed_error,
+            max_concurrency=self._max_concurrency,
+            loop_timers=loop_timers,
         )
-        live.pool = WorkerPool(live, self._max_concurrency, backend)
         return live
 
     def _started(self, live: Engine) -> None:
@@ -121,8 +121,7 @@ class TimerLifecycle(HandleOwner):
         """Start this new timer synchronously as a drop-in event loop's ``loop.timer``
         (aiowheel/_loop.py): the engine without a host (the loop's backend drives it
         and spawns its workers; the loop closes it, through ``close()``)."""
-        live = self._new_engine(backend)
-        live.loop_timers = True
+        live = self._new_engine(backend, loop_timers=True)
         self._started(live)
         return live
 

@@ -8,7 +8,7 @@ loop's own ``aiowheel.Timer``, ``loop.timer``. The base loop's own timer machine
 (the heap on asyncio, libuv's timers on uvloop) holds a single entry: that timer's
 next wake-up, armed through the *base* class's ``call_at`` (never the override).
 
-One wheel, one engine. ``loop.timer`` is opened with the loop (``Timer._open_for_loop``:
+One wheel, one engine. ``loop.timer`` is opened with the loop (``TimerLifecycle._open_for_loop``:
 its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver (an
 ``AsyncioDriver`` given the base class's ``call_at``) arms the base loop directly.
 ``call_at`` files its handle through ``_loophandle.file_loop`` (the loop sets compiled
@@ -163,8 +163,8 @@ class _WheelLoop(WheelEventLoop):
         self.timer = Timer(tick=tick)
         self.timer._open_for_loop(_LoopBackend(self, name, grid))
         loop: Any = self
-        self._engine.loop_debug = bool(loop.get_debug())
-        self._engine.loop_debug_run = self._debug_run
+        self._engine.set_loop_debug(bool(loop.get_debug()))
+        self._engine.set_loop_debug_run(self._debug_run)
         cls = type(self)
         if cls.call_at is _WheelLoop.call_at and cls.call_later is _WheelLoop.call_later:
             # The compiled call_at/call_later (aiowheel/_loophandle.py, LoopCalls), set
@@ -288,7 +288,7 @@ class _WheelLoop(WheelEventLoop):
         engine: Engine | None = getattr(self, "_engine", None)
         if engine is not None:
             loop: Any = self
-            engine.loop_debug = bool(loop.get_debug())
+            engine.set_loop_debug(bool(loop.get_debug()))
 
     def _base_arming(self) -> tuple[float, Callable[..., Any]]:
         """How a timer's driver arms its wake-up on this loop (aiowheel/_driver.py,

@@ -522,7 +522,7 @@ def _cancelled(engine: EngineState, bucket: Bucket) -> None:
 def _foreign(engine: EngineState) -> bool:
     """True in a thread other than the one running the drop-in loop (debug mode asks,
     for ``LoopTimerHandle.cancel``; the thread is the one ``run_forever`` bound,
-    ``Timer._bind_thread``)."""
+    ``TimerLifecycle._bind_thread``)."""
     loop = engine.loop
     return loop is not None and loop.is_running() and get_ident() != engine.affinity.thread
 

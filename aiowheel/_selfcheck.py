@@ -4,7 +4,7 @@
 the run queue and the periodic timers (``Periodics.check``), then the wheel's own
 invariants (``Wheel._check``); ``check_timer`` adds what only the ``Timer`` knows (open
 exactly while its engine is, its wheel holding only its own handles).
-``Timer._check()`` calls it after every step of the fault-model tests
+``TimerLifecycle._check()`` calls it after every step of the fault-model tests
 (tests/test_fault_model.py, tests/test_fault_finalizers.py), as they call
 ``Wheel._check()``.
 
@@ -67,7 +67,7 @@ def check_engine(engine: EngineState) -> None:
 def check_timer(timer: HandleOwner, engine: EngineState | None, *, open_: bool) -> None:
     """``check_engine`` on the timer's ``engine`` (None if it was never started), and
     that the timer is open (``open_``) exactly while its engine is, its wheel holding
-    only its own handles. (``Timer._check`` passes its own state: this module sits
+    only its own handles. (``TimerLifecycle._check`` passes its own state: this module sits
     below the timer in the import map.)"""
     if engine is None:
         return

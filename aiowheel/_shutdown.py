@@ -12,10 +12,12 @@ A started timer's engine (``_engine.py``) ends here, one way or another:
 * ``abort_start``: ``Timer.__aenter__`` failed after its engine started (the recorder
   did not open), with nothing scheduled yet.
 
-The engine owns the state (``closed``, ``broken``, ``stranded``, the counters); these
-functions are its one writer once it closes, through a reference typed as the
-engine's state (``_state.EngineState``: compiled, native calls), as ``Periodics`` and
-the worker pool do. None is on a hot path: each runs once per timer.
+The engine's state (``_state.py``) owns what these change (``closed``, ``broken``,
+``stranded``, the counters): they change it through its methods
+(``EngineState.close_for_good``, ``EngineState.mark_broken``,
+``EngineState.count_closed``), through a reference typed as ``EngineState``
+(compiled, native calls), as ``Periodics`` and the worker pool do. None is on a hot
+path: each runs once per timer.
 
 Re-entrancy (docs/design.md, "Re-entrancy"): every handle is settled before any user
 code runs; the queued awaitables are closed (their ``finally`` blocks) last.
@@ -24,7 +26,6 @@ code runs; the queued awaitables are closed (their ``finally`` blocks) last.
 from __future__ import annotations
 
 import logging
-import math
 from typing import TYPE_CHECKING, Any, Final
 
 from ._dispatch import close_awaitable
@@ -41,8 +42,6 @@ __all__ = ["abort_start", "break_engine", "cancel_everything", "close_engine"]
 
 logger: Final = logging.getLogger("aiowheel")
 
-_INF: Final = math.inf
-
 
 def close_engine(engine: EngineState) -> list[TimerHandle[Any]]:
     """Close for good: after it, nothing is pending and nobody waits. Returns the
@@ -50,11 +49,10 @@ def close_engine(engine: EngineState) -> list[TimerHandle[Any]]:
     # Closed before anything is taken: user code run during the close (a finalizer of
     # what it drops, a gc.callbacks hook while it allocates) that calls the loop's
     # call_at is refused, instead of filing into a wheel the close has already walked.
-    engine.closed = True
+    engine.close_for_good()
     dropped: list[Any] | None = None
     if engine.loop_timers:
         dropped = drop_all(engine)  # the loop's handles: dropped, not cancelled
-    engine.wake_at = _INF
     engine._on_close()  # the owner stops accepting timers first
     engine.driver.stop()
     try:
@@ -121,7 +119,7 @@ def break_engine(engine: EngineState, exc: BaseException) -> None:
     logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
     if engine.closed:
         return
-    engine.broken = exc
+    engine.mark_broken(exc)
     # Whoever waits on a handle learns why, and does not wait for ever.
     engine.waiters.fail_all(engine._closed_error)
     try:
@@ -136,8 +134,8 @@ def abort_start(engine: EngineState) -> None:
     """Take down what a start that failed had started (the engine, its driver, its
     pool, the supervisor waiting on ``closing``), with nothing scheduled yet: no trace
     rows, and the owner closed (``EngineState._on_close``)."""
-    engine.tracing = None
-    engine.closed = True
+    engine.drop_trace()
+    engine.close_for_good()
     engine._on_close()
     engine.driver.stop()
     engine.pool.close()

@@ -1,4 +1,4 @@
-"""The engine's state, and its one writer: what every room of a started timer shares.
+"""The engine's state: what every room of a started timer shares, and its methods.
 
 A started timer's engine (``_engine.py``) is this class plus the pass. The rooms that
 serve it (the worker pool, ``_dispatch.py``; the waiters, ``_waiters.py``; the
@@ -16,9 +16,13 @@ Here:
   pool of async callbacks (``_dispatch.py``: its host is this class, typed as itself
   so that compiled, the pool's calls are native), the waiters, the periodic timers
   and the trace;
-* the counters (docs/design.md, "Accounting"), whose one writer is this class: the
-  pass (``Engine.run_due``) and the two hot paths of ``Timer`` keep inline copies,
-  each tagged with the method it copies;
+* the counters (docs/design.md, "Accounting"), changed only by this class's
+  methods: the pass (``Engine.run_due``) and the two hot paths of the timer keep
+  inline copies, each tagged with the method it copies; every other attribute too
+  is written here, or by a method of its owner that tests/test_module_map.py names
+  (the pass owns ``passing`` and ``wakeups``; the flags that other rooms decide,
+  ``closed``, ``broken``, ``draining``, ``notify_cancel``, the loop's debug mode, go
+  through methods here, ``close_for_good`` and the like);
 * the named rules the hot paths copy, each copy tagged with its name:
   *arm-if-earlier* (``arm_if_earlier``), *admission* (``admit``), the *drain
   wake-up* (``pending_fell``), *lateness* (``note_lateness``), the *cancel*
@@ -47,7 +51,7 @@ import anyio
 
 from ._affinity import affinity_for
 from ._checks import full
-from ._dispatch import close_awaitable
+from ._dispatch import WorkerPool, close_awaitable
 from ._driver import Backend, Driver
 from ._exceptions import TimerCancelled
 from ._handle import _CANCELLED, _PENDING, _RUNNING, TimerHandle, TracedHandle, _Failure, release
@@ -57,7 +61,6 @@ from ._waiters import Waiters
 from ._wheel import DUE_LEVEL, Bucket, Wheel, WheelEntry
 
 if TYPE_CHECKING:
-    from ._dispatch import WorkerPool
     from .trace import TraceRecorder
 
 __all__ = ["ASYNC_ON_ERROR", "EngineState", "TimerStats"]
@@ -116,7 +119,8 @@ class EngineState:
     """The parts, the state and the accounting of one started timer: everything of
     the engine but the pass (``Engine``, its one subclass)."""
 
-    # Assigned by the owner once the engine exists (the pool's host is the engine).
+    # Built here when the owner gives ``max_concurrency`` (the pool's host is this
+    # object); a test rig may build its own and assign it.
     pool: WorkerPool
 
     def __init__(
@@ -129,6 +133,9 @@ class EngineState:
         tracing: TraceRecorder | None,
         on_close: Callable[[], None],
         closed_error: Callable[[], BaseException],
+        *,
+        max_concurrency: int | None = None,
+        loop_timers: bool = False,
     ) -> None:
         # What differs between event loops is the backend's (aiowheel/_driver.py); its
         # clock and loop are copied here for the hot paths.
@@ -183,7 +190,7 @@ class EngineState:
         self.stranded: set[TimerHandle[Any]] = set()
         # True for the timer of a drop-in event loop (aiowheel/_loop.py, loop.timer):
         # its wheel also holds the loop's call_at handles (see "the drop-in loop").
-        self.loop_timers = False
+        self.loop_timers = loop_timers
         # That loop's debug mode (its get_debug()), kept here by its set_debug: the
         # loop's compiled call_at and LoopTimerHandle.cancel read one attribute, not a
         # Python method per timer (aiowheel/_loop.py, _WheelLoop.set_debug).
@@ -194,10 +201,48 @@ class EngineState:
         # the slow timer, not the pass (issue 28, finding 11).
         # (An entry: this module does not know the loop's handle class.)
         self.loop_debug_run: Callable[[WheelEntry], None] | None = None
+        if max_concurrency is not None:
+            self.pool = WorkerPool(self, max_concurrency, backend)
 
     def fire_due(self) -> None:
         """The pass, the driver's callback: ``Engine.fire_due`` (the one subclass)."""
         raise NotImplementedError
+
+    # -- the flags, set through these by the rooms that decide them ------------------
+
+    def start_draining(self) -> None:
+        """``aclose(drain=True)`` began (``Timer.aclose``)."""
+        self.draining = True
+
+    def close_for_good(self) -> None:
+        """The close began (``_shutdown.close_engine``, ``_shutdown.abort_start``):
+        every later filing is refused, and the driver is armed for nothing."""
+        self.closed = True
+        self.wake_at = _INF
+
+    def mark_broken(self, exc: BaseException) -> None:
+        """The wheel raised ``exc`` (``_shutdown.break_engine``): what every later call
+        says."""
+        self.broken = exc
+
+    def drop_trace(self) -> None:
+        """No trace rows after all (``_shutdown.abort_start``: the recorder did not
+        open)."""
+        self.tracing = None
+
+    def waiter_registered(self) -> None:
+        """Someone now waits (``Waiters``: on a handle, for room, for the drain), so a
+        cancel must tell the waiters (``notify_cancel``, recomputed by ``cancel``)."""
+        self.notify_cancel = True
+
+    def set_loop_debug(self, debug: bool) -> None:
+        """The drop-in loop's debug mode (``_WheelLoop.set_debug``, ``_loop.py``)."""
+        self.loop_debug = debug
+
+    def set_loop_debug_run(self, run: Callable[[WheelEntry], None]) -> None:
+        """How the pass runs the drop-in loop's handles in debug mode
+        (``_WheelLoop._debug_run``, ``_loop.py``)."""
+        self.loop_debug_run = run
 
     # -- the named rules ------------------------------------------------------------
 
@@ -251,7 +296,7 @@ class EngineState:
         handle._scheduled_at = now
         handle._id = 0
 
-    # -- the counters: their one writer (docs/design.md, "Accounting") ------------------
+    # -- the counters: the methods that change them (docs/design.md, "Accounting") ------
     # Every other room changes them through these methods. The two hot paths of
     # Timer (schedule_nowait and cancel) keep inline copies, each tagged with the
     # method it copies. Each is `+=`/`-=` only: they commute with a re-entrant change
@@ -282,6 +327,11 @@ class EngineState:
         """The close cancelled the ``count`` timers still pending: none is left."""
         self.cancelled += count
         self.pending = 0
+
+    def count_failed(self) -> None:
+        """A callback raised (in the pass, ``Engine.callback_failed``; on a worker,
+        ``_job_failed``), or its job stopped the program (``_job_ended``)."""
+        self.failed += 1
 
     def file(self, handle: TimerHandle[Any], deadline: float, due: bool, *, new: bool) -> None:
         """File a handle that is in no bucket, count it if it is a new pending timer,
@@ -376,7 +426,7 @@ class EngineState:
 
     def cancel(self, handle: TimerHandle[Any]) -> bool:
         """Cancel: unlink a pending handle and count it. (Inline copy, tagged:
-        ``Timer._cancel``, the hot path.)"""
+        ``TimerLifecycle._cancel``, the hot path.)"""
         bucket = handle._bucket
         if bucket is None:
             return False
@@ -483,14 +533,14 @@ class EngineState:
 
     def _job_failed(self, handle: TimerHandle[Any], exc: BaseException) -> None:
         """The job raised ``exc`` (reported to ``on_error``)."""
-        self.failed += 1
+        self.count_failed()
         self.report(handle, exc)
 
     def _job_ended(self, handle: TimerHandle[Any], outcome: Any, *, last: bool) -> None:
         """The job finished with ``outcome`` (a value or a ``_Failure``); ``last``: no
         other run of the same handle is still running."""
         if isinstance(outcome, _Failure) and isinstance(outcome.exc, _EXIT):
-            self.failed += 1
+            self.count_failed()
         if isinstance(handle, PeriodicHandle):
             self.periodics.end(handle)  # the next period, before the settling below
         # A handle re-armed while it ran may have a newer run still going, or be

@@ -1,31 +1,12 @@
 """The Timer: the public API, validation, admission and the lifecycle.
 
-Rooms (docs/design.md, "Module map"):
-
-* ``Timer`` (here) is the public API: it checks every call, admits timers under
-  ``max_pending``, starts and closes (the order of the steps); it keeps the hottest
-  path inline (``schedule_nowait``), and hands the bodies of its thread-safe calls
-  to ``_threads.py``, ``sleep_until`` to ``_timeout.py`` (beside the timeouts), its
-  introspection to the engine (``EngineState.snapshot``, ``next_deadline``), the
-  task groups that ``async with`` runs the engine in (and the recorder's opening and
-  closing) to ``Host`` (``_host.py``);
-* its base class ``TimerLifecycle`` (``_lifecycle.py``) is the inside face: the
-  states and the engine while the timer lives, the owner check, what the handles
-  call (the hot ``cancel`` inline) and the self-check (``_selfcheck.py``'s);
-* the engine (``_engine.py``) runs a started timer: the parts, the counters, the
-  pass, re-filing, the worker pool's accounting and tracing; its closing is
-  ``_shutdown.py``'s, its waiters are ``Waiters`` (``_waiters.py``), its periodic
-  timers ``Periodics`` (``_periodic.py``) and the owner check ``Affinity``
-  (``_affinity.py``);
-* ``Wheel`` (``_wheel.py``) files handles and hands back expired buckets; a driver
-  (``_driver.py``) calls ``Engine.fire_due`` when the earliest one comes due; plain
-  callbacks run right there, like ``call_later`` callbacks, and a callback that
-  returns an awaitable is handed to the worker pool (``_dispatch.py``);
-* handles (``_handle.py``) see the timer as a ``HandleOwner``, which
-  ``TimerLifecycle`` implements: they call back through its methods (``_cancel``, ``_reset``,
-  ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_on_owner_loop``,
-  ``_owner_check``) and read three attributes (``_now``, ``_loop_thread``,
-  ``_open_affinity``); a periodic handle's run calls its engine's ``Periodics``.
+``Timer`` (here) is the public API: it checks every call, admits timers under
+``max_pending``, starts and closes (the order of the steps), and keeps the hottest
+path inline (``schedule_nowait``). Everything else is another module's, and
+docs/design.md, "Module map", says whose: the inside face the handles see is its base
+class ``TimerLifecycle`` (``_lifecycle.py``); a started timer's state, counters,
+filing and accounting are ``EngineState``'s (``_state.py``), the pass that runs what
+expired ``Engine``'s (``_engine.py``), the close ``_shutdown.py``'s.
 
 The engine exists from ``__aenter__`` on; ``self._live`` is that engine exactly while
 the timer accepts timers. So every entry point starts with one test, ``live is
@@ -229,7 +210,7 @@ class Timer(TimerLifecycle):
             raise RuntimeError("this is an event loop's timer (loop.timer): loop.close() closes it")
         if drain and self._state is _OPEN:
             self._state = _DRAINING
-            live.draining = True
+            live.start_draining()
             for periodic in list(live.periodics.active):
                 periodic.cancel()
             await live.waiters.drain()

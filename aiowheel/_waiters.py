@@ -64,7 +64,7 @@ class Waiters:
         waiter = self.handles.get(handle)
         if waiter is None:
             waiter = self.handles[handle] = _Waiter()
-            engine.notify_cancel = True
+            engine.waiter_registered()
         await quiet(waiter.event.wait())
         return waiter.outcome
 
@@ -76,7 +76,7 @@ class Waiters:
                 raise engine._closed_error()
             event = anyio.Event()
             self.room.append(event)
-            engine.notify_cancel = True
+            engine.waiter_registered()
             try:
                 await quiet(event.wait())
             except BaseException:
@@ -96,7 +96,7 @@ class Waiters:
         while (engine.pending or pool.busy > me) and not engine.closed:
             event = anyio.Event()
             self.idle.append(event)
-            engine.notify_cancel = True
+            engine.waiter_registered()
             await quiet(event.wait())
 
     def wake_room(self) -> None:

@@ -1,7 +1,8 @@
 """The hierarchical timing wheel: a pure data structure, no I/O, no ``async``.
 
 It is handed "now" and hands back what expired; the driver (``_driver.py``) decides
-when to call it, the timer (``_timer.py``) decides what to do with what expired.
+when to call it, the engine's pass (``Engine.fire_due``, ``_engine.py``) decides what
+to do with what expired. Which module owns what: docs/design.md, "Module map".
 
 Shape (Kafka's ``TimingWheel``, with two changes noted below)::
 
@@ -585,7 +586,8 @@ class Wheel:
         """
         bucket = entry._bucket
         # The lazy-extend test: in a scheduled bucket, no earlier than it comes due.
-        # (Inline copies, tagged: TimerHandle.reset, Timer._reset.)
+        # (Inline copy, tagged: TimerHandle.reset. TimerLifecycle._reset calls
+        # EngineState.rearm, which calls this.)
         if bucket is not None and bucket.tick is not None and deadline >= bucket.time:
             entry._deadline = deadline
             return _INF
