@@ -18,6 +18,8 @@ import random
 from collections.abc import Iterable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import COUNTS_FILINGS, Entry
 
 from aiowheel._wheel import Wheel, level_for
@@ -652,5 +654,31 @@ def test_the_wheel_files_on_the_level_level_for_names(size: int) -> None:
         e = now + 1 + rng.randrange(0, size ** rng.randrange(1, 7))
         entry = Entry(0)
         wheel.insert(entry, float(e))
+        assert entry._bucket is not None
+        assert entry._bucket.level == level_for(now, e, size), (now, e)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.sampled_from([2, 3, 8, 64]),
+    start=st.integers(min_value=0, max_value=2**20),
+    delay=st.integers(min_value=1, max_value=2**40),
+    cascaded=st.booleans(),
+)
+def test_every_filing_lands_on_the_level_level_for_names(
+    size: int, start: int, delay: int, cascaded: bool
+) -> None:
+    """``level_for`` is the rule: ``Wheel._file`` (schedule, re-file and cascade alike)
+    is checked against it, near the window edges too (a delay of one level's span,
+    plus or minus a tick), wherever the clock stands."""
+    wheel = Wheel(1.0, size, 0.0)
+    flush(wheel, float(start))
+    now = wheel._now
+    for e in {now + delay, now + min(delay, size**3), now + size, now + size + 1}:
+        if e <= now:
+            continue
+        entry = Entry(0)
+        entry._deadline = float(e)
+        wheel._file(entry, e, cascaded)
         assert entry._bucket is not None
         assert entry._bucket.level == level_for(now, e, size), (now, e)
