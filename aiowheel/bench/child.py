@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import selectors
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,11 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(nothing on stderr)"
 
 
+#: Seconds a child has to answer one request (the longest repetition of a full run
+#: takes well under a minute).
+ANSWER_TIMEOUT = 600.0
+
+
 class _Child:
     """One ``-pure`` contender's child process."""
 
@@ -125,6 +131,13 @@ class _Child:
 
     def _answer(self) -> dict[str, Any]:
         assert self.process.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if not selector.select(ANSWER_TIMEOUT):
+                # A child that hangs does not hang the run: stopped, and said.
+                self.process.kill()
+                self.process.wait()
+                raise self._error(f"no answer within {ANSWER_TIMEOUT:g} s (stopped)")
         line = self.process.stdout.readline()
         if not line:
             status = self.process.wait()

@@ -195,3 +195,23 @@ def test_a_pure_parent_warns_that_pure_contenders_measure_its_own_core(
         "contenders measure the same core as aiowheel-asyncio, in child processes"
     )
     assert BY_NAME["aiowheel-asyncio"].label == "aiowheel-asyncio [pure]"
+
+
+def test_a_child_that_stops_answering_fails_alone_within_the_timeout(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every request the bench makes has a timeout: a hung child is stopped and its
+    # contender recorded as failed; the run goes on.
+    monkeypatch.setattr(child, "ANSWER_TIMEOUT", 0.3)
+    package = str(Path(aiowheel.__file__).resolve().parent)
+    hello = json.dumps({"compiled": False, "reason": "", "package": package})
+    started = _failing_child(monkeypatch, f"print({hello!r}, flush=True); input(); input()")
+    args = ["-w", "fire", "-c", "call_later-asyncio,aiowheel-asyncio-pure", *TINY]
+    assert cli.main([*args, "--json"]) == 1
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    failed = {r["failed"] for r in lines if r["type"] == "result" and r["failed"]}
+    assert failed == {"rep 1/2: child process failed: no answer within 0.3 s (stopped)"}
+    peer = [r for r in lines if r["type"] == "result" and r["contender"] == "call_later-asyncio"]
+    assert peer
+    assert all(len(r["samples"]) == 2 for r in peer)
+    assert all(p.returncode is not None for p in started)
