@@ -193,7 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reps",
         type=_positive_int,
         help="repetitions per contender (default 3; 2 with --report, 3 with --report "
-        "--full; 1 with --quick)",
+        "--full; 1 with --quick); the server's rounds (default: at least 3)",
     )
     parser.add_argument(
         "--ops",
@@ -207,7 +207,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smaller N, shorter windows, 1 repetition: one to two minutes",
+        help="smaller N, shorter windows, 1 repetition (the server: 3 rounds): one to two minutes",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per result line, nothing else"
