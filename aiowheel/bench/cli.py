@@ -28,7 +28,7 @@ from .settings import Settings
 __all__ = ["UsageError", "add_arguments", "main", "run", "settings_from"]
 
 PROG = "aiowheel bench"
-#: About how long ``--report``'s Spark job takes on a quiet 2-core machine (the plan).
+#: About how long ``--report``'s Spark job takes on a 2-core machine (the plan).
 REPORT_SECONDS = 40
 DEFAULT_OUT = Path("bench-out")
 

@@ -218,7 +218,7 @@ class Output:
         if planned_seconds:
             self._console.line(
                 "",
-                f"{steps:,} steps, about {fmt_duration(planned_seconds)} on a quiet 2-core machine"
+                f"{steps:,} steps, about {fmt_duration(planned_seconds)} on a 2-core machine"
                 + self.then,
             )
         self.same_core_note()

@@ -98,8 +98,9 @@ class Workload(ABC):
     #: ``-w loop``).
     default: ClassVar[bool] = True
     #: About how many seconds one progress step (a repetition of one contender, a
-    #: probe) takes in a quick run, the main job's, on a quiet 2-core machine: the
-    #: progress bar's plan and its time remaining.
+    #: probe) takes in a quick run, the main job's, on a 2-core machine (measured with
+    #: other work on it: a quiet one is faster): the progress bar's plan and its time
+    #: remaining.
     quick_step_seconds: ClassVar[float] = 1.0
 
     def step_seconds(self, settings: Settings) -> float:
