@@ -167,7 +167,7 @@ class IdleControl:
     ``uvicorn_protocol`` arms nothing of its own).
 
     One clock: every deadline is on the event loop's clock, read through ``_clock``
-    (the timer's own clock, ``aiowheel._driver.current_clock``), whichever timer files.
+    (``running_clock``: the clock the timer itself reads), whichever timer files.
 
     Invariants, kept by every method here:
 
