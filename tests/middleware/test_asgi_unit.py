@@ -475,3 +475,83 @@ async def test_a_tiny_body_min_rate_does_not_overflow_the_deadline(
         nothing_held(timer, middleware)
     assert client.sent[0][1]["status"] == 200
     assert client.sent[1][1]["body"] == b"4000"
+
+
+# -- the cancellation on asyncio: Task.cancel from the expiry, taken back with
+# Task.uncancel, as asyncio.timeout does it --
+
+
+async def test_the_cancellation_is_taken_back(backend: str) -> None:
+    if backend == "trio":
+        pytest.skip("trio: an anyio cancel scope, nothing to take back")
+    import asyncio
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await anyio.sleep_forever()
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0  # nothing left pending for the server's task
+        await asyncio.sleep(0)  # and no CancelledError left to come
+    assert peer.sent[0][1]["status"] == 503
+
+
+async def test_a_cancellation_not_only_ours_goes_on_up(backend: str) -> None:
+    if backend == "trio":
+        pytest.skip("trio: an anyio cancel scope")
+    import asyncio
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await anyio.sleep_forever()
+        except asyncio.CancelledError:
+            # Someone else (a server shutting down) cancels the task too, meanwhile.
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            raise
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        task = asyncio.current_task()
+        assert task is not None
+        before = task.cancelling()
+        with pytest.raises(asyncio.CancelledError):
+            await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+                http_scope(), peer.receive, peer.send
+            )
+        # Ours taken back, the other one left for whoever asked for it: still
+        # counted, and delivered at the task's next await.
+        assert task.cancelling() == before + 1
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.sleep(0)
+        task.uncancel()
+    assert peer.sent == []  # not answered: the task is going away
+
+
+async def test_an_application_that_swallows_the_cancellation(backend: str) -> None:
+    if backend == "trio":
+        pytest.skip("trio: an anyio cancel scope")
+    import asyncio
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await anyio.sleep_forever()
+        except asyncio.CancelledError:
+            pass  # carries on (asyncio.timeout's rule: it is not cancelled again)
+        await respond(send, b"late")
+
+    async with Timer(tick=TICK) as timer:
+        peer = Peer(timer)
+        await IdleTimeoutMiddleware(app, timeout=T, timer=timer)(
+            http_scope(), peer.receive, peer.send
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0
+    assert [m.get("body") for _, m in peer.sent] == [None, b"late"]
