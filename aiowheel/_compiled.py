@@ -61,6 +61,7 @@ MODULES: tuple[str, ...] = (
     "_purgatory",
     "_loophandle",
     "_tracing",
+    "_driver",
 )
 
 #: The environment variable that forces the pure-Python core (at build and at import).

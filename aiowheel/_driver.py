@@ -34,10 +34,21 @@ import time
 from collections.abc import Callable, Coroutine
 from contextvars import Context, copy_context
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+
+from ._awaits import quiet
+
+_C = TypeVar("_C")
+
+try:
+    from mypy_extensions import mypyc_attr
+except ImportError:  # not a runtime dependency: the pure core only needs a no-op
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
+        return lambda cls: cls
 
 __all__ = [
     "AnyioDriver",
@@ -281,7 +292,7 @@ class AnyioDriver:
             self.arm(-_INF)
 
     async def start(self, tg: TaskGroup) -> None:
-        await tg.start(self.run)
+        await quiet(tg.start(self.run))
 
     def stop(self) -> None:
         self._stopped = True
@@ -294,7 +305,7 @@ class AnyioDriver:
             # the timer's pass runs, _scope is None and arming only records _deadline.
             with anyio.CancelScope(deadline=self._deadline) as scope:
                 self._scope = scope
-                await anyio.sleep_forever()
+                await quiet(anyio.sleep_forever())
             self._scope = None
             self._deadline = _INF
             check = self._recheck
@@ -430,6 +441,7 @@ class Backend(Protocol):
         when the job raised it by itself."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the drop-in loop's _LoopBackend
 class AsyncioBackend:
     """asyncio and uvloop: a ``call_at`` driver; workers made with ``loop.create_task``.
 
@@ -481,7 +493,7 @@ class AsyncioBackend:
         current = asyncio.current_task()
         tasks = [task for task in self._tasks if task is not current]
         if tasks:
-            await asyncio.wait(tasks)
+            await quiet(asyncio.wait(tasks))
 
     def block_cancel(self) -> BlockCancel:
         assert self.loop is not None

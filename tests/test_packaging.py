@@ -30,6 +30,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
     "_lifecycle": ("tests/test_timer.py",),
     "_timer": ("tests/test_timer.py",),
     "_timeout": ("tests/test_timeout.py",),
+    "_driver": ("tests/test_driver.py",),
     "_purgatory": ("tests/test_purgatory.py",),
     "_loophandle": ("tests/loop/test_loop_timer.py",),
     "_tracing": ("tests/test_tracing.py",),
