@@ -6,8 +6,9 @@ thread, another event loop runs (docs/design.md, "Loop affinity"). The calls tha
 wait or set things up also compare the running loop (``check``). A foreign caller gets
 ``foreign()``'s ``RuntimeError``; threads go through ``call_threadsafe``.
 
-The hot paths (``Timer.schedule_nowait``, ``Timer._cancel`` and the handle's inline
-``reset``, through ``Timer._on_owner_loop``) keep an inline copy of ``here``, tagged.
+The hot paths (``Timer.schedule_nowait``, ``TimerLifecycle._cancel`` and the handle's
+inline ``reset``, through ``TimerLifecycle._on_owner_loop``) keep an inline copy of
+``here``, tagged.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ workers and the supervisor (``aclose()``), ``Host.close_recorder`` closes the re
 ``Timer`` keeps the lifecycle itself: its states, what each call may do in each, and
 the order of the steps; the host does the steps that need tasks. The drop-in event
 loop (``_loop.py``) needs no host: the loop drives its timer's engine and spawns its
-workers (``Timer._open_for_loop``).
+workers (``TimerLifecycle._open_for_loop``).
 
 Interpreted (not in ``_compiled.MODULES``), like ``_driver.py``: each method runs once
 per timer.

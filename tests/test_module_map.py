@@ -607,18 +607,8 @@ def cited_names_missing() -> list[tuple[str, str]]:
     return missing
 
 
-# Cited on the class that inherits them, in modules whose docstrings are another
-# engineer's to fix (they live in TimerLifecycle, aiowheel/_lifecycle.py): the test
-# fails once they are fixed, so that this list empties with them.
-NOT_YET_FIXED = {
-    ("_affinity", "Timer._cancel"),
-    ("_affinity", "Timer._on_owner_loop"),
-    ("_host", "Timer._open_for_loop"),
-}
-
-
 def test_the_names_a_core_docstring_cites_exist_where_it_says() -> None:
-    assert set(cited_names_missing()) == NOT_YET_FIXED
+    assert cited_names_missing() == []
 
 
 def test_a_name_cited_on_the_wrong_class_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
