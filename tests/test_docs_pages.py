@@ -18,9 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: The project's own record: exempt, and it says why on its first lines.
 PROJECT_PAGES = frozenset({"docs/benchmark-history.md"})
-#: Pages other engineers own that still cite issue numbers (docs/longpoll.md: the
-#: attacks and answers of its memory bound). Listed here, not silently skipped.
-PENDING_ISSUE_NUMBERS = frozenset({"docs/longpoll.md"})
 
 
 def user_pages() -> list[str]:
@@ -51,21 +48,7 @@ def internal_references(text: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(
-    "page",
-    [
-        pytest.param(
-            page,
-            marks=pytest.mark.xfail(
-                reason=f"{page} is another engineer's, and still cites issue numbers",
-                strict=False,
-            ),
-        )
-        if page in PENDING_ISSUE_NUMBERS
-        else page
-        for page in user_pages()
-    ],
-)
+@pytest.mark.parametrize("page", user_pages())
 def test_a_user_page_cites_no_issue_number_and_no_internal_target(page: str) -> None:
     assert internal_references(_read(page)) == [], page
 
