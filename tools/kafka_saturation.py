@@ -9,8 +9,8 @@ completions, the measured lags) with a model that does nothing. Each probe also
 counts the garbage collector's collections per generation, how long they took, and
 how many objects the young generation held when one started (CPython 3.11 counts the
 frees of old objects against the young generation, so it can hold several times its
-threshold). Contenders alternate, round by round (docs/benchmarks.md, "What bounds
-the three that are missed").
+threshold). Contenders alternate, round by round (docs/benchmark-history.md, "What
+bounds the three that are missed").
 
 CONTENDERS: comma-separated, default ``aiowheel-uvloop,call_later-uvloop,null``.
 """

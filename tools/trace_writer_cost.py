@@ -8,8 +8,8 @@ levels), then times each step of the conversion that
 ``_TraceWriter.write_columns`` (aiowheel/trace.py) makes before it lets the loop
 go on, and the freeing of the rows' values that follows the write: ns per row,
 medians over BATCHES (default 15). The steps are the same calls, repeated here one
-by one so that each can be timed (docs/benchmarks.md, "What bounds the three that
-are missed").
+by one so that each can be timed (docs/benchmark-history.md, "What bounds the
+three that are missed").
 """
 
 from __future__ import annotations

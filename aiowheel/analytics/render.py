@@ -394,7 +394,8 @@ uvicorn server on 127.0.0.1 loaded from another process, the `server` workload) 
 the drop-in loop and on the plain loop of the same base. How many times better the
 drop-in loop is than each plain loop, on that loop's own base (`call_later-uvloop`
 with `loop-uvloop`): above 1{X} the drop-in loop is better. From
-{md_code(_shown_path(headline.bench.path, out))}; docs/benchmarks.md says what each workload does.
+{md_code(_shown_path(headline.bench.path, out))}; docs/bench-workloads.md says what each workload
+does.
 {across}
 Above 1{X} the drop-in loop is better, below 1{X} the plain loop is; "{NO_DIFFERENCE}"
 where the two loops' min-max ranges over their repetitions overlap (the ratio's range

@@ -13,8 +13,8 @@ it writes ``DIR/bench-results.json`` after the run, before the report is built::
 
 It is written after each workload variant (``complete`` false), and once more at the
 end. The file is replaced atomically (a temporary file in DIR, then a rename): a reader
-sees the previous run's file or this one's, never half of one. docs/benchmarks.md
-documents the format.
+sees the previous run's file or this one's, never half of one. docs/bench-json.md
+("bench-results.json") documents the format.
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ def fill_ratios(results: list[Result]) -> None:
     """Give every peer result its ratios against the untraced aiowheel contender of
     the same workload, variant, metric and *backend* (None where either figure is
     withheld): a ratio always compares one event loop with itself, the timer being
-    the only difference (issue 32: ``call_later-uvloop`` against ``loop-asyncio``
-    read as a regression of the drop-in loop).
+    the only difference (``call_later-uvloop`` against ``loop-asyncio`` would read
+    uvloop's lead over asyncio as a regression of the drop-in loop).
 
     A peer with no aiowheel contender on its backend (``call_later-rloop``: there is
     no drop-in loop on rloop) gets one ratio, against the first of ``_PREFERRED``

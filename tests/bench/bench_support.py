@@ -54,7 +54,7 @@ TINY = [
     "0.02",
 ]
 
-#: The keys of a result line (docs/benchmarks.md, "Output").
+#: The keys of a result line (docs/bench-json.md, "Output").
 RESULT_KEYS = {
     "type",
     "workload",
