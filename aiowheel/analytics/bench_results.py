@@ -1,7 +1,9 @@
 """The benchmark's own results (``bench-results.json``) and the report's headline.
 
 ``aiowheel bench`` saves its results next to the traces it records, as a JSON object
-``{"version": 1, "settings": {...}, "machine": {...}, "results": [...]}``; each result
+``{"version": 1, "settings": {...}, "machine": {...}, "complete": ..., "results": [...]}``
+(docs/bench-json.md; ``complete`` false: a run that did not finish, whose file holds
+the workload variants it did finish, which are reported as any others); each result
 is one metric of one contender on one workload variant (its median over repetitions),
 and a peer's result (``kind`` other than ``"aiowheel"``) carries ``ratios``: aiowheel
 contender name -> how many times better aiowheel is than that peer (> 1: aiowheel is
