@@ -56,7 +56,7 @@ class Settings:
     loop_seconds: float = 1.0
     #: server: seconds of load per phase (None: 0.5 quick, 2 otherwise).
     server_seconds: float | None = None
-    #: server: rounds (None: 1 quick, ``reps`` otherwise; --reps sets it).
+    #: server: rounds (None: the larger of 3 and ``reps``; --reps, when given, sets it).
     server_rounds: int | None = None
     #: Tasks are ~3 KB each: the trio-native contender skips sizes above this.
     trio_max_tasks: int = 200_000
