@@ -12,6 +12,7 @@ figure state, no GUI backend, nothing to close.
 from __future__ import annotations
 
 import math
+import textwrap
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -75,6 +76,11 @@ _DPI: Final = 110
 _WIDTH: Final = 10.0
 _LINESTYLES: Final[tuple[Any, ...]] = ("-", "--", ":", "-.")
 _NOTE: Final = {"fontsize": 8, "color": "0.35"}
+#: Characters a line of a figure's footnote holds at its width.
+_NOTE_WIDTH: Final = 150
+#: A peer's reason for having no bar is written beside its row up to this length;
+#: a longer one goes under the figure, once (_footnote).
+_REASON_BESIDE: Final = 40
 
 
 def contender_colour(name: str) -> str:
@@ -166,15 +172,23 @@ def _legend(
     )
 
 
-def _footnote(figure: Figure, left_out: dict[str, str]) -> None:
-    """Name the workloads a figure does not show, and why, under it."""
-    if not left_out:
-        return
+def _footnote(
+    figure: Figure, left_out: dict[str, str], peers_left_out: dict[str, str] | None = None
+) -> None:
+    """Name the workloads a figure does not show, and why, under it; and the peers a
+    panel names without a bar (``peers_left_out``: peer -> why), each reason once,
+    wrapped to the figure's width (a reason drawn beside each bar ran off the figure
+    and pushed the metric names out of it)."""
+    lines: list[str] = []
     reasons: dict[str, list[str]] = {}
     for workload, reason in left_out.items():
         reasons.setdefault(reason, []).append(workload)
-    text = "; ".join(f"not shown ({why}): {', '.join(names)}" for why, names in reasons.items())
-    figure.supxlabel(plain(text), **_NOTE)
+    lines.extend(f"not shown ({why}): {', '.join(names)}" for why, names in reasons.items())
+    lines.extend(f"{peer}: {why}" for peer, why in (peers_left_out or {}).items())
+    if not lines:
+        return
+    wrapped = "\n".join(textwrap.fill(plain(line), _NOTE_WIDTH) for line in lines)
+    figure.supxlabel(wrapped, ha="left", x=0.01, **_NOTE)
 
 
 def _nothing_to_show(left_out: dict[str, str]) -> str:
@@ -254,9 +268,10 @@ def plot_headline(
     axes = figure.subplots(
         len(groups), 1, squeeze=False, sharex=True, height_ratios=[0.6 + 0.19 * n for n in sizes]
     )[:, 0]
+    peers_left_out: dict[str, str] = {}
     for ax, (workload, variant) in zip(axes, groups, strict=True):
         part = shown[(shown.workload == workload) & (shown.variant == variant)]
-        _headline_panel(ax, part, peers, limits)
+        _headline_panel(ax, part, peers, limits, peers_left_out)
         name = f"{workload} ({variant})" if variant else workload
         if (part["note"] == SINGLE_SEARCH).any():
             name += ": ONE search per contender, not a median"
@@ -282,14 +297,17 @@ def plot_headline(
             fontsize=8.5,
             color="0.3",
         )
-    if empty:
-        _footnote(figure, dict.fromkeys(empty, "no ratio: every peer skipped"))
+    _footnote(figure, dict.fromkeys(empty, "no ratio: every peer skipped"), peers_left_out)
     _legend(figure, f"{title}\n{subtitle}" if subtitle else title, peers)
     return _save(figure, path)
 
 
 def _headline_panel(
-    ax: Axes, part: pd.DataFrame, peers: Sequence[str], limits: tuple[float, float]
+    ax: Axes,
+    part: pd.DataFrame,
+    peers: Sequence[str],
+    limits: tuple[float, float],
+    left_out: dict[str, str],
 ) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -306,7 +324,10 @@ def _headline_panel(
             ratio = float(row["ratio"])
             colour = contender_colour(peer)
             if math.isnan(ratio):
-                why = row["note"] or "no ratio"
+                why = str(row["note"] or "no ratio")
+                if len(why) > _REASON_BESIDE:
+                    left_out.setdefault(peer, why)
+                    why = "no bar (why: under the figure)"
                 ax.text(
                     1.0,
                     y,

@@ -349,3 +349,38 @@ def test_kafka_results_whose_params_are_no_object_are_left_out(tmp_path: Path) -
     from aiowheel.analytics.bench_results import kafka_rates
 
     assert kafka_rates(bench).empty
+
+
+def test_a_long_reason_for_a_missing_bar_is_said_once_under_the_figure(tmp_path: Path) -> None:
+    # A peer skipped for a long reason (rloop under wrk) had it drawn beside every row:
+    # it ran off the figure, and constrained layout pushed the metric names out of it.
+    why = "skipped: rloop 0.5.0 under wrk: " + "a reason long enough to run off " * 4
+    row = {
+        "workload": "server",
+        "variant": "trivial",
+        "label": "requests/s",
+        "unit": "1/s",
+        "better": "higher",
+        "aiowheel": "loop-uvloop",
+        "peer_median": 1.0,
+        "aiowheel_median": 1.0,
+        "peer_min": 1.0,
+        "peer_max": 1.0,
+        "aiowheel_min": 1.0,
+        "aiowheel_max": 1.0,
+        "no_difference": False,
+    }
+    rows = [
+        {**row, "metric": metric, "peer": "call_later-uvloop", "ratio": 1.5, "note": ""}
+        for metric in ("rps", "cpu_us")
+    ] + [
+        {**row, "metric": metric, "peer": "call_later-rloop", "ratio": math.nan, "note": why}
+        for metric in ("rps", "cpu_us")
+    ]
+    figure = plots.plot_headline(pd.DataFrame(rows), tmp_path / LOOP_PNG, ours="the drop-in loop")
+    beside = [t.get_text() for ax in figure.axes for t in ax.texts]
+    assert not any("rloop 0.5.0" in text for text in beside)
+    assert sum("no bar (why: under the figure)" in text for text in beside) == 2
+    note = figure._supxlabel.get_text()  # type: ignore[attr-defined]
+    assert note.count("rloop 0.5.0 under wrk") == 1
+    assert all(len(line) <= plots._NOTE_WIDTH for line in note.splitlines())
