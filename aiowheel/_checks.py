@@ -26,6 +26,24 @@ from typing import NoReturn, SupportsIndex, cast
 
 from ._exceptions import TimerClosed, TimerFull
 
+#: How much of a bad value an error message shows (``shown``).
+_SHOWN = 60
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, cut to its first and last characters
+    when long (``10**400`` made a 447-character message): ``'1000…0000' (401
+    characters)``. A repr that raises shows the type instead."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<a {type(value).__name__} whose repr raised>"
+    if len(text) <= _SHOWN:
+        return text
+    half = _SHOWN // 2 - 2
+    return f"{text[:half]}\u2026{text[-half:]} ({len(text):,} characters)"
+
+
 __all__ = [
     "check_callable",
     "check_int",
@@ -34,6 +52,7 @@ __all__ = [
     "full",
     "not_copyable",
     "seconds",
+    "shown",
     "too_far",
 ]
 
@@ -41,49 +60,51 @@ __all__ = [
 def seconds(value: object, what: str = "delay") -> float:
     """``value`` as a finite float number of seconds, or the documented exception."""
     if isinstance(value, bool):
-        raise TypeError(f"{what} must be a number of seconds, not a bool ({value!r})")
+        raise TypeError(f"{what} must be a number of seconds, not a bool ({shown(value)})")
     if isinstance(value, numbers.Real | Decimal):
         try:
             result = float(value)
         except (ValueError, OverflowError, ArithmeticError):
             # Decimal('sNaN') refuses float(); an int past 1e308 overflows it.
-            raise ValueError(f"{what} must be a finite number of seconds, got {value!r}") from None
+            raise ValueError(
+                f"{what} must be a finite number of seconds, got {shown(value)}"
+            ) from None
         if result - result != 0.0:  # NaN or an infinity
-            raise ValueError(f"{what} must be finite, got {value!r}")
+            raise ValueError(f"{what} must be finite, got {shown(value)}")
         return result
     if isinstance(value, timedelta):
         raise TypeError(
-            f"{what} must be a number of seconds, got a timedelta ({value!r}): "
+            f"{what} must be a number of seconds, got a timedelta ({shown(value)}): "
             "pass td.total_seconds()"
         )
-    raise TypeError(f"{what} must be a number of seconds, got {value!r}")
+    raise TypeError(f"{what} must be a number of seconds, got {shown(value)}")
 
 
 def too_far(what: str, value: float) -> NoReturn:
     """A finite delay whose deadline does not fit in a float."""
-    raise ValueError(f"{what} {value!r} puts the deadline past the largest float")
+    raise ValueError(f"{what} {shown(value)} puts the deadline past the largest float")
 
 
 def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
     """``value`` as an ``int`` (anything with ``__index__`` but a bool) in bounds."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise TypeError(f"{name} must be an int, got {shown(value)}")
     value = operator.index(cast("SupportsIndex", value))
     if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be at least {minimum}, got {shown(value)}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
+        raise ValueError(f"{name} must be at most {maximum}, got {shown(value)}")
     return value
 
 
 def check_label(label: object) -> None:
     if label is not None and not isinstance(label, str):
-        raise TypeError(f"label must be a str or None, got {label!r}")
+        raise TypeError(f"label must be a str or None, got {shown(label)}")
 
 
 def check_callable(callback: object) -> None:
     if not callable(callback):
-        raise TypeError(f"callback must be callable, got {callback!r}")
+        raise TypeError(f"callback must be callable, got {shown(callback)}")
 
 
 def not_copyable(obj: object, why: str) -> NoReturn:

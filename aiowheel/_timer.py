@@ -75,6 +75,7 @@ from ._checks import (
     full,
     not_copyable,
     seconds,
+    shown,
 )
 from ._driver import current_clock
 from ._engine import Engine
@@ -340,7 +341,7 @@ class Timer(TimerLifecycle):
         # A finite float passes with two tests; anything else goes through the rule.
         seconds_ = delay if type(delay) is float and delay - delay == 0.0 else to_seconds(delay)
         if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
+            raise TypeError(f"callback must be callable, got {shown(callback)}")
         if label is not None and type(label) is not str:
             check_label(label)
         if live.pending >= self._limit:  # inline copy of admission (EngineState.admit)
