@@ -3,7 +3,7 @@
 A handle is also the wheel's entry (Kafka's ``TimerTaskEntry``): it is the node of
 its bucket's linked list, so cancelling it is an unlink. A handle has nine slots
 (four of ``WheelEntry``: deadline, bucket and the two links) and no ``__dict__``
-(docs/benchmarks.md gives the bytes per pending timer on each core).
+(docs/benchmarks.md, "What you gain, and where", gives the bytes per pending timer).
 
 A handle talks to its timer through ``HandleOwner`` (below): the methods a handle
 calls and the three attributes it reads, which ``TimerLifecycle`` (``_lifecycle.py``,
@@ -108,7 +108,7 @@ def snapshot_context() -> Context:
 
     A server's timeouts are scheduled by tasks whose variables rarely change, and a
     ``Context`` per pending timer was 64 of a handle's 200 bytes and one more object
-    for every full collection to walk (docs/benchmarks.md, ``collector``).
+    for every full collection to walk (docs/bench-workloads.md, ``collector``).
 
     *The same variables* means the same objects, not equal ones (``Context ==
     Context`` compares values with ``==``: ``1 == True``, and two equal dicts are two

@@ -245,7 +245,7 @@ def _import_converters(pa: Any) -> None:
     the GIL back and forth for seconds: in a fresh process, the first trace of a
     churn with 1,000,000 pending (one timer in 100) still had its writer importing
     pandas during the timed schedule + cancel pairs, 143 ms of CPU there (perf;
-    docs/analytics.md, "Tracing in the compiled core")."""
+    docs/benchmark-history.md, "Tracing and the report's own costs")."""
     global _converted_once
     if not _converted_once:
         pa.array([None], pa.string())
