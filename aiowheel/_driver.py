@@ -50,6 +50,7 @@ except ImportError:  # not a runtime dependency: the pure core only needs a no-o
     def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
         return lambda cls: cls
 
+
 __all__ = [
     "AnyioDriver",
     "AsyncioBackend",
