@@ -59,7 +59,7 @@ from ._loophandle import IntWhenHandle, LoopCalls, LoopTimerHandle, file_loop, w
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
-from ._wheel import Wheel, WheelEntry
+from ._wheel import WheelEntry
 
 __all__ = [
     "EventLoopPolicy",
@@ -153,10 +153,6 @@ class _WheelLoop(WheelEventLoop):
     @property
     def _engine(self) -> Engine:
         return cast("Engine", self.timer._engine)
-
-    @property
-    def _wheel(self) -> Wheel:
-        return self._engine.wheel
 
     def _init_timer(self, name: str, tick: float, grid: float) -> None:
         _import_anyio_backend()

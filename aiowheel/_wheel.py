@@ -360,10 +360,6 @@ class Wheel:
         return self.origin + tick * self.tick
 
     @property
-    def now_tick(self) -> int:
-        return self._now
-
-    @property
     def levels(self) -> int:
         """How many wheels exist (overflow wheels are created on demand)."""
         return len(self._levels)

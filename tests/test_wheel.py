@@ -46,7 +46,7 @@ def drive(wheel: Wheel, until: float = math.inf) -> list[tuple[float, Entry]]:
         if when is None or when > until:
             return fired
         if when == -math.inf:
-            when = wheel.tick_time(wheel.now_tick)
+            when = wheel.tick_time(wheel._now)
         fired.extend((when, entry) for entry in flush(wheel, when))
 
 
@@ -531,7 +531,7 @@ def test_driving_to_a_far_deadline_takes_few_wake_ups() -> None:
         fired = flush(wheel, when)
         wheel._check()
     assert fired == [target]
-    assert wheel.tick_time(wheel.now_tick) >= target._deadline
+    assert wheel.tick_time(wheel._now) >= target._deadline
 
 
 def test_an_entry_extended_to_the_far_buckets_own_time_fires_then() -> None:
@@ -607,7 +607,7 @@ def test_an_entry_due_by_its_tick_but_not_by_the_clock_waits_one_tick() -> None:
     flush(wheel, now)
     hair = Entry(0)
     deadline = math.nextafter(now, math.inf)
-    assert wheel.due_tick_of(deadline) == wheel.now_tick  # due by the tick count...
+    assert wheel.due_tick_of(deadline) == wheel._now  # due by the tick count...
     wheel.insert(hair, deadline)
     assert flush(wheel, now) == []  # ...not by the clock
     wheel._check()
@@ -650,7 +650,7 @@ def test_the_wheel_files_on_the_level_level_for_names(size: int) -> None:
     for _ in range(300):
         wheel = Wheel(1.0, size, 0.0)
         flush(wheel, float(rng.randrange(0, size**4)))
-        now = wheel.now_tick
+        now = wheel._now
         e = now + 1 + rng.randrange(0, size ** rng.randrange(1, 7))
         entry = Entry(0)
         wheel.insert(entry, float(e))

@@ -145,7 +145,7 @@ def one_pass(
 def drive(wheel: Wheel, fired: list[tuple[float, Entry]]) -> None:
     while (when := wheel.next_expiry()) is not None:
         if when == -math.inf:
-            when = wheel.tick_time(wheel.now_tick)
+            when = wheel.tick_time(wheel._now)
         one_pass(wheel, when, fired, stop=sys.maxsize)
 
 

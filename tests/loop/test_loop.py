@@ -44,10 +44,10 @@ def test_handle_contract(base: str) -> None:
         await done
         assert seen == [("inner", True)]
         other = loop.call_later(10, cb)
-        assert len(loop._wheel) == 1  # type: ignore[attr-defined]
+        assert len(loop._engine.wheel) == 1  # type: ignore[attr-defined]
         other.cancel()
         assert other.cancelled()
-        assert len(loop._wheel) == 0  # type: ignore[attr-defined]  # off the wheel at once
+        assert len(loop._engine.wheel) == 0  # type: ignore[attr-defined]  # off the wheel at once
 
     run_on(base, main)
 
@@ -200,7 +200,7 @@ def test_asyncio_timeouts(base: str) -> None:
                 await asyncio.Event().wait()
         assert loop.time() >= start + 0.01
         assert await asyncio.wait_for(asyncio.sleep(0, "x"), 1) == "x"
-        assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+        assert len(loop._engine.wheel) == 0  # type: ignore[attr-defined]
 
     run_on(base, main)
 
@@ -211,7 +211,7 @@ def test_close_drops_pending(base: str) -> None:
     handle = loop.call_later(100, print)
     assert isinstance(handle, LoopTimerHandle)
     loop.close()
-    assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+    assert len(loop._engine.wheel) == 0  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="closed"):
         loop.call_later(1, print)
 
@@ -231,7 +231,7 @@ def test_bad_input() -> None:
             loop.call_at(None, print)  # type: ignore[arg-type]
         # NaN and infinities: what the base loop does (its heap), never the wheel
         loop.call_at(math.inf, print).cancel()
-        assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+        assert len(loop._engine.wheel) == 0  # type: ignore[attr-defined]
     finally:
         loop.close()
 
@@ -303,7 +303,7 @@ def test_call_at_and_call_later_are_compiled_on_the_loop(base: str) -> None:
             nan = loop.call_at(math.nan, print)
             assert not isinstance(nan, LoopTimerHandle)
             nan.cancel()
-        assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+        assert len(loop._engine.wheel) == 0  # type: ignore[attr-defined]
     finally:
         loop.close()
     with pytest.raises(RuntimeError, match="Event loop is closed"):

@@ -507,7 +507,7 @@ def test_the_wheel_keeps_its_clock_under_a_patched_time(base: str) -> None:
         ran: list[float] = []
         when = real() + 0.02
         handle = loop.call_at(when, lambda: ran.append(real()))
-        assert handle in list(loop._wheel)  # on the wheel
+        assert handle in list(loop._engine.wheel)  # on the wheel
         with mock.patch.object(loop, "time", return_value=loop.time() + 3600):
             base_timer = loop.call_later(0.001, print)  # the base loop's, on its clock
             assert not hasattr(base_timer, "_engine")
