@@ -238,8 +238,12 @@ async def test_async_callbacks_run_fifo_in_expiry_order(unit: float) -> None:
         step = 3 * TICK if unit < 1 else 0.01
         ids = list(range(12))
         random.Random(3).shuffle(ids)
-        handles = {i: timer.schedule_nowait((i + 1) * step, job, i) for i in ids}
-        timer.schedule_nowait(14 * step, all_expired.set)
+        # Deadlines from one origin: on uvloop's real clock, scheduling the twelve may
+        # take longer than a step (a loaded machine), and delays from each call's own
+        # "now" would then put a later id before an earlier one.
+        origin = timer.time()
+        handles = {i: timer.schedule_at_nowait(origin + (i + 1) * step, job, i) for i in ids}
+        timer.schedule_at_nowait(origin + 14 * step, all_expired.set)
         await all_expired.wait()
         assert order == []
         assert len(timer) == 12
