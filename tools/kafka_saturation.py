@@ -20,14 +20,12 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
+import time
 from typing import Any
 
 from aiowheel.bench import kafka
 from aiowheel.bench.contenders import CONTENDERS
 from aiowheel.bench.settings import Settings
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from trace_gc_probe import GcCount
 
 RATE = 1_000_000.0
 #: The contenders the kafka workload runs in this process (the -pure ones run in a
@@ -35,19 +33,25 @@ RATE = 1_000_000.0
 NAMES = {c.name for c in CONTENDERS if kafka.Kafka().applies_to(c) and not c.pure} | {"null"}
 
 
-class GcWatch(GcCount):
-    """GcCount (collections and their seconds), and the young list's size at every
-    eighth young collection."""
+class GcWatch:
+    """A ``gc.callbacks`` hook: the collections per generation and their seconds, and
+    the young list's size at every eighth young collection."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.active = True
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
         self.young: list[int] = []
+        self._t = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and info["generation"] == 0 and self.count[0] % 8 == 0:
-            self.young.append(len(gc.get_objects(0)))
-        super().__call__(phase, info)
+        gen = info["generation"]
+        if phase == "start":
+            if gen == 0 and self.count[0] % 8 == 0:
+                self.young.append(len(gc.get_objects(0)))
+            self._t = time.perf_counter()
+        else:
+            self.count[gen] += 1
+            self.seconds[gen] += time.perf_counter() - self._t
 
 
 def _null_model(env: Any, counters: Any) -> Any:

@@ -69,7 +69,8 @@ EPILOG = "\n\n".join(
         _paragraph(
             "The loop-* workloads and server (aiowheel's drop-in event loop against the "
             "plain loops; server: a uvicorn server under load) run only when asked for "
-            "(-w loop runs every loop-* one), or with --report."
+            "(-w loop runs every loop-* one), or with --report; tracing (what a trace "
+            "adds to an aiowheel timer) only when asked for."
         ),
         _paragraph(
             "contenders: "
@@ -171,7 +172,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         choices=[*WORKLOADS, *GROUPS],
         metavar="NAME",
-        help=f"run this workload (repeatable; default: all but the loop-* ones; "
+        help=f"run this workload (repeatable; default: all but the loop-* ones, server "
+        f"and tracing; "
         f"loop: every loop-* one): {', '.join([*WORKLOADS, *GROUPS])}",
     )
     parser.add_argument(
@@ -187,7 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N[,N...]",
         help="number of timers (connections for idle) for every N-based workload "
         "(default per workload: churn and memory 1,000,000; rearm 100,000; fire 200,000; "
-        "spread 100,000; idle 10,000 and 100,000)",
+        "spread 100,000; idle 10,000 and 100,000; tracing 200,000)",
     )
     parser.add_argument(
         "--reps",

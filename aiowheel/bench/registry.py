@@ -1,5 +1,5 @@
 """Every workload, by name, in the order ``aiowheel bench`` runs them (the opt-in ones,
-``-w loop``, last).
+``-w loop``, ``server`` and ``tracing``, last).
 
 The only module that imports the workloads: they import their interfaces
 (``workload.py``) and never each other.
@@ -18,6 +18,7 @@ from .loop_workloads import (
     LoopTimeout,
 )
 from .server import Server
+from .tracing import Tracing
 from .workload import AnyWorkload
 from .workloads import Churn, Collector, Fire, Idle, Memory, Rearm, Spread, TimeoutScope
 
@@ -43,6 +44,7 @@ WORKLOADS: dict[str, AnyWorkload] = {
         LoopMemory(),
         LoopCollector(),
         Server(),
+        Tracing(),
     )
 }
 

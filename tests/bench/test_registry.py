@@ -30,6 +30,7 @@ def test_every_workload_in_the_default_order() -> None:
         "loop-memory",
         "loop-collector",
         "server",
+        "tracing",
     ]
     for name, workload in WORKLOADS.items():
         assert workload.name == name
