@@ -42,6 +42,14 @@ def _source(name: str) -> str:
     return os.path.join(PACKAGE, f"{name}.py")
 
 
+#: The C module built with the compiled core (aiowheel/_gcutil.c), never without it.
+GCUTIL = "_gcutil"
+
+
+def _c_source(name: str) -> str:
+    return os.path.join(PACKAGE, f"{name}.c")
+
+
 def mypyc_extensions(target_dir: str) -> list[Extension]:
     """Generate the C of the compiled core and describe its extension modules: one
     shared library (``aiowheel/_core__mypyc``) and one small module per source."""
@@ -68,6 +76,9 @@ def mypyc_extensions(target_dir: str) -> list[Extension]:
         )
     )
     weakref_safe(target_dir)
+    # The compiled core's one hand-written C module: it untracks and tracks an object
+    # for the garbage collector, which Python cannot (aiowheel/_gcutil.c).
+    extensions.append(Extension(f"{PACKAGE}.{GCUTIL}", sources=[_c_source(GCUTIL)]))
     return extensions
 
 
@@ -272,7 +283,7 @@ class build_core(build_ext):
         try:
             for where in {False, inplace}:
                 self.inplace = where
-                for name in [*MODULES, "_core__mypyc"]:
+                for name in [*MODULES, "_core__mypyc", GCUTIL]:
                     path = self.get_ext_fullpath(f"{PACKAGE}.{name}")
                     paths += [path, os.path.join(os.path.dirname(path), CORE["MANIFEST"])]
         finally:

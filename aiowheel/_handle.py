@@ -68,7 +68,7 @@ from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
 from ._checks import not_copyable, seconds
-from ._wheel import WheelEntry
+from ._wheel import GC_START, WheelEntry
 
 if TYPE_CHECKING:
     from ._affinity import Affinity
@@ -79,6 +79,7 @@ __all__ = [
     "TimerHandle",
     "TracedHandle",
     "forget_snapshot",
+    "same_variables",
     "snapshot_context",
     "to_seconds",
 ]
@@ -121,7 +122,7 @@ def snapshot_context() -> Context:
     its own, run in directly (``PeriodicHandle``: a run sees what the last one set)."""
     context = _copy_context()
     last = _last_context[0]
-    if last is not None and _same_variables(context, last):
+    if last is not None and same_variables(context, last):
         return cast("Context", last)
     _last_context[0] = context
     return context
@@ -132,7 +133,7 @@ def forget_snapshot() -> None:
     _last_context[0] = None
 
 
-def _same_variables(context: Context, other: Context) -> bool:
+def same_variables(context: Context, other: Context) -> bool:
     """Whether two contexts hold the same variables bound to the same objects (at
     most _SHARE_LIMIT of them)."""
     n = len(context)
@@ -294,6 +295,7 @@ class TimerHandle(WheelEntry, Generic[T]):
     def __init__(
         self, timer: HandleOwner, callback: Callable[..., Any], args: tuple[Any, ...]
     ) -> None:
+        self._gc = GC_START  # the collector's ledger (aiowheel/_wheel.py)
         self._timer = timer
         self._callback = callback
         self._args = args

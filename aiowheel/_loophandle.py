@@ -35,7 +35,7 @@ from contextvars import Context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, cast, final
 
 from ._handle import release, snapshot_context
-from ._wheel import Bucket, WheelEntry
+from ._wheel import GC_START, Bucket, WheelEntry
 
 if TYPE_CHECKING:
     from ._state import EngineState
@@ -95,6 +95,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         engine: EngineState,
         context: Context | None,
     ) -> None:
+        self._gc = GC_START  # the collector's ledger (aiowheel/_wheel.py)
         self._deadline = when
         self._bucket = None
         self._prev = self._next = None

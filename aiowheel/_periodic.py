@@ -21,15 +21,25 @@ import math
 import sys
 from collections.abc import Callable
 from contextvars import Context, copy_context
-from typing import TYPE_CHECKING, Any, Final, SupportsFloat, final
+from typing import TYPE_CHECKING, Any, Final, SupportsFloat, TypeVar, final
 
 from ._checks import too_far
-from ._handle import HandleOwner, TracedHandle, release
+from ._handle import HandleOwner, TracedHandle, release, same_variables
 
 if TYPE_CHECKING:
     from ._state import EngineState
 
 __all__ = ["PeriodicHandle", "Periodics"]
+
+_C = TypeVar("_C")
+
+try:  # mypyc reads its class options from this decorator (aiowheel/_compiled.py)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python without mypy installed: the decorator does nothing
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[_C], _C]:
+        return lambda cls: cls
+
 
 _INF: Final = math.inf
 _copy_context: Final = copy_context
@@ -85,6 +95,7 @@ class Periodics:
     def end(self, handle: PeriodicHandle) -> None:
         # A run ended: file the next period in the slot it holds (no admission).
         handle._in_run = False
+        handle._share_back()
         if not handle._active:
             return  # stopped during the run: cancel() or the close gave its slot back
         engine = self.engine
@@ -173,7 +184,9 @@ class Periodics:
         reserved = 0
         for periodic in self.active:
             assert periodic._active, periodic
-            assert periodic._callback == periodic._run, periodic
+            run = periodic._callback
+            assert isinstance(run, _Run), periodic
+            assert run.handle is periodic, periodic
             if periodic._bucket is None:
                 assert periodic._in_run, f"{periodic!r}: active, not filed, not running"
                 reserved += 1
@@ -196,6 +209,7 @@ class PeriodicHandle(TracedHandle[Any]):
         "_in_run",
         "_interval",
         "_k",
+        "_origin",
         "_periodics",
         "_rearmed",
         "_user_args",
@@ -219,13 +233,21 @@ class PeriodicHandle(TracedHandle[Any]):
         fixed_rate: bool,
         start: float,
     ) -> None:
-        super().__init__(timer, self._run, ())
+        # The callback is a _Run of this handle (below), not the bound method
+        # self._run: compiled, the collector does not track it, so a pending periodic
+        # timer is nothing for it to walk (docs/design.md, "Pending timers and the
+        # garbage collector").
+        super().__init__(timer, _Run(self), ())
         # Its engine's periodic timers, which keep its slot (a run calls them).
         self._periodics = periodics
-        # A context of its own, not a shared snapshot: every run is run in it
-        # directly, so a run sees what the last one set (docs/usage.md, "Context
-        # variables"; aiowheel/_handle.py, snapshot_context).
-        self._context = _copy_context()
+        # The scheduler's context, a snapshot maybe shared (aiowheel/_handle.py,
+        # snapshot_context). A run runs in a context of the handle's own, directly, so
+        # a run sees what the last one set (docs/usage.md, "Context variables"): a
+        # copy of the snapshot made for the first run (_run_context), and kept while
+        # runs leave it holding other variables than the snapshot; a run that set
+        # nothing gives it back (_share_back), so a pending periodic timer holds no
+        # object of its own for the collector to walk.
+        self._origin = self._context
         self._user_cb = callback
         self._user_args = args
         self._interval = interval
@@ -238,9 +260,21 @@ class PeriodicHandle(TracedHandle[Any]):
         self._rearmed = False
 
     def _run_context(self) -> Context:
-        """Its own context, run in directly: a run sees what the last one set."""
+        """Its own context, run in directly: a run sees what the last one set. Made
+        from the snapshot for the first run, and again after a run that set nothing
+        (a shared snapshot is never run in)."""
         context: Context = self._context
+        if context is self._origin:
+            context = context.copy()
+            self._context = context
         return context
+
+    def _share_back(self) -> None:
+        """A run ended: if its context holds the snapshot's variables, bound to the
+        same objects, hold the snapshot again (the next run copies it anew)."""
+        origin = self._origin
+        if self._context is not origin and same_variables(self._context, origin):
+            self._context = origin
 
     @property
     def callback(self) -> Callable[..., Any]:
@@ -279,9 +313,9 @@ class PeriodicHandle(TracedHandle[Any]):
         self._timer._reset_at(self, deadline)
 
     def _stop(self) -> None:
-        # While active, the callback slot holds the bound method self._run: a cycle
-        # (self -> method -> self). Break it when stopped, so a dropped handle is freed
-        # at once rather than by the garbage collector; _restart restores it.
+        # While active, the callback slot holds a _Run of this handle: a cycle (self ->
+        # run -> self), which compiled the collector cannot see. Break it when stopped,
+        # so a dropped handle is freed at once; _restart restores it.
         self._active = False
         self._rearmed = False
         self._callback = _stopped
@@ -293,7 +327,7 @@ class PeriodicHandle(TracedHandle[Any]):
         self._k = 0
         if not self._active:
             self._active = True
-            self._callback = self._run
+            self._callback = _Run(self)
 
     def _run(self) -> Any:
         # The run starts (the timer reserves the next period's slot), the callback is
@@ -344,6 +378,27 @@ class PeriodicHandle(TracedHandle[Any]):
             self._anchor = deadline
             self._k = 0
         return deadline
+
+
+@final
+@mypyc_attr(acyclic=True)
+class _Run:
+    """An active periodic timer's callback: one run of its handle.
+
+    Compiled, the garbage collector does not track it (``acyclic``: mypyc gives the
+    class no collector header), where a bound method ``handle._run`` would be one more
+    object per periodic timer for every full collection to walk. Safe because the one
+    cycle it is on, handle -> run -> handle, exists only while the handle is active:
+    then its engine's ``Periodics.active`` holds the handle anyway, and ``_stop``
+    replaces the run, which breaks the cycle, before the handle can be dropped."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: PeriodicHandle) -> None:
+        self.handle = handle
+
+    def __call__(self) -> Any:
+        return self.handle._run()
 
 
 def _stopped() -> None:

@@ -68,7 +68,11 @@ import heapq
 import math
 from collections.abc import Callable, Iterator
 from fractions import Fraction
-from typing import Any, Final, TypeVar
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+if TYPE_CHECKING:
+    from mypy_extensions import u8  # compiled: a one-byte field; a plain int otherwise
 
 _T = TypeVar("_T")
 
@@ -117,6 +121,62 @@ _FAR_KEY: Final = -(1 << 16)
 DUE_LEVEL: Final = -1  # entries already due when filed (Wheel._due, and its chunks)
 QUEUE_LEVEL: Final = -2  # the worker pool's run queue (aiowheel/_dispatch.py, RunQueue)
 FAR_LEVEL: Final = -3  # entries past the horizon (Wheel._far)
+
+
+# -- hidden from the collector while linked (compiled core only) ----------------------
+# Docs: docs/design.md, "Pending timers and the garbage collector".
+#
+# The compiled core takes an entry out of the cyclic garbage collector's lists when a
+# bucket links it and puts it back when it leaves its bucket for good (fired,
+# cancelled, or handed back by ``clear`` when its timer or loop closes), so that a
+# full collection does not walk a million pending timers. A move between buckets (a
+# cascade, a re-file, ``extend``) keeps it hidden (``Bucket.move_out``). An entry's
+# ``_gc`` says where it stands: GC_TRACKED (the collector sees it), GC_HIDDEN (it does
+# not), GC_OFF (never hidden: the pure core, or no aiowheel._gcutil).
+#
+# The invariant: **an entry the collector does not see is linked in a bucket, or is
+# being moved between two (``Expiry._moving``, ``Expiry._held``: ``clear`` shows
+# those).** So a collection never meets a hidden entry that has left its wheel, and
+# a cycle through a fired or cancelled handle (a callback that re-arms it) is freed
+# as before; nothing is held for later (the timer keeps no reference to a cancelled or
+# fired handle: docs/design.md, guarantee 7). A pending entry is reachable from its
+# bucket, and what it holds (its callback, arguments and context) stays alive through
+# it, as it must.
+GC_TRACKED: Final = 0
+GC_HIDDEN: Final = 1
+GC_OFF: Final = 2
+
+
+def _absent(obj: object, /) -> None:
+    """Stands for aiowheel._gcutil's functions where it is not built: never called
+    then, since no entry is ever hidden (GC_OFF)."""
+
+
+try:
+    from ._gcutil import track as _c_track
+    from ._gcutil import untrack as _c_untrack
+except ImportError:  # a pure install
+    _c_track = _c_untrack = _absent
+    _FOUND = False
+else:
+    _FOUND = True
+
+# Final: compiled, a C static each, called without a module-dict lookup.
+_show: Final = _c_track
+_hide: Final = _c_untrack
+# Compiled, this module's functions are not Python functions. The pure core
+# (AIOWHEEL_PURE=1) runs the .py beside extensions that may be there, and keeps its
+# behaviour: nothing hidden.
+HIDES: Final = _FOUND and type(_absent) is not FunctionType
+
+#: The ``_gc`` a new entry starts with.
+GC_START: Final = GC_TRACKED if HIDES else GC_OFF
+
+
+def show(entry: WheelEntry) -> None:
+    """An entry left its bucket for good: the collector sees it again."""
+    entry._gc = GC_TRACKED
+    _show(entry)
 
 
 def level_for(now: int, e: int, size: int) -> int:
@@ -195,6 +255,9 @@ class Bucket:
             last._next = entry
         self._last = entry
         entry._bucket = self
+        if entry._gc == GC_TRACKED:
+            entry._gc = GC_HIDDEN
+            _hide(entry)
 
     def add_cascaded(self, entry: WheelEntry) -> None:
         """Link ``entry`` (in no bucket) at the end of the cascaded prefix: after the
@@ -215,9 +278,20 @@ class Bucket:
             after._prev = entry
         self._cascaded = entry
         entry._bucket = self
+        if entry._gc == GC_TRACKED:
+            entry._gc = GC_HIDDEN
+            _hide(entry)
 
     def remove(self, entry: WheelEntry) -> None:
-        """Unlink ``entry``, which is in this bucket."""
+        """Unlink ``entry``, which is in this bucket, for good: it leaves the wheel."""
+        self.move_out(entry)
+        if entry._gc == GC_HIDDEN:
+            show(entry)
+
+    def move_out(self, entry: WheelEntry) -> None:
+        """Unlink ``entry``, which is in this bucket, to link it in another: the
+        wheel's moves (a cascade, a re-file, ``Wheel.extend``), which keep it hidden
+        from the collector."""
         before = entry._prev
         after = entry._next
         if entry is self._cascaded:
@@ -249,6 +323,8 @@ class Bucket:
             after = entry._next
             entry._prev = entry._next = None
             entry._bucket = None
+            if entry._gc == GC_HIDDEN:
+                show(entry)
             entries.append(entry)
             entry = after
         self._first = self._last = self._cascaded = None
@@ -293,9 +369,14 @@ class WheelEntry:
     otherwise; ``_prev`` and ``_next`` are its neighbours there.
     """
 
-    __slots__ = ("_bucket", "_deadline", "_next", "_prev")
+    __slots__ = ("_bucket", "_deadline", "_gc", "_next", "_prev")
+
+    # Where the entry stands with the garbage collector (the ledger, above). First in
+    # the compiled struct: one byte in the padding after mypyc's bitmap, no more memory.
+    _gc: u8
 
     def __init__(self, deadline: float = 0.0) -> None:
+        self._gc = GC_START
         self._deadline = deadline
         self._bucket: Bucket | None = None
         self._prev: WheelEntry | None = None
@@ -589,7 +670,7 @@ class Wheel:
             return _INF
         e = self.due_tick_of(deadline)  # may raise: before any change
         if bucket is not None:
-            bucket.remove(entry)
+            bucket.move_out(entry)
         entry._deadline = deadline
         return self._file(entry, e)
 
@@ -812,7 +893,7 @@ class Expiry:
             e = wheel.due_tick_of(node._deadline)
             if e <= limit:
                 self._moving = node
-                far.remove(node)
+                far.move_out(node)
                 wheel._file(node, e, True)
                 self._moving = None
             elif earliest < 0 or e < earliest:
@@ -857,7 +938,7 @@ class Expiry:
             if node._deadline > when:
                 e = wheel.due_tick_of(node._deadline)
                 self._moving = node  # (for recover; see `_moving`)
-                bucket.remove(node)
+                bucket.move_out(node)
                 wheel._file(node, e if e > start else start + 1)
             node = after
         self._moving = None
@@ -871,7 +952,7 @@ class Expiry:
         while cascaded is not None:
             e = wheel.due_tick_of(cascaded._deadline)
             self._moving = cascaded
-            bucket.remove(cascaded)
+            bucket.move_out(cascaded)
             wheel._file(cascaded, e, True)
             cascaded = bucket._first
         self._moving = None
@@ -891,7 +972,7 @@ class Expiry:
             after = node._next
             if node._deadline > now:
                 self._moving = node
-                taken.remove(node)
+                taken.move_out(node)
                 wheel._file(node, wheel._now + 1)
             node = after
         self._moving = None
@@ -923,7 +1004,7 @@ class Expiry:
         while early._first is not None and early._first._deadline < when:
             entry = early._first
             self._moving = entry
-            early.remove(entry)
+            early.move_out(entry)
             chunk.add(entry)
         self._moving = None
         fired.append(chunk)
@@ -983,7 +1064,7 @@ class Expiry:
                 continue
             e = wheel.due_tick_of(entry._deadline)
             self._moving = entry
-            bucket.remove(entry)
+            bucket.move_out(entry)
             # Filed before anything filed since: ahead of those ties.
             wheel._file(entry, e, True)
             self._moving = None
@@ -1069,6 +1150,8 @@ class Expiry:
             held.append(self._moving)  # a pass stopped between unlink and link
         for entry in held:
             entry._prev = entry._next = None
+            if entry._gc == GC_HIDDEN:
+                show(entry)
         entries += held
         self._held = self._moving = None
         for bucket in self._out:  # handed out by an advance that did not finish
@@ -1097,6 +1180,9 @@ def _check_links(bucket: Bucket) -> None:
         seen.add(id(entry))
         assert entry._bucket is bucket, entry
         assert entry._prev is previous, entry
+        # Hidden from the collector exactly while linked (the compiled core).
+        assert entry._gc == (GC_HIDDEN if HIDES else GC_OFF), entry
+        assert gc.is_tracked(entry) is not HIDES, entry
         previous = entry
         entry = entry._next
     assert bucket._last is previous, bucket

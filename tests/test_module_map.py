@@ -370,6 +370,9 @@ HANDLE_WRITERS: dict[str, set[str]] = {
     "_deadline": {"_wheel", "_handle", "_periodic"},  # reset's lazy touch; a period
     "_prev": {"_wheel"},
     "_next": {"_wheel"},
+    # Hidden from the collector while linked: the bucket's link and unlink own it; a
+    # new handle's constructor sets where it starts (aiowheel/_wheel.py, GC_START).
+    "_gc": {"_wheel", "_handle", "_loophandle"},
     "_args": {"_handle", "_loophandle"},
     "_callback": {"_handle", "_loophandle", "_periodic"},  # a stopped periodic's run
     "_context": {"_handle", "_loophandle", "_periodic"},  # a periodic run's context
@@ -395,6 +398,7 @@ HANDLE_WRITERS: dict[str, set[str]] = {
             "_fixed_rate",
             "_interval",
             "_k",
+            "_origin",
             "_periodics",
             "_rearmed",
             "_user_args",

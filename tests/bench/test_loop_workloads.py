@@ -105,14 +105,20 @@ def test_loop_workloads_report_every_loop_with_ratios_against_the_drop_in_loop(
                         "loop-asyncio" if base == "asyncio" else "loop-uvloop"
                     }
                     assert all(v is None or v > 0 for v in row["ratios"].values())
-    # Memory: a pending timer costs at least its handle, on every loop; and the
-    # collector tracks at least one object per pending timer, except on rloop (whose
-    # timers live in Rust, beside one tracked Python object each at most).
+    # Memory: a pending timer costs at least its handle, on every loop. The collector
+    # tracks at least one object per pending timer on the plain loops (rloop's timers
+    # live in Rust, beside one tracked Python object each at most) and on the pure
+    # core's drop-in loop; none on the compiled core's, which hides its pending handles
+    # from it (docs/design.md, "Pending timers and the garbage collector"): what is left
+    # is the harness's own objects, a few hundred whatever N, over this test's tiny N.
     for row in results:
         if row["workload"] == "loop-memory":
             assert row["min"] >= 64, row["contender"]
         if row["workload"] == "loop-collector" and row["metric"] == "tracked":
-            assert row["min"] >= (0 if row["contender"] == "call_later-rloop" else 1)
+            if row["contender"] in LOOP and row["core"] == "compiled":
+                assert row["max"] < 1, row
+            else:
+                assert row["min"] >= (0 if row["contender"] == "call_later-rloop" else 1)
 
 
 def test_a_missing_rloop_is_news_only_for_the_loop_workloads(

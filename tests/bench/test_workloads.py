@@ -112,10 +112,15 @@ def test_workload_figures_are_plausible(
     for name, row in figures("memory", "bytes").items():
         if name in AIOWHEEL:
             assert row["min"] >= TimerHandle.__basicsize__, name
-    # A pending timer is at least one object the collector tracks (its handle), on
-    # every contender; the collections were timed.
+    # A pending timer is at least one object the collector tracks (its handle) on the
+    # peers and on the pure core; on the compiled core, none (docs/design.md, "Pending
+    # timers and the garbage collector": what is left is the harness's few hundred
+    # objects, over this test's tiny N). The collections were timed.
     for name, row in figures("collector", "tracked").items():
-        assert row["min"] >= 1, name
+        if name.startswith("aiowheel") and row["core"] == "compiled":
+            assert row["max"] < 1, name
+        else:
+            assert row["min"] >= 1, name
     for row in figures("collector", "full_ms").values():
         assert row["min"] > 0
 
