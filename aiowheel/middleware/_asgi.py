@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -51,6 +51,7 @@ from ._shared import (
     scope_connection,
     shared_timer,
 )
+from ._uvicorn import _ConnectionWatch
 
 __all__ = ["IdleTimeoutMiddleware"]
 
@@ -94,18 +95,29 @@ class _Default:
 _DEFAULT = _Default()
 
 
+class _Cancellable(Protocol):
+    """What expiry cancels: the request's ``asyncio.Task``, or an anyio cancel scope."""
+
+    def cancel(self) -> object: ...
+
+
 class _RequestWatch(IdleControl):
     """The idle timeout of one HTTP request or one websocket, and the request's
     ``receive`` and ``send`` (bound methods: nothing is wrapped per request).
 
     Two deadlines, one filing (``IdleControl``): the idle one, ``_deadline``, and the
     body's, ``_body_deadline`` (``inf`` when there is none), both stored and looked at
-    when the filing fires (``_on_due``). The filing is the request's own handle, or,
-    behind ``uvicorn_protocol``, the connection's (``IdleControl.hold``): then a
-    request arms nothing at all. Expiry calls ``_cancel``: the request's task's
-    ``cancel`` on asyncio (edge-triggered, as ``asyncio.timeout`` does it: the
-    middleware takes the request back with ``Task.uncancel``), an anyio cancel scope's
-    on trio.
+    when the filing fires (``_on_due``). The filing is a spare one of the middleware's
+    (``SpareHolder``), or, behind ``uvicorn_protocol``, the connection's
+    (``IdleControl.hold``). Expiry calls ``_target.cancel()``: the request's task on
+    asyncio (edge-triggered, as ``asyncio.timeout`` does it: the middleware takes the
+    request back with ``Task.uncancel``), an anyio cancel scope on trio.
+
+    Behind ``uvicorn_protocol`` an HTTP request's ``send`` is ``send_held``: the
+    server's own send, returned after a store, no coroutine of ours; the connection
+    tells the request when its response is complete (``response_complete``, from
+    uvicorn's ``on_response_complete``) and when the client took what a send was
+    waiting to write (``touch``, from the protocol's ``resume_writing``).
     """
 
     __slots__ = (
@@ -113,10 +125,10 @@ class _RequestWatch(IdleControl):
         "_body_rate",
         "_body_started",
         "_body_timeout",
-        "_cancel",
         "_parent",
         "_receive",
         "_send",
+        "_target",
         "body_complete",
         "body_expired",
         "complete",
@@ -132,7 +144,7 @@ class _RequestWatch(IdleControl):
         timer: Timer,
         clock: Callable[[], float],
         timeout: float | None,
-        cancel: Callable[[], object],
+        target: _Cancellable,
         parent: IdleControl | None,
         receive: Receive,
         send: Send,
@@ -147,7 +159,7 @@ class _RequestWatch(IdleControl):
         self._holder = None
         self._deadline = 0.0
         self._filed = 0.0
-        self._cancel = cancel
+        self._target = target
         self._parent = parent
         self._receive = receive
         self._send = send
@@ -251,7 +263,7 @@ class _RequestWatch(IdleControl):
         self.expired = True
         self.body_expired = True
         self.stalled_body = True
-        self._cancel()
+        self._target.cancel()
 
     def _expire(self) -> None:
         # Runs on the timer's driver. Stop timing first, so that messages racing with
@@ -260,7 +272,7 @@ class _RequestWatch(IdleControl):
         self.expired = True
         # Who were we waiting for? Decided now: the cancellation unwinds receive().
         self.stalled_body = self.receiving > 0 and not self.body_complete
-        self._cancel()
+        self._target.cancel()
 
     # -- the application's receive and send --
 
@@ -298,6 +310,25 @@ class _RequestWatch(IdleControl):
             self.response_started = True
             return self._send(message)
         return self._send_watched(message, kind)
+
+    def send_held(self, message: Message) -> Awaitable[None]:
+        """``send`` behind ``uvicorn_protocol``'s connection (see the class)."""
+        self.response_started = True  # an HTTP response's first message starts it
+        if self._holder is not None:  # touch(), inline
+            self._deadline = self._clock() + self._timeout  # type: ignore[operator]
+        return self._send(message)
+
+    def response_complete(self) -> None:
+        # The connection holding this request saw the response go out whole, and let
+        # the request go: stop() without the release.
+        self.complete = True
+        self._holder = None
+        handle = self._handle
+        if handle is not None:  # pragma: no cover - a held request files no handle
+            self._handle = None
+            handle.cancel()
+        self._body_deadline = _INF
+        self._body_started = False
 
     async def _send_watched(self, message: Message, kind: object) -> None:
         if not self.response_started and kind in _STARTS_RESPONSE:
@@ -403,47 +434,89 @@ class IdleTimeoutMiddleware:
             return
         # A request: what follows is the per-request path, kept in this one frame.
         http = kind == "http"
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # trio: anyio's cancel scope
-            await self._watch_in_scope(scope, receive, send, http)
-            return
-        task = asyncio.current_task(loop)
-        if task is None:  # pragma: no cover - a coroutine always runs in a task here
-            await self._watch_in_scope(scope, receive, send, http)
-            return
-        host = self._cached
-        if host is None or host.key is not loop or host.timer.closed:
-            host = await self._host()
+        connection = scope.get(CONNECTION_KEY)
         parent = scope.get(SCOPE_KEY)
         timeout = self.timeout_for(scope.get("path", "")) if self._overrides else self._timeout
-        watch = _RequestWatch(
-            host.timer,
-            host.clock,
-            timeout,
-            task.cancel,
-            parent if isinstance(parent, IdleControl) else None,
-            receive,
-            send,
-            self._body_timeout if http else None,
-            self._body_rate,
-        )
-        # ASGI: copy the scope before changing it for the inner application.
-        connection = scope.get(CONNECTION_KEY)
-        scope = dict(scope)
-        scope[SCOPE_KEY] = watch
+        watch: _RequestWatch
+        if (
+            http
+            and type(connection) is _ConnectionWatch
+            and connection._request is None  # hold(), inline: not holding one already
+            and connection._handle is not None  # filed: the shared timer runs
+            and parent is None  # not under another idle middleware
+            and timeout is not None
+        ):
+            # Behind uvicorn_protocol (its connection is asyncio's, and the loop's
+            # timer files it): the connection's filing times the request, the
+            # connection's loop finds the task, the server's send is the request's.
+            task = asyncio.current_task(connection._loop)
+            if task is None:  # pragma: no cover - a coroutine always runs in a task here
+                await self._watch_in_scope(scope, receive, send, http)
+                return
+            clock = connection._clock
+            watch = _RequestWatch(
+                connection._timer,  # type: ignore[arg-type]  # set: it is filed
+                clock,
+                timeout,
+                task,
+                None,
+                receive,
+                send,
+                self._body_timeout,
+                self._body_rate,
+            )
+            deadline = watch._deadline = clock() + timeout
+            connection._request = watch
+            if deadline < connection._filed:
+                connection._file()
+            watch._holder = connection
+            watch_send: Send = watch.send_held
+            # ASGI: copy the scope before changing it for the inner application. (Not
+            # written into uvicorn's own: the request's watch refers to the server's
+            # send, which refers to that scope, and the cycle would outlive each
+            # request until the collector ran: it ran every 50 requests.)
+            scope = dict(scope)
+            scope[SCOPE_KEY] = watch
+        else:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # trio: anyio's cancel scope
+                await self._watch_in_scope(scope, receive, send, http)
+                return
+            task = asyncio.current_task(loop)
+            if task is None:  # pragma: no cover - a coroutine always runs in a task here
+                await self._watch_in_scope(scope, receive, send, http)
+                return
+            host = self._cached
+            if host is None or host.key is not loop or host.timer.closed:
+                host = await self._host()
+            watch = _RequestWatch(
+                host.timer,
+                host.clock,
+                timeout,
+                task,
+                parent if isinstance(parent, IdleControl) else None,
+                receive,
+                send,
+                self._body_timeout if http else None,
+                self._body_rate,
+            )
+            watch_send = watch.send
+            # ASGI: copy the scope before changing it for the inner application.
+            scope = dict(scope)
+            scope[SCOPE_KEY] = watch
+            if timeout is not None:  # watch.start(host, connection), inline
+                watch._deadline = host.clock() + timeout
+                if not (isinstance(connection, IdleControl) and connection.hold(watch)):
+                    connection = host.holder()
+                    if not connection.hold(watch):  # the timer closed: a server shutting down
+                        connection = None
+                watch._holder = connection
         # asyncio.timeout's bookkeeping: the cancellation is ours only if taking ours
         # back leaves no more than there were when the request started.
         cancelling = task.cancelling()
-        if timeout is not None:  # watch.start(host, connection), inline
-            watch._deadline = host.clock() + timeout
-            if not (isinstance(connection, IdleControl) and connection.hold(watch)):
-                connection = host.holder()
-                if not connection.hold(watch):  # the timer closed: a server shutting down
-                    connection = None
-            watch._holder = connection
         try:
-            await self.app(scope, watch.receive, watch.send)
+            await self.app(scope, watch.receive, watch_send)
         except asyncio.CancelledError:
             watch.stop()
             if not watch.expired or task.uncancel() > cancelling:
@@ -499,7 +572,7 @@ class IdleTimeoutMiddleware:
                 host.timer,
                 host.clock,
                 self.timeout_for(scope.get("path", "")),
-                cancel_scope.cancel,
+                cancel_scope,
                 parent if isinstance(parent, IdleControl) else None,
                 receive,
                 send,

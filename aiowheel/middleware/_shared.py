@@ -268,6 +268,11 @@ class IdleControl:
     def release(self, control: IdleControl) -> None:
         """``control``, held by this one, stopped timing."""
 
+    def response_complete(self) -> None:
+        """The connection holding this control sent its response whole and let it go
+        (it no longer holds it): timing is over for good. Only requests have
+        responses: nothing to do here."""
+
     def rehome(self) -> None:
         """The control that held this one stopped timing (a connection lost or
         upgraded): time this one on a handle of its own from now on."""

@@ -37,6 +37,7 @@ and stops timing that connection.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import Timer
@@ -139,25 +140,22 @@ class _ConnectionWatch(RequestHolder):
     def _on_own_due(self) -> None:
         self._expire()
 
-    def on_read(self) -> None:
-        if self._holder is None:
-            return
-        now = self._clock()
-        deadline = now + self._timeout  # type: ignore[operator]  # set while timing
-        cycle = getattr(self._protocol, "cycle", None)  # _request_in_flight, inline
-        if cycle is not None and not getattr(cycle, "response_complete", True):
-            self._head_started = None
-        else:
-            # A request head is arriving: trickling it does not buy more time.
-            started = self._head_started
-            if started is None:
-                started = self._head_started = now
-            header = started + self._header_timeout
-            if header < deadline:
-                deadline = header
-        self._deadline = deadline
-        if deadline < self._filed:
-            self._earlier(deadline)
+    def keep_alive(
+        self, delay: float, callback: Callable[[], object]
+    ) -> asyncio.TimerHandle | None:
+        """uvicorn's ``loop.call_later(timeout_keep_alive, ...)`` after a response, as a
+        store: the keep-alive gap ends at the earlier of uvicorn's deadline and ours,
+        on this connection's filing (no loop timer armed and cancelled per request).
+        While the connection is not timed (the shared timer is starting, or closed)
+        uvicorn's own timer is armed as it would be."""
+        if self._holder is None or self._handle is None:
+            return self._loop.call_later(delay, callback)
+        deadline = self._clock() + delay
+        if deadline < self._deadline:
+            self._deadline = deadline
+            if deadline < self._filed:
+                self._file()
+        return None
 
     def stop(self) -> None:
         request = self._request
@@ -308,6 +306,23 @@ def _app_for(app: Any, watch: _ConnectionWatch) -> Any:
     return app_on_connection
 
 
+class _LoopView:
+    """The event loop uvicorn's protocol sees (its ``loop`` attribute): the real one,
+    but ``call_later``, which uvicorn calls only to arm its keep-alive timer after
+    each response, is the connection's ``keep_alive`` (a store). ``create_task`` is
+    the loop's bound method (no frame of ours); the rest is looked up on the loop."""
+
+    __slots__ = ("_loop", "call_later", "create_task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, watch: _ConnectionWatch) -> None:
+        self._loop = loop
+        self.create_task = loop.create_task
+        self.call_later = watch.keep_alive
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+
 class _IdleProtocolMixin(asyncio.Protocol):
     """Put before uvicorn's protocol class in the bases (see ``uvicorn_protocol``)."""
 
@@ -316,6 +331,10 @@ class _IdleProtocolMixin(asyncio.Protocol):
     idle_timer: ClassVar[Timer | None] = None
     _aiowheel_watch: _ConnectionWatch | None = None
     app: Any  # uvicorn's: the ASGI application a request's task runs
+    # The base protocol's methods, called without super()'s frame (uvicorn_protocol).
+    _base_data_received: Callable[[bytes], None]
+    _base_on_response_complete: Callable[[], None]
+    loop: Any  # uvicorn's: the event loop (its call_later arms the keep-alive timer)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A socket transport (uvloop's are not asyncio.Transport subclasses).
@@ -330,6 +349,8 @@ class _IdleProtocolMixin(asyncio.Protocol):
         # (eager tasks): there, the application is wrapped instead.
         if watch._loop.get_task_factory() is not None:
             self.app = _app_for(self.app, watch)
+        if getattr(self, "loop", None) is watch._loop:
+            self.loop = _LoopView(watch._loop, watch)
         watch.start(self.idle_timer)
 
     def _mark(self, watch: _ConnectionWatch) -> None:
@@ -342,14 +363,30 @@ class _IdleProtocolMixin(asyncio.Protocol):
             scope[CONNECTION_KEY] = watch
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        self._base_data_received(data)
         watch = self._aiowheel_watch
         if watch is not None:
             scope = getattr(self, "scope", None)  # self._mark(watch), inline
             if scope is not None and scope is not watch._marked:
                 watch._marked = scope
                 scope[CONNECTION_KEY] = watch
-            watch.on_read()
+            if watch._holder is not None:  # the read stores the new deadline
+                now = watch._clock()
+                deadline = now + watch._timeout  # type: ignore[operator]  # set while timing
+                cycle = getattr(self, "cycle", None)  # _request_in_flight, inline
+                if cycle is not None and not getattr(cycle, "response_complete", True):
+                    watch._head_started = None
+                else:
+                    # A request head is arriving: trickling it does not buy more time.
+                    started = watch._head_started
+                    if started is None:
+                        started = watch._head_started = now
+                    header = started + watch._header_timeout
+                    if header < deadline:
+                        deadline = header
+                watch._deadline = deadline
+                if deadline < watch._filed:
+                    watch._earlier(deadline)
 
     def on_headers_complete(self) -> None:
         # httptools' (h11's protocol has no such method and never calls it): the
@@ -360,17 +397,37 @@ class _IdleProtocolMixin(asyncio.Protocol):
         super().on_headers_complete()  # type: ignore[misc]
 
     def on_response_complete(self) -> None:
-        # uvicorn's: a response has gone out whole; the keep-alive gap starts now.
-        super().on_response_complete()  # type: ignore[misc]  # uvicorn's protocols have it
+        # uvicorn's: a response has gone out whole (called from the request's last
+        # send); the keep-alive gap starts now.
         watch = self._aiowheel_watch
         if watch is not None:
+            request = watch._request
+            if request is not None:
+                # The request this connection times is complete: its timing stops
+                # here, not in a coroutine of the middleware's around that send.
+                watch._request = None
+                request.response_complete()
             if watch._holder is not None:  # watch.touch(), inline
                 watch._deadline = watch._clock() + watch._timeout  # type: ignore[operator]
+        # uvicorn's keep-alive, if shorter, comes in through keep_alive (_LoopView).
+        self._base_on_response_complete()
+        if watch is not None:
             # (h11 may have started a pipelined request) self._mark(watch), inline:
             scope = getattr(self, "scope", None)
             if scope is not None and scope is not watch._marked:
                 watch._marked = scope
                 scope[CONNECTION_KEY] = watch
+
+    def resume_writing(self) -> None:
+        # The transport's buffer drained: the client took what a send of the request
+        # in flight waited to write, which is activity for it (the middleware's
+        # send_held returns the server's send, so it cannot see the send return).
+        watch = self._aiowheel_watch
+        if watch is not None:
+            request = watch._request
+            if request is not None:
+                request.touch()
+        super().resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         watch = self._aiowheel_watch
@@ -446,5 +503,7 @@ def uvicorn_protocol(
         "idle_timeout": idle,
         "header_timeout": header,
         "idle_timer": timer,
+        "_base_data_received": base_class.data_received,
+        "_base_on_response_complete": base_class.on_response_complete,  # type: ignore[attr-defined]
     }
     return type(name, (_IdleProtocolMixin, base_class), namespace)

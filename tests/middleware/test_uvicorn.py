@@ -155,6 +155,35 @@ async def test_keep_alive_gap_is_closed_after_the_response() -> None:
     assert_idle_window(elapsed)
 
 
+async def test_uvicorn_keep_alive_is_a_store_on_the_connection_filing(expiries: Any) -> None:
+    # uvicorn arms a loop timer after every response (timeout_keep_alive) and cancels
+    # it on the next request; behind uvicorn_protocol that is a store on the
+    # connection's filing, which closes the gap at the earlier of the two deadlines.
+    loop = asyncio.get_running_loop()
+    async with Timer(tick=TICK) as timer:
+        # Ours is long: only uvicorn's keep-alive explains a close after T.
+        protocol = uvicorn_protocol(timeout=10 * T, timer=timer)
+        async with serving(APP, protocol, timeout_keep_alive=T) as port:
+            start = anyio.current_time()  # before the request: precedes the response
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await reader.readuntil(b"ok ")).startswith(b"HTTP/1.1 200")
+            if hasattr(loop, "_scheduled"):  # asyncio (not uvloop): look in its heap
+                armed = [
+                    h
+                    for h in loop._scheduled
+                    if not h.cancelled()
+                    and getattr(h._callback, "__name__", "") == "timeout_keep_alive_handler"
+                ]
+                assert armed == []
+            data = await read_until_closed(reader)
+            elapsed = anyio.current_time() - start
+            writer.close()
+    assert not data.endswith(b"<reset>")  # closed, not aborted: nothing was pending
+    assert_idle_window(elapsed, T)
+    assert expiries.count == 1  # by the connection's filing, not uvicorn's timer
+
+
 async def test_active_keep_alive_client_and_long_request_are_not_dropped() -> None:
     async with guarded() as (port, timer):
 
