@@ -26,6 +26,14 @@ h11 protocol driven in-process (a stand-in transport; each request fed to
 around the app), with each mode's ratio of requests per second to ``uvicorn``'s.
 No kernel, no load generator: the per-request cost of the two on the server's CPU.
 
+``--server --only MODE`` runs one mode alone, for an instruction count that the
+machine's other work cannot move: run it under ``valgrind --tool=callgrind`` with two
+``-n`` (``-n 2000`` and ``-n 8000``: 500 and 2,000 requests a round, one round
+each), and divide the difference of the two totals by the difference of the
+requests (the imports and the warm-up cancel out). CPython's bytecode is the same
+whatever the machine runs beside it, so counts differ by well under 0.1% from one
+run to the next, where CPU times move by tens of percent.
+
 Every figure is this process's CPU time (``time.process_time``) per request, not the
 wall clock: on a loaded machine the process is preempted, and the wall clock counts
 the other processes' turns.
@@ -33,6 +41,8 @@ the other processes' turns.
     PYTHONPATH=$PWD python tools/idle_middleware_cost.py --rounds 7
     PYTHONPATH=$PWD python tools/idle_middleware_cost.py --loop uvloop --profile
     PYTHONPATH=$PWD python tools/idle_middleware_cost.py --server --loop uvloop
+    PYTHONPATH=$PWD valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out \
+        python tools/idle_middleware_cost.py --server --only protocol --rounds 1 -n 2000
 
 Under ``AIOWHEEL_PURE=1`` the timer's core is the pure-Python one. On a shared
 machine single figures move by tens of percent: compare medians, and rerun.
@@ -233,7 +243,7 @@ async def server_per_request_us(protocol: Any, n: int) -> float:
     return (time.process_time() - start) / n * 1e6
 
 
-async def measure_server(rounds: int, n: int) -> dict[str, list[float]]:
+async def measure_server(rounds: int, n: int, only: str | None = None) -> dict[str, list[float]]:
     import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
     from uvicorn.server import ServerState
@@ -254,6 +264,8 @@ async def measure_server(rounds: int, n: int) -> dict[str, list[float]]:
         ("protocol", connect(trivial, guarded)),
         ("protocol+middleware", connect(IdleTimeoutMiddleware(trivial, timeout=30), guarded)),
     ]
+    if only is not None:
+        modes = [(name, protocol) for name, protocol in modes if name == only]
     for _, protocol in modes:  # warm-up
         await server_per_request_us(protocol, n // 10 or 1)
     figures: dict[str, list[float]] = {name: [] for name, _ in modes}
@@ -267,6 +279,9 @@ async def measure_server(rounds: int, n: int) -> dict[str, list[float]]:
     return figures
 
 
+SERVER_MODES = ("uvicorn", "protocol", "protocol+middleware")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="rounds per mode (default 7)")
@@ -276,12 +291,23 @@ def main() -> None:
     parser.add_argument(
         "--server", action="store_true", help="uvicorn's protocol in-process instead"
     )
+    parser.add_argument(
+        "--only",
+        choices=SERVER_MODES,
+        help="with --server: this mode alone (for an instruction count: see the docstring)",
+    )
     args = parser.parse_args()
     if args.rounds < 1 or args.n < 1:
         parser.error("--rounds and -n must be at least 1")
+    if args.only is not None and not args.server:
+        parser.error("--only goes with --server")
     load_before = os.getloadavg()
     n = args.n if not args.server else max(1, args.n // 4)
-    coro = measure_server(args.rounds, n) if args.server else measure(args.rounds, n, args.profile)
+    coro = (
+        measure_server(args.rounds, n, args.only)
+        if args.server
+        else measure(args.rounds, n, args.profile)
+    )
     if args.loop == "uvloop":
         import uvloop
 
@@ -297,7 +323,9 @@ def main() -> None:
     for name, values in figures.items():
         low, high = min(values), max(values)
         print(f"{name:>20}: {medians[name]:6.2f} us/request  (range {low:.2f}-{high:.2f})")
-    if args.server:
+    if args.only is not None:
+        pass
+    elif args.server:
         base = medians["uvicorn"]
         for name in ("protocol", "protocol+middleware"):
             print(

@@ -12,14 +12,20 @@ protocol (given to ``uvicorn.Config(http=...)``) so that:
   request head is arriving the deadline is capped at ``header_timeout`` after its
   first byte, so trickling bytes does not extend it;
 * the same filing times the request in flight for ``IdleTimeoutMiddleware``
-  (``RequestHolder``): a request arms nothing of its own;
+  (``RequestHolder``): a request arms nothing of its own, and its response's
+  completion (``on_response_complete``) and the client taking what a send waited to
+  write (``resume_writing``) reach it from here;
+* uvicorn's own keep-alive timer, which it arms after every response and cancels on
+  the next request, is a store on the same filing (``_LoopView``): the keep-alive gap
+  ends at the earlier of uvicorn's ``timeout_keep_alive`` and ours;
 * on expiry, a connection with no request in flight is closed (aborted when a partial
   request head or unsent output is pending); a request in flight belongs to the
   application and is left alone (``IdleTimeoutMiddleware`` times those: we only look
   again a timeout later); a connection uvicorn is already closing but whose output the
   peer does not read is aborted;
 * ``connection_lost`` cancels the timer on every path (uvicorn itself cancels its
-  keep-alive timer only when the connection closed cleanly, so we cancel that too).
+  keep-alive timer only when the connection closed cleanly, so we cancel that too,
+  when one was armed: see ``keep_alive``).
 
 Reliance on uvicorn internals, kept to this module and tested against the installed
 uvicorn (0.55): the protocol constructor is untouched; the protocol writes through the
@@ -29,7 +35,10 @@ real transport's); ``on_response_complete`` is called when a response has gone o
 ``protocol.scope`` is the latest request's scope, which gets the connection
 (``CONNECTION_KEY``) before the request's task first runs (httptools:
 ``on_headers_complete``);
-``timeout_keep_alive_task`` is uvicorn's keep-alive handle. A websocket upgrade hands
+``timeout_keep_alive_task`` is uvicorn's keep-alive handle, which uvicorn gets from
+``self.loop.call_later`` (only there: its ``loop`` is otherwise used for
+``create_task``, and we replace it with a view of the loop after the constructor);
+``resume_writing`` is the transport's flow-control call. A websocket upgrade hands
 the transport to another protocol (``transport.set_protocol``); the wrapper notices it
 and stops timing that connection.
 """
