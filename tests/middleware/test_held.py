@@ -3,7 +3,8 @@
 uvicorn's h11 protocol is fed its requests through ``data_received`` and writes to a
 stand-in transport (no socket), so that flow control (``pause_writing`` /
 ``resume_writing``) and the collector can be driven exactly. asyncio runs on looptime's
-virtual clock, uvloop in real time with small delays (``unit``).
+virtual clock, uvloop in real time (waits of a fraction of ``T`` there: each check
+awaits the event it is about, bounded, rather than a sleep).
 
 Behind the connection the middleware hands the application the server's own ``send``
 (``_RequestWatch.send_held``): the connection stops the request's timing when the
@@ -97,9 +98,20 @@ async def until(predicate: Callable[[], bool]) -> None:
     raise AssertionError(f"never true: {predicate}")
 
 
-async def test_a_send_the_client_let_through_is_activity(unit: float) -> None:
-    # The body's first chunk waits for flow control for 0.7 T, then the application
-    # thinks for 0.6 T: 1.3 T after the send started, but only 0.6 T after the client
+async def within(predicate: Callable[[], bool], seconds: float) -> None:
+    """Poll ``predicate`` (state with no event to await) until it holds; fail after
+    ``seconds`` of the loop's clock."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"not true within {seconds} s: {predicate}")
+        await asyncio.sleep(TICK)
+
+
+async def test_a_send_the_client_let_through_is_activity() -> None:
+    # The body's first chunk waits for flow control for 0.8 T, then the application
+    # thinks for 0.5 T: 1.3 T after the send started, but only 0.5 T after the client
     # took the chunk (resume_writing). Not idle: the response completes.
     log: list[str] = []
     go = asyncio.Event()
@@ -109,30 +121,30 @@ async def test_a_send_the_client_let_through_is_activity(unit: float) -> None:
         await go.wait()
         await send({"type": "http.response.body", "body": b"a", "more_body": True})
         log.append("let through")
-        await asyncio.sleep(0.6 * T * unit)
+        await asyncio.sleep(0.5 * T)
         await send({"type": "http.response.body", "body": b"b"})
         log.append("done")
 
     async with Timer(tick=TICK) as timer:
-        middleware = IdleTimeoutMiddleware(app, timeout=T * unit, timer=timer)
+        middleware = IdleTimeoutMiddleware(app, timeout=T, timer=timer)
         protocol, transport = connect(middleware, timer)
         protocol.data_received(GET)
         await until(lambda: bool(transport.data))  # the head went out
         protocol.pause_writing()  # the client's window is full: the chunk waits
         go.set()
-        await asyncio.sleep(0.7 * T * unit)
+        await asyncio.sleep(0.8 * T)
         assert log == []
         protocol.resume_writing()  # the client took it
-        await asyncio.sleep(1.5 * T * unit)
+        await within(lambda: log == ["let through", "done"] or transport.aborted, 20 * T)
         assert log == ["let through", "done"]
         assert not transport.aborted
         assert transport.data.endswith(b"0\r\n\r\n")  # the chunked body's end
         protocol.connection_lost(None)
 
 
-async def test_a_send_that_waits_for_ever_is_dropped(unit: float) -> None:
-    # The same send, never let through: the response is aborted one timeout after
-    # the send started, through the connection.
+async def test_a_send_that_waits_for_ever_is_dropped() -> None:
+    # The same send, never let through: the response is aborted through the
+    # connection, never before one timeout after the send started.
     go = asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -141,18 +153,19 @@ async def test_a_send_that_waits_for_ever_is_dropped(unit: float) -> None:
         await send({"type": "http.response.body", "body": b"a", "more_body": True})
         await send({"type": "http.response.body", "body": b"b"})  # pragma: no cover
 
+    loop = asyncio.get_running_loop()
     async with Timer(tick=TICK) as timer:
-        middleware = IdleTimeoutMiddleware(app, timeout=T * unit, timer=timer)
+        middleware = IdleTimeoutMiddleware(app, timeout=T, timer=timer)
         protocol, transport = connect(middleware, timer)
         protocol.data_received(GET)
         await until(lambda: bool(transport.data))
         protocol.pause_writing()
+        start = loop.time()  # before the send: precedes its deadline
         go.set()
-        await asyncio.sleep(0.9 * T * unit)
-        assert not transport.aborted  # not early
-        await asyncio.sleep(0.5 * T * unit)
-        assert transport.aborted
+        await within(lambda: transport.aborted, 20 * T)
+        elapsed = loop.time() - start
         protocol.connection_lost(ConnectionResetError())
+    assert elapsed >= T  # never early
 
 
 async def test_requests_behind_the_connection_leave_no_cycle_for_the_collector() -> None:
