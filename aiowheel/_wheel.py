@@ -126,25 +126,49 @@ FAR_LEVEL: Final = -3  # entries past the horizon (Wheel._far)
 # -- hidden from the collector while linked (compiled core only) ----------------------
 # Docs: docs/design.md, "Pending timers and the garbage collector".
 #
-# The compiled core takes an entry out of the cyclic garbage collector's lists when a
-# bucket links it and puts it back when it leaves its bucket for good (fired,
-# cancelled, or handed back by ``clear`` when its timer or loop closes), so that a
-# full collection does not walk a million pending timers. A move between buckets (a
-# cascade, a re-file, ``extend``) keeps it hidden (``Bucket.move_out``). An entry's
-# ``_gc`` says where it stands: GC_TRACKED (the collector sees it), GC_HIDDEN (it does
-# not), GC_OFF (never hidden: the pure core, or no aiowheel._gcutil).
+# The compiled core keeps pending entries out of the cyclic garbage collector's lists,
+# so that no collection walks them, however many are pending. An entry's ``_gc`` says
+# where it stands:
+#
+#   GC_TRACKED  the collector sees it, and it is in no bucket;
+#   GC_YOUNG    the collector sees it, and it is linked in a bucket (linked since the
+#               last collection started);
+#   GC_HIDDEN   the collector does not see it, and it is linked in a bucket;
+#   GC_OFF      never hidden: the pure core, or no aiowheel._gcutil.
+#
+# A bucket that links a new entry makes it GC_YOUNG and counts it (``_young``); the
+# first one since the last collection puts the bucket in _DIRTY. At the start of every
+# collection (gc.callbacks) ``hide_young`` walks each dirty bucket from its end, where
+# ``add`` puts new entries, and hides its young ones. An entry that leaves its bucket
+# for good (``Bucket.remove``, ``take_all``: fired, cancelled, or handed back by
+# ``clear`` when its timer or loop closes) becomes GC_TRACKED again, and a hidden one
+# is shown to the collector at once. A move between buckets (a cascade, a re-file,
+# ``extend``: ``Bucket.move_out``) moves its count with it. So a timer cancelled or
+# fired before the next collection, most of a server's, costs a few stores and no C
+# call, and one that lives longer, one C call to hide it and one to show it.
 #
 # The invariant: **an entry the collector does not see is linked in a bucket, or is
-# being moved between two (``Expiry._moving``, ``Expiry._held``: ``clear`` shows
-# those).** So a collection never meets a hidden entry that has left its wheel, and
-# a cycle through a fired or cancelled handle (a callback that re-arms it) is freed
-# as before; nothing is held for later (the timer keeps no reference to a cancelled or
-# fired handle: docs/design.md, guarantee 7). A pending entry is reachable from its
-# bucket, and what it holds (its callback, arguments and context) stays alive through
-# it, as it must.
+# being moved between two (``Expiry._moving``, ``Expiry._held``: ``clear`` takes those
+# back too); a bucket's ``_young`` counts its GC_YOUNG entries, and a bucket with any
+# is in _DIRTY.** So a collection never meets a hidden entry that has left its wheel,
+# and a cycle through a fired or cancelled handle (a callback that re-arms it) is
+# freed as before; nothing is held for later (the timer keeps no reference to a
+# cancelled or fired handle: docs/design.md, guarantee 7). A pending entry is reachable
+# from its bucket anyway, and what it holds (callback, arguments, context) must stay
+# alive through it.
+#
+# No code that links or unlinks allocates between the link (or unlink) and its step
+# here (the re-entrancy rule, docs/design.md), so a collection, which may start at any
+# allocation and runs hide_young, never finds a count half-changed; and none of it
+# runs Python code, so no other thread can.
 GC_TRACKED: Final = 0
-GC_HIDDEN: Final = 1
-GC_OFF: Final = 2
+GC_YOUNG: Final = 1
+GC_HIDDEN: Final = 2
+GC_OFF: Final = 3
+#: Dirty buckets that start a hide_young without a collection (a process that
+#: disabled the collector still makes buckets: the due chunks of every pass).
+_DIRTY_LIMIT: Final = 4096
+_DIRTY: Final[list[Bucket]] = []
 
 
 def _absent(obj: object, /) -> None:
@@ -173,10 +197,53 @@ HIDES: Final = _FOUND and type(_absent) is not FunctionType
 GC_START: Final = GC_TRACKED if HIDES else GC_OFF
 
 
-def show(entry: WheelEntry) -> None:
-    """An entry left its bucket for good: the collector sees it again."""
-    entry._gc = GC_TRACKED
-    _show(entry)
+def _dirty(bucket: Bucket) -> None:
+    """``bucket`` holds young entries: list it for the next hide_young."""
+    bucket._dirty = True
+    _DIRTY.append(bucket)
+    if len(_DIRTY) >= _DIRTY_LIMIT:
+        hide_young()
+
+
+def _left(entry: WheelEntry) -> None:
+    """``entry`` left its bucket for good (its count is moved out already): the
+    collector sees it, as before."""
+    state = entry._gc
+    if state == GC_YOUNG:
+        entry._gc = GC_TRACKED
+    elif state == GC_HIDDEN:
+        entry._gc = GC_TRACKED
+        _show(entry)
+
+
+def hide_young() -> None:
+    """Take the young entries of every dirty bucket out of the collector's lists.
+    Allocates nothing and runs no Python code (the entries stay alive: their buckets
+    hold them)."""
+    dirty = _DIRTY
+    for bucket in dirty:
+        bucket._dirty = False
+        n = bucket._young
+        bucket._young = 0
+        entry = bucket._last
+        while n > 0 and entry is not None:
+            if entry._gc == GC_YOUNG:
+                entry._gc = GC_HIDDEN
+                _hide(entry)
+                n -= 1
+            entry = entry._prev
+    dirty.clear()
+
+
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    """gc.callbacks: before every collection, hide the entries linked since the last
+    one, so that it walks none."""
+    if phase == "start":
+        hide_young()
+
+
+if HIDES:
+    gc.callbacks.append(_on_collection)
 
 
 def level_for(now: int, e: int, size: int) -> int:
@@ -228,12 +295,15 @@ class Bucket:
     (coarser buckets cascade first: ``Wheel.advance``).
     """
 
-    __slots__ = ("_cascaded", "_first", "_last", "level", "tick", "time")
+    __slots__ = ("_cascaded", "_dirty", "_first", "_last", "_young", "level", "tick", "time")
 
     def __init__(self, level: int = 0) -> None:
         self._first: WheelEntry | None = None
         self._last: WheelEntry | None = None
         self._cascaded: WheelEntry | None = None
+        # Its GC_YOUNG entries, and whether it is in _DIRTY (the collector, above).
+        self._young = 0
+        self._dirty = False
         self.level = level
         self.tick: int | None = None
         self.time = _INF
@@ -255,9 +325,11 @@ class Bucket:
             last._next = entry
         self._last = entry
         entry._bucket = self
-        if entry._gc == GC_TRACKED:
-            entry._gc = GC_HIDDEN
-            _hide(entry)
+        if entry._gc <= GC_YOUNG:  # new here, or moved here young: count it
+            entry._gc = GC_YOUNG
+            self._young += 1
+            if not self._dirty:
+                _dirty(self)
 
     def add_cascaded(self, entry: WheelEntry) -> None:
         """Link ``entry`` (in no bucket) at the end of the cascaded prefix: after the
@@ -278,15 +350,17 @@ class Bucket:
             after._prev = entry
         self._cascaded = entry
         entry._bucket = self
-        if entry._gc == GC_TRACKED:
-            entry._gc = GC_HIDDEN
-            _hide(entry)
+        if entry._gc <= GC_YOUNG:  # new here, or moved here young: count it
+            entry._gc = GC_YOUNG
+            self._young += 1
+            if not self._dirty:
+                _dirty(self)
 
     def remove(self, entry: WheelEntry) -> None:
         """Unlink ``entry``, which is in this bucket, for good: it leaves the wheel."""
         self.move_out(entry)
-        if entry._gc == GC_HIDDEN:
-            show(entry)
+        if entry._gc != GC_OFF:
+            _left(entry)
 
     def move_out(self, entry: WheelEntry) -> None:
         """Unlink ``entry``, which is in this bucket, to link it in another: the
@@ -307,6 +381,8 @@ class Bucket:
             after._prev = before
             entry._next = None
         entry._bucket = None
+        if entry._gc == GC_YOUNG:
+            self._young -= 1
 
     def pop_first(self) -> WheelEntry | None:
         """Unlink and return the oldest entry; ``None`` when empty."""
@@ -323,11 +399,12 @@ class Bucket:
             after = entry._next
             entry._prev = entry._next = None
             entry._bucket = None
-            if entry._gc == GC_HIDDEN:
-                show(entry)
+            if entry._gc != GC_OFF:
+                _left(entry)
             entries.append(entry)
             entry = after
         self._first = self._last = self._cascaded = None
+        self._young = 0
         return entries
 
     def empty(self) -> bool:
@@ -371,8 +448,8 @@ class WheelEntry:
 
     __slots__ = ("_bucket", "_deadline", "_gc", "_next", "_prev")
 
-    # Where the entry stands with the garbage collector (the ledger, above). First in
-    # the compiled struct: one byte in the padding after mypyc's bitmap, no more memory.
+    # Where the entry stands with the garbage collector (above). First in the compiled
+    # struct: one byte in the padding after mypyc's bitmap, no more memory.
     _gc: u8
 
     def __init__(self, deadline: float = 0.0) -> None:
@@ -986,6 +1063,7 @@ class Expiry:
                 entries.sort(key=deadline_of)
                 self._held = entries
                 taken._first = taken._last = taken._cascaded = None
+                taken._young = 0  # counted again as they are linked again
                 for entry in entries:
                     entry._bucket = entry._prev = entry._next = None
                 for entry in entries:
@@ -1045,6 +1123,7 @@ class Expiry:
                 node._bucket = node._prev = node._next = None
                 node = after
             bucket._first = bucket._last = bucket._cascaded = None
+            bucket._young = 0  # counted again as they are linked again
         target = buckets[0]
         for entry in entries:
             target.add(entry)
@@ -1132,6 +1211,7 @@ class Expiry:
         wheel._heap.clear()
         for bucket in buckets:
             bucket._first = bucket._last = bucket._cascaded = None
+            bucket._young = 0  # counted again as they are linked again
             bucket.tick = None
             bucket.time = _INF
         for entry in entries:
@@ -1150,8 +1230,8 @@ class Expiry:
             held.append(self._moving)  # a pass stopped between unlink and link
         for entry in held:
             entry._prev = entry._next = None
-            if entry._gc == GC_HIDDEN:
-                show(entry)
+            if entry._gc != GC_OFF:
+                _left(entry)
         entries += held
         self._held = self._moving = None
         for bucket in self._out:  # handed out by an advance that did not finish
@@ -1174,17 +1254,30 @@ def _check_links(bucket: Bucket) -> None:
     ``Bucket.add`` refuses a linked entry) and its entries point at it."""
     previous: WheelEntry | None = None
     seen: set[int] = set()
+    young = 0
     entry = bucket._first
     while entry is not None:
         assert id(entry) not in seen, f"{entry!r} is linked twice in {bucket!r}"
         seen.add(id(entry))
         assert entry._bucket is bucket, entry
         assert entry._prev is previous, entry
-        # Hidden from the collector exactly while linked (the compiled core).
-        assert entry._gc == (GC_HIDDEN if HIDES else GC_OFF), entry
-        assert gc.is_tracked(entry) is not HIDES, entry
+        # Linked: young (counted) or hidden from the collector (the compiled core).
+        if not HIDES:
+            assert entry._gc == GC_OFF, entry
+        elif entry._gc == GC_YOUNG:
+            young += 1
+            assert gc.is_tracked(entry), entry
+        else:
+            assert entry._gc == GC_HIDDEN, entry
+            assert not gc.is_tracked(entry), entry
         previous = entry
         entry = entry._next
     assert bucket._last is previous, bucket
+    assert bucket._young == young, f"{bucket!r}: counts {bucket._young} young, holds {young}"
+    listed = False
+    for other in _DIRTY:
+        listed = listed or other is bucket
+    assert bucket._dirty == listed, f"{bucket!r}: dirty {bucket._dirty}, listed {listed}"
+    assert young == 0 or bucket._dirty, f"{bucket!r}: young entries, not listed"
     cascaded = bucket._cascaded
     assert cascaded is None or cascaded._bucket is bucket, f"{bucket!r}: stale cascaded prefix"

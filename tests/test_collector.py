@@ -1,12 +1,14 @@
 """Pending timers the garbage collector never walks (docs/design.md, "Pending timers and
 the garbage collector").
 
-On the compiled core a handle is out of the cyclic collector's lists while a bucket
-links it, and back in them from the moment it leaves (fired, cancelled, or its timer or
-loop closed): so the objects the collector tracks do not grow with the number of
-pending timers, and a cycle through a handle that left (a callback that refers to its
-own handle) is freed by the next collection once the user lets go of it. The pure core
-keeps every handle tracked: the same tests check that it does.
+On the compiled core a handle a bucket links is counted young, and hidden from the
+cyclic collector at the start of the next collection; it is back in the collector's
+lists from the moment it leaves (fired, cancelled, or its timer
+or loop closed). So no collection walks a pending timer, the objects the collector
+tracks do not grow with the number of pending timers, and a cycle through a handle that
+left (a callback that refers to its own handle) is freed by the next collection once
+the user lets go of it. The pure core keeps every handle tracked: the same tests check
+that it does.
 
 Each cycle test keeps only a weak reference to an object on the cycle and asks the
 collector; none waits on a clock (a handle fires by awaiting ``wait()``).
@@ -25,7 +27,7 @@ import pytest
 
 import aiowheel
 from aiowheel import Timer, TimerCancelled
-from aiowheel._wheel import GC_HIDDEN, GC_OFF, GC_TRACKED, HIDES
+from aiowheel._wheel import _DIRTY, GC_HIDDEN, GC_OFF, GC_TRACKED, GC_YOUNG, HIDES
 
 pytestmark = pytest.mark.anyio
 
@@ -53,19 +55,24 @@ class Quiet:
 
 def tracked_per_call(make: Callable[[], object], n: int = N) -> float:
     """Objects the collector tracks per call of ``make``, everything before frozen
-    (``gc.freeze``, as the bench's ``collector`` workload does)."""
+    (``gc.freeze``, as the bench's ``collector`` workload does), counted after a
+    collection (as a full collection walks them)."""
     gc.collect()
     gc.freeze()
     try:
         before = len(gc.get_objects())
         for _ in range(n):
             make()
+        gc.collect()
         return (len(gc.get_objects()) - before) / n
     finally:
         gc.unfreeze()
 
 
 def assert_hidden_while_pending(handle: Any) -> None:
+    """A pending handle, once a collection has started (a young one will do): hidden
+    (compiled)."""
+    gc.collect(0)
     assert handle._gc == (GC_HIDDEN if HIDES else GC_OFF)
     assert gc.is_tracked(handle) is not HIDES
 
@@ -245,21 +252,34 @@ def test_a_cycle_through_a_drop_in_loop_handle_is_freed(base: str, way: str) -> 
 # -- a collector disabled, and collections at any point ---------------------------------
 
 
-async def test_hiding_needs_no_collection(collected: Any) -> None:
-    # Hidden at once when linked, seen at once when it leaves: nothing waits for the
-    # collector, so a process that disabled it keeps every guarantee.
+async def test_with_the_collector_disabled_a_collection_still_hides_them() -> None:
+    # No collection starts, so none walks the young handles; gc.collect() (which runs
+    # the callbacks even when disabled) hides them; a handle that leaves is seen at once.
     gc.disable()
     try:
         async with Timer() as timer:
-            handles = [timer.schedule_nowait(600.0, noop) for _ in range(100)]
-            for handle in handles:
-                assert_hidden_while_pending(handle)
+            handles = [timer.schedule_nowait(600.0, noop) for _ in range(3000)]
+            assert all(gc.is_tracked(h) for h in handles)
+            assert all(h._gc == (GC_YOUNG if HIDES else GC_OFF) for h in handles)
+            assert_hidden_while_pending(handles[1])
             for handle in handles[::2]:
                 handle.cancel()
                 assert_seen(handle)
+            assert_hidden_while_pending(handles[1])
     finally:
         gc.enable()
     for handle in handles:
+        assert_seen(handle)
+
+
+async def test_a_handle_that_leaves_before_any_collection_is_never_hidden() -> None:
+    async with Timer() as timer:
+        gc.collect()
+        handle = timer.schedule_nowait(600.0, noop)
+        assert handle._gc == (GC_YOUNG if HIDES else GC_OFF)
+        assert handle._bucket in _DIRTY or not HIDES
+        assert gc.is_tracked(handle)
+        handle.cancel()
         assert_seen(handle)
 
 
@@ -271,7 +291,7 @@ async def test_a_collection_inside_a_pass_meets_no_hidden_handle_that_left() -> 
         handles: list[Any] = []
 
         def check() -> None:
-            gc.collect()
+            gc.collect(0)
             for handle in handles:
                 if handle.pending():
                     assert_hidden_while_pending(handle)
