@@ -49,9 +49,10 @@ How the work is split, so that the event loop never waits for the disk:
   is dropped and counted in ``dropped``: memory stays bounded by
   ``(max_queued_batches + 2) * batch_rows`` rows, whatever happens to the writer.
 
-Why a packed buffer, measured on CPython 3.11 with ``tools/recorder_overhead.py``
-and timeit (a shared 2-core VM: minimums of repeated runs, single figures move by
-tens of percent). Per row, on the loop / on the writer holding the GIL / buffered:
+Why a packed buffer, measured on CPython 3.11 with a probe since replaced by the
+bench's ``tracing`` workload (docs/bench-workloads.md) and timeit (a shared 2-core VM:
+minimums of repeated runs, single figures move by tens of percent). Per row, on the
+loop / on the writer holding the GIL / buffered:
 
 * a flat list of the row's seven objects (the previous design): ~100-180 ns above
   a bare call / ~170-210 ns (strided slices, then ``pa.array`` per column) / ~190
