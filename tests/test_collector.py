@@ -204,8 +204,8 @@ async def test_a_cycle_through_a_handle_its_timer_closed_on_is_freed(collected: 
 
 
 async def test_a_cycle_through_a_periodic_handle_and_its_timer_is_freed(collected: Any) -> None:
-    # The callback refers to the timer, which holds the handle: the whole timer is
-    # on the cycle, freed once stopped and dropped.
+    # The callback refers to its own periodic handle, whose callback slot holds a
+    # _Run of it while active (aiowheel/_periodic.py): freed once stopped and dropped.
     timer = Timer()
     async with timer:
         callback = SelfRef()
