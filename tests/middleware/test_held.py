@@ -3,8 +3,8 @@
 uvicorn's h11 protocol is fed its requests through ``data_received`` and writes to a
 stand-in transport (no socket), so that flow control (``pause_writing`` /
 ``resume_writing``) and the collector can be driven exactly. asyncio runs on looptime's
-virtual clock, uvloop in real time (waits of a fraction of ``T`` there: each check
-awaits the event it is about, bounded, rather than a sleep).
+virtual clock, uvloop in real time (the scenario's own waits, a fraction of ``T``, are
+real there; every check awaits the event it is about, bounded, and never polls).
 
 Behind the connection the middleware hands the application the server's own ``send``
 (``_RequestWatch.send_held``): the connection stops the request's timing when the
@@ -49,6 +49,7 @@ class StandIn(asyncio.Transport):
         self.data = bytearray()
         self.closing = False
         self.aborted = False
+        self.gone = asyncio.Event()  # set by abort: what a test awaits
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.data += data
@@ -64,6 +65,7 @@ class StandIn(asyncio.Transport):
 
     def abort(self) -> None:
         self.closing = self.aborted = True
+        self.gone.set()
 
     def pause_reading(self) -> None:
         pass
@@ -98,15 +100,17 @@ async def until(predicate: Callable[[], bool]) -> None:
     raise AssertionError(f"never true: {predicate}")
 
 
-async def within(predicate: Callable[[], bool], seconds: float) -> None:
-    """Poll ``predicate`` (state with no event to await) until it holds; fail after
-    ``seconds`` of the loop's clock."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"not true within {seconds} s: {predicate}")
-        await asyncio.sleep(TICK)
+async def first(*events: asyncio.Event, seconds: float) -> None:
+    """Wait until one of ``events`` is set; fail after ``seconds`` of the loop's clock."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        done, _ = await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    if not done:
+        raise AssertionError(f"none of {events} set within {seconds} s")
 
 
 async def test_a_send_the_client_let_through_is_activity() -> None:
@@ -115,15 +119,17 @@ async def test_a_send_the_client_let_through_is_activity() -> None:
     # took the chunk (resume_writing). Not idle: the response completes.
     log: list[str] = []
     go = asyncio.Event()
+    done = asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await go.wait()
         await send({"type": "http.response.body", "body": b"a", "more_body": True})
         log.append("let through")
-        await asyncio.sleep(0.5 * T)
+        await asyncio.sleep(0.5 * T)  # the application thinks (the scenario, not a wait)
         await send({"type": "http.response.body", "body": b"b"})
         log.append("done")
+        done.set()
 
     async with Timer(tick=TICK) as timer:
         middleware = IdleTimeoutMiddleware(app, timeout=T, timer=timer)
@@ -132,10 +138,10 @@ async def test_a_send_the_client_let_through_is_activity() -> None:
         await until(lambda: bool(transport.data))  # the head went out
         protocol.pause_writing()  # the client's window is full: the chunk waits
         go.set()
-        await asyncio.sleep(0.8 * T)
+        await asyncio.sleep(0.8 * T)  # the client's window stays full (the scenario)
         assert log == []
         protocol.resume_writing()  # the client took it
-        await within(lambda: log == ["let through", "done"] or transport.aborted, 20 * T)
+        await first(done, transport.gone, seconds=20 * T)
         assert log == ["let through", "done"]
         assert not transport.aborted
         assert transport.data.endswith(b"0\r\n\r\n")  # the chunked body's end
@@ -162,7 +168,7 @@ async def test_a_send_that_waits_for_ever_is_dropped() -> None:
         protocol.pause_writing()
         start = loop.time()  # before the send: precedes its deadline
         go.set()
-        await within(lambda: transport.aborted, 20 * T)
+        await first(transport.gone, seconds=20 * T)
         elapsed = loop.time() - start
         protocol.connection_lost(ConnectionResetError())
     assert elapsed >= T  # never early
