@@ -23,6 +23,10 @@ PROBES: dict[str, tuple[list[str], str]] = {
     ),
     "loop_lateness_probe.py": (["--timers", "3"], "median"),
     "idle_middleware_cost.py": (["--rounds", "1", "-n", "50"], "middleware / bare"),
+    "server_profile.py": (
+        ["--measure", "cpu", "-n", "20", "--warm-up", "5", "--loops", "asyncio,loop-asyncio"],
+        "drop-in / plain asyncio",
+    ),
 }
 
 

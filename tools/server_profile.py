@@ -1,0 +1,204 @@
+"""Where a real server's request goes, per event loop: the `server` workload's uvicorn
+app (aiowheel/bench/_serve.py) profiled on each loop, to tell the timers' share of a
+request from the rest (docs/loop.md, "Why a server gains little").
+
+    python tools/server_profile.py                       # instructions (valgrind)
+    python tools/server_profile.py --measure cpu -n 2000 # CPU time, no valgrind
+
+One server process per loop serves three paths, each driven by one keep-alive client
+connection, one request at a time, after a warm-up:
+
+* ``/``: the trivial app;
+* ``/a``: the same app after five awaits of an operation that completes on the next
+  loop iteration (the timeout-heavy app without its timeouts);
+* ``/t``: the timeout-heavy app (the five awaits, three under ``asyncio.timeout(10)``
+  and two under ``asyncio.wait_for(..., 10)``).
+
+``--measure instructions`` (the default) runs the server under ``valgrind
+--tool=callgrind``, zeroes its counters before each path and dumps them after
+(``callgrind_control``): instructions per request, which do not depend on the
+machine's load, and the inclusive instructions of the loop's timer entry points
+(uvloop's ``call_at``, ``call_later`` and ``TimerHandle.cancel``; the drop-in loop's
+compiled ones), where those are C functions callgrind can name (plain asyncio's are
+Python, so its line says "-"). ``--measure cpu`` reads the server's own CPU time
+(``/__stats``) before and after each path instead: µs per request, noisy on a shared
+machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PATHS = ("/", "/a", "/t")
+LOOPS = ("asyncio", "loop-asyncio", "uvloop", "loop-uvloop")
+
+#: callgrind symbols of each loop's timer entry points (inclusive costs add up: the
+#: outermost entry points only).
+TIMER_SYMBOLS = {
+    "uvloop": (
+        r"__pyx_pw_6uvloop_4loop_4Loop_\d+call_later$",
+        r"__pyx_pw_6uvloop_4loop_4Loop_\d+call_at$",
+        r"__pyx_pw_6uvloop_4loop_11TimerHandle_\d+cancel$",
+    ),
+    "drop-in": (
+        r"CPyPy__loophandle___call_later$",
+        r"CPyPy__loophandle___call_at$",
+        r"CPyPy__loophandle___LoopTimerHandle___cancel$",
+    ),
+}
+
+# The server: the bench's app, plus ``/a``. Run as ``python -c SERVER LOOP``.
+SERVER = """
+import sys
+import aiowheel.bench._serve as serve
+
+bench_app = serve.app
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "http" and scope["path"] == "/a":
+        for _ in range(5):
+            await serve._short()
+        await send({"type": "http.response.start", "status": 200, "headers": serve._HEADERS})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
+    await bench_app(scope, receive, send)
+
+
+serve.app = app
+sys.exit(serve.main([sys.argv[1], "uvicorn"]))
+"""
+
+
+def _get(connection: http.client.HTTPConnection, path: str) -> bytes:
+    connection.request("GET", path)
+    response = connection.getresponse()
+    body = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"GET {path}: {response.status}")
+    return body
+
+
+def _timer_instructions(dump: str, loop: str) -> int | None:
+    """The inclusive instructions of the loop's timer entry points in one dump."""
+    patterns = TIMER_SYMBOLS.get("drop-in" if loop.startswith("loop-") else loop)
+    if patterns is None:
+        return None
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", dump],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    total = 0
+    for line in annotated.splitlines():
+        match = re.match(r"\s*([\d,]+) .*:(\S+)( \[.*\])?$", line)
+        if match and any(re.search(p, match.group(2)) for p in patterns):
+            total += int(match.group(1).replace(",", ""))
+    return total
+
+
+def profile(loop: str, requests: int, warm_up: int, measure: str) -> dict[str, dict[str, float]]:
+    """Per path: instructions (or CPU µs) per request, and the timers' share."""
+    scratch = tempfile.mkdtemp(prefix="server-profile-")
+    out = os.path.join(scratch, "callgrind.out")
+    command = [sys.executable, "-c", SERVER, loop]
+    if measure == "instructions":
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command]
+    server = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    assert server.stdout is not None
+    assert server.stdin is not None
+    figures: dict[str, dict[str, float]] = {}
+    try:
+        port = int(server.stdout.readline())
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        for path in PATHS:
+            for _ in range(warm_up):
+                _get(connection, path)
+        for path in PATHS:
+            if measure == "instructions":
+                pid = str(server.pid)
+                subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+            else:
+                before = json.loads(_get(connection, "/__stats"))["cpu"]
+            for _ in range(requests):
+                _get(connection, path)
+            if measure == "instructions":
+                label = path.strip("/") or "root"
+                subprocess.run(
+                    ["callgrind_control", "-d", label, pid], check=True, capture_output=True
+                )
+            else:
+                after = json.loads(_get(connection, "/__stats"))["cpu"]
+                figures[path] = {"cpu_us": (after - before) * 1e6 / requests}
+        connection.close()
+    finally:
+        server.stdin.close()
+        server.wait(timeout=300)
+        server.stdout.close()
+    if measure == "instructions":
+        for name in sorted(glob.glob(out + ".*")):
+            text = Path(name).read_text()
+            trigger = re.search(r"^desc: Trigger: dump (\S+)", text, re.M)
+            total = re.search(r"^summary: (\d+)", text, re.M)
+            if trigger and total:
+                path = "/" if trigger.group(1) == "root" else "/" + trigger.group(1)
+                timers = _timer_instructions(name, loop)
+                figures[path] = {
+                    "instructions": int(total.group(1)) / requests,
+                    "timers": -1.0 if timers is None else timers / requests,
+                }
+    shutil.rmtree(scratch, ignore_errors=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--measure", choices=("instructions", "cpu"), default="instructions")
+    parser.add_argument("-n", "--requests", type=int, default=1000, help="requests per path")
+    parser.add_argument("--warm-up", type=int, default=300, help="requests per path first")
+    parser.add_argument("--loops", default=",".join(LOOPS), help="comma-separated")
+    args = parser.parse_args()
+    if args.measure == "instructions" and shutil.which("valgrind") is None:
+        parser.error("--measure instructions needs valgrind on PATH (or --measure cpu)")
+    loops = args.loops.split(",")
+    unknown = set(loops) - set(LOOPS)
+    if unknown:
+        parser.error(f"unknown loops {sorted(unknown)}; choose from {', '.join(LOOPS)}")
+    unit = "instructions" if args.measure == "instructions" else "cpu_us"
+    results = {loop: profile(loop, args.requests, args.warm_up, args.measure) for loop in loops}
+    print(f"per request ({unit}), {args.requests} requests per path, one connection")
+    print(f"{'loop':<14}{'/':>12}{'/a':>12}{'/t':>12}{'/t - /a':>12}{'timers in /t':>14}")
+    for loop, figures in results.items():
+        cells = [figures[path][unit] for path in PATHS]
+        timers = figures["/t"].get("timers", -1.0)
+        shown = "-" if timers < 0 else f"{timers:,.0f}"
+        print(
+            f"{loop:<14}"
+            + "".join(f"{cell:>12,.1f}" for cell in cells)
+            + f"{cells[2] - cells[1]:>12,.1f}{shown:>14}"
+        )
+    for base in ("asyncio", "uvloop"):
+        if base in results and f"loop-{base}" in results:
+            plain, drop_in = results[base]["/t"][unit], results[f"loop-{base}"]["/t"][unit]
+            print(f"drop-in / plain {base}, /t: {drop_in / plain:.3f}")
+
+
+if __name__ == "__main__":
+    main()
