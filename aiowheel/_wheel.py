@@ -1120,7 +1120,7 @@ class Wheel:
                 yield from bucket
 
     def _check(self) -> None:
-        """Assert the invariants listed in the module docstring (for tests: O(n))."""
+        """Assert the invariants listed in the class docstring (for tests: O(n))."""
         scheduled = {id(b): start for start, _level, _when, b in self._heap if b.tick == start}
         _check_links(self._due)
         far = self._far
