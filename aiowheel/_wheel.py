@@ -1078,19 +1078,11 @@ class Wheel:
         self._held = None
 
     def clear(self) -> list[Any]:
-        """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
+        """Empty the wheel and return its entries, unlinked (``_bucket`` is None) and
+        seen by the collector again: after a pass that stopped half-way too, by the
+        invariant ``recover`` relies on (every pending entry is reachable from a
+        bucket, or is ``_moving``, or in ``_held``)."""
         entries = self._due.take_all()
-        held: list[WheelEntry] = []
-        if self._held is not None:  # a pass stopped while re-linking them
-            held.extend(e for e in self._held if e._bucket is None)
-        if self._moving is not None and self._moving._bucket is None:
-            held.append(self._moving)  # a pass stopped between unlink and link
-        for entry in held:
-            entry._prev = entry._next = None
-            if entry._gc != GC_OFF:
-                _left(entry)
-        entries += held
-        self._held = self._moving = None
         for bucket in self._out:  # handed out by an advance that did not finish
             entries += bucket.take_all()
         self._out.clear()
@@ -1103,6 +1095,25 @@ class Wheel:
                 bucket.tick = None
                 bucket.time = _INF
         self._heap.clear()
+        # What no bucket reaches: the entry a pass stopped between its unlink and its
+        # link, the ones it stopped re-linking. Its `_bucket` proves nothing (it may
+        # still name a bucket whose list was cut), so: by identity, each once (showing
+        # an entry to the collector twice would be a C error).
+        stray: list[WheelEntry] = []
+        if self._held is not None:
+            stray.extend(self._held)
+        if self._moving is not None:
+            stray.append(self._moving)
+        if stray:
+            taken = {id(entry) for entry in entries}
+            for entry in stray:
+                if id(entry) not in taken:
+                    taken.add(id(entry))
+                    entry._bucket = entry._prev = entry._next = None
+                    if entry._gc != GC_OFF:
+                        _left(entry)
+                    entries.append(entry)
+        self._held = self._moving = None
         return entries
 
     # -- introspection (not on any hot path) -----------------------------------------

@@ -193,6 +193,47 @@ def test_an_interrupt_at_any_bytecode_of_a_pass_loses_nothing(size: int, stride:
             check(fired, entries, at)
 
 
+@pytest.mark.parametrize(("size", "stride"), [(4, 3), (2, 11)])
+def test_clear_after_an_interrupt_at_any_bytecode_hands_back_every_pending_entry(
+    size: int, stride: int
+) -> None:
+    """The record's other reader: a timer that closes after an interrupted pass
+    (``Wheel.clear``, not ``recover``) settles every handle it held. Whichever
+    bytecode the interrupt lands on, each entry has fired or comes back from
+    ``clear`` exactly once, unlinked and seen by the collector again, and the wheel
+    is empty: the entry being moved (``_moving``), the ones being re-linked
+    (``_held``) and the buckets handed out (``_out``) included."""
+    _wheel, _entries, times = scene(size)
+    cleared_some_in_a_move = False
+    for armed in range(len(times)):
+        counter = Interrupter(-1)
+        wheel, entries, _ = scene(size)
+        for index, now in enumerate(times[: armed + 1]):
+            one_pass(wheel, now, [], 1 if index % 2 else sys.maxsize, counter)
+        for at in range(armed % stride, counter.count, stride):
+            wheel, entries, _ = scene(size)
+            interrupter = Interrupter(at)
+            fired: Fired = []
+            try:
+                for index, now in enumerate(times[: armed + 1]):
+                    stop = 1 if index % 2 else sys.maxsize
+                    one_pass(wheel, now, fired, stop, interrupter if index == armed else None)
+            except KeyboardInterrupt:
+                assert interrupter.raised
+            moving = wheel._moving
+            cleared = wheel.clear()
+            cleared_some_in_a_move |= moving is not None and moving in cleared
+            names = sorted([entry.name for _, entry in fired] + [e.name for e in cleared])
+            assert names == [entry.name for entry in entries], f"interrupted at bytecode {at}"
+            for entry in cleared:
+                assert entry._bucket is entry._prev is entry._next is None, (entry, at)
+                assert entry._gc in (wheel_module.GC_TRACKED, wheel_module.GC_OFF), (entry, at)
+            assert len(wheel) == 0, at
+            assert wheel.next_expiry() is None, at
+            assert (wheel._moving, wheel._held, wheel._out) == (None, None, []), at
+    assert cleared_some_in_a_move  # the interrupts did land between an unlink and a link
+
+
 def test_recover_twice_and_on_a_whole_wheel_changes_nothing() -> None:
     wheel, entries, _times = scene(3)
     wheel.recover()
