@@ -47,11 +47,12 @@ Fired = list[tuple[float, Entry]]  # (the pass's now, the entry), in firing orde
 
 
 class Interrupter:
-    """Raises ``KeyboardInterrupt`` at the ``at``-th bytecode run in aiowheel/_wheel.py
-    while armed (``at`` < 0: never; it counts all the same)."""
+    """Raises ``KeyboardInterrupt`` (or ``raises``) at the ``at``-th bytecode run in
+    aiowheel/_wheel.py while armed (``at`` < 0: never; it counts all the same)."""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, raises: type[BaseException] = KeyboardInterrupt) -> None:
         self.at = at
+        self.raises = raises
         self.count = 0
         self.raised = False
 
@@ -61,7 +62,7 @@ class Interrupter:
             if self.count - 1 == self.at:
                 self.raised = True
                 sys.settrace(None)
-                raise KeyboardInterrupt(f"at bytecode {self.at}")
+                raise self.raises(f"at bytecode {self.at}")
         return self._local
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -290,3 +291,56 @@ def test_issue_28_interrupted_pass_keeps_the_timer_usable() -> None:
                     pass
             loop.close()
     assert interrupted > 20
+
+
+class _Fault(Exception):
+    """A signal handler's own exception: not an interrupt, so the pass cannot tell it
+    from a bug of the wheel."""
+
+
+def test_a_fault_at_any_bytecode_of_a_pass_closes_the_timer_and_settles_every_handle(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Any exception but an interrupt inside the wheel's pass breaks the timer
+    (docs/design.md, "Failure containment"), and its close settles every handle the
+    wheel held, the ones the pass was moving or re-linking included (``Wheel.clear``):
+    each has fired or its ``wait()`` raises, none waits for ever."""
+    broken = 0
+    counter = Interrupter(-1)
+    for at in [-1, *range(1000)]:
+        if at >= counter.count > 0:
+            break  # past the last bytecode of the passes
+        loop = looptime.new_event_loop(start=1000.0)
+        interrupter = counter if at < 0 else Interrupter(at, _Fault)
+        seen: dict[str, bool] = {}
+
+        async def host(
+            interrupter: Interrupter = interrupter, seen: dict[str, bool] = seen, at: int = at
+        ) -> None:
+            async with Timer(tick=0.001, wheel_size=4) as timer:
+                # Already due, latest first (the pass sorts them), and a spread of
+                # levels (cascades: entries moved between buckets).
+                handles = [timer.schedule_nowait(-0.001 * i, int) for i in range(4)]
+                handles += [timer.schedule_nowait(0.001 * i * i, int) for i in range(12)]
+                with interrupter.armed():
+                    await asyncio.sleep(0.2)  # the passes run meanwhile
+                for handle in handles:
+                    try:
+                        await asyncio.wait_for(handle.wait(), 10.0)
+                    except (aiowheel.TimerCancelled, aiowheel.TimerClosed):
+                        assert handle.cancelled(), (handle, at)
+                    else:
+                        assert handle.fired(), (handle, at)
+                assert len(timer) == 0
+                seen["closed"] = timer.closed
+                await timer.aclose()
+
+        try:
+            with caplog.at_level("CRITICAL", logger="aiowheel"):
+                loop.run_until_complete(host())
+        finally:
+            sys.settrace(None)
+            loop.close()
+        assert seen["closed"] == interrupter.raised, at
+        broken += interrupter.raised
+    assert broken > 200
