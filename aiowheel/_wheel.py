@@ -1,64 +1,12 @@
 """The hierarchical timing wheel: a pure data structure, no I/O, no ``async``.
 
-It is handed "now" and hands back what expired; the driver (``_driver.py``) decides
-when to call it, the engine's pass (``Engine.fire_due``, ``_engine.py``) decides what
-to do with what expired. Which module owns what: docs/design.md, "Module map".
-
-Shape (Kafka's ``TimingWheel``, with two changes noted below)::
-
-    level 0:  wheel_size buckets of 1 tick          span  wheel_size ticks
-    level 1:  wheel_size buckets of wheel_size      span  wheel_size**2 ticks
-    level k:  wheel_size buckets of wheel_size**k   span  wheel_size**(k+1) ticks
-
-Levels are created on demand (Kafka's overflow wheels), so any finite deadline is
-accepted. Time is counted in integer ticks since ``origin``; Python integers do not
-overflow, so a timer years out is just a big tick number on a high level. Levels stop
-at the *horizon*, ``HORIZON`` ticks ahead of the wheel's clock (2**48: 8,900 years at
-1 ms): a farther entry is filed at the horizon and re-filed from there when that
-bucket comes due, as a lazily extended entry is, so ``schedule(1e306, ...)`` costs
-a few levels, not a thousand-bit tick and a hundred and sixty of them, and it still
-never fires early.
-
-A deadline ``d`` is due at tick ``e = ceil((d - origin) / tick)``: we round *up*.
-Kafka rounds down (a bucket fires at the start of its range) and can fire up to one
-tick early; we never fire early and are late by at most one tick plus the loop's own
-delay.
-
-An entry with due tick ``e`` lives at the lowest level ``L`` whose window holds it:
-``e < cur(L) + span(L)`` where ``cur(L)`` is the wheel's current tick rounded down to a
-multiple of that level's bucket width. A level-``L`` bucket comes due at the *start*
-of its range; its entries are then re-filed ("cascaded") against the new current
-tick, which puts each one at a finer level or expires it. Every cascade moves an
-entry at least one level down, so an entry moves at most ``levels - 1`` times.
-
-Finding the next due bucket: like Kafka we keep a binary heap of the *occupied*
-buckets, keyed by the tick at which they come due. A bucket is pushed once per
-revolution, when its first entry arrives, so in steady state ``insert`` touches the
-heap only when it opens a bucket: with the default 1 ms x 64 wheel there are at most
-a few hundred occupied buckets even with a million timers, and ``heapq`` keeps them
-in C. We measured this against tokio's occupied-bitmask per level: in Python every
-big-int bit operation is a separate interpreter step, the bitmask has to be kept up
-to date on *every* insert and removal into an empty/emptied bucket, and finding the
-next slot takes a rotate + lowest-bit on every level, where the heap answers with
-``heap[0]``. Buckets emptied by cancellation are left in the heap and skipped when
-they reach the top (``next_expiry``), so ``cancel`` never touches the heap.
-
-Buckets are intrusive doubly-linked lists (Kafka's ``TimerTaskList``): the entry is
-the node, so filing, removing and popping are a few pointer writes, with no
-allocation and no hashing, and iteration is in filing order. We used ``dict``
-buckets (insertion-ordered sets) while the callers were interpreted; compiled, the
-list files and removes three to four times faster and saves 28 bytes per pending
-timer (docs/design.md, "Data structures, compiled").
-
-Invariants kept here (``Wheel._check`` asserts them; the model test in
-``tests/test_wheel_model.py`` calls it after every step):
-
-* an entry is pending exactly while ``entry._bucket`` is not ``None``, and then it is
-  linked in that bucket's list; an entry in no bucket has no links;
-* a bucket with ``tick is not None`` is in the heap under that tick, and that tick is
-  later than the wheel's current tick (``_now``);
-* a bucket's entries have due ticks inside its range, or later (a lazily extended
-  entry: see ``Wheel.extend``, or one past the horizon), never earlier.
+Owns ``Wheel`` (the levels, the heap of occupied buckets, the due and far buckets,
+filing, and the pass over them with its recovery record), ``Bucket`` (an intrusive
+list), ``WheelEntry`` (what a bucket links), ``level_for`` (the level rule, which
+``Wheel._file`` copies inline) and hiding linked entries from the garbage collector.
+It is told "now" and hands back what expired; its caller decides what to do with it.
+How the wheel works and who calls it: docs/design.md, "Module map", then "Ticks:
+never early" to "Finding the next wake-up".
 """
 
 from __future__ import annotations
@@ -90,7 +38,6 @@ __all__ = [
     "HORIZON",
     "QUEUE_LEVEL",
     "Bucket",
-    "Expiry",
     "Wheel",
     "WheelEntry",
     "deadline_of",
@@ -148,7 +95,7 @@ FAR_LEVEL: Final = -3  # entries past the horizon (Wheel._far)
 # call, and one that lives longer, one C call to hide it and one to show it.
 #
 # The invariant: **an entry the collector does not see is linked in a bucket, or is
-# being moved between two (``Expiry._moving``, ``Expiry._held``: ``clear`` takes those
+# being moved between two (``Wheel._moving``, ``Wheel._held``: ``clear`` takes those
 # back too); a bucket's ``_young`` counts its GC_YOUNG entries, and a bucket with any
 # is in _DIRTY.** So a collection never meets a hidden entry that has left its wheel,
 # and a cycle through a fired or cancelled handle (a callback that re-arms it) is
@@ -461,24 +408,37 @@ class WheelEntry:
 
 
 class Wheel:
-    """A hierarchy of timing wheels over integer ticks of ``tick`` seconds.
+    """A hierarchy of timing wheels over integer ticks of ``tick`` seconds (Kafka's
+    ``TimingWheel`` with overflow levels made on demand, rounding up: never early).
 
     ``insert``/``remove``/``extend`` are O(1) (O(levels) to pick a level, and levels
     grow with the logarithm of the longest delay). ``advance(now)`` returns the
     buckets whose entries are due, in due order; everything it returns is already
     detached, so the caller may run callbacks that insert or remove entries while it
     walks them.
+
+    Invariants (``_check`` asserts them; tests/test_wheel_model.py calls it after
+    every step):
+
+    * an entry is pending exactly while ``entry._bucket`` is not ``None``, and then it
+      is linked in that bucket's list; an entry in no bucket has no links;
+    * a bucket with ``tick is not None`` is in the heap under that tick, and that tick
+      is later than the wheel's current tick (``_now``);
+    * a bucket's entries have due ticks inside its range, or later (a lazily extended
+      entry: see ``extend``, or one past the horizon), never earlier.
     """
 
     __slots__ = (
         "_due",
-        "_expiry",
         "_far",
         "_heap",
+        "_held",
         "_levels",
         "_limit0",
         "_limits",
+        "_moving",
         "_now",
+        "_out",
         "_size",
         "_upper",
         "_wheel0",
@@ -509,8 +469,10 @@ class Wheel:
         self._due = Bucket(DUE_LEVEL)
         # Entries past the horizon (see _file_far).
         self._far = Bucket(FAR_LEVEL)
-        # What a pass does to the wheel, and what only a pass holds (Expiry).
-        self._expiry = Expiry()
+        # The recovery record of a pass (see "the pass" below).
+        self._out: list[Bucket] = []
+        self._moving: WheelEntry | None = None
+        self._held: list[WheelEntry] | None = None
 
     # -- clock --------------------------------------------------------------------
 
@@ -740,8 +702,7 @@ class Wheel:
         """
         bucket = entry._bucket
         # The lazy-extend test: in a scheduled bucket, no earlier than it comes due.
-        # (Inline copy, tagged: TimerHandle.reset. TimerLifecycle._reset calls
-        # EngineState.rearm, which calls this.)
+        # (TimerHandle.reset keeps an inline copy of this test, for its idle touch.)
         if bucket is not None and bucket.tick is not None and deadline >= bucket.time:
             entry._deadline = deadline
             return _INF
@@ -769,120 +730,18 @@ class Wheel:
                 bucket.time = _INF
         return None
 
-    # -- the pass (Expiry's) ------------------------------------------------------
+    # -- the pass -------------------------------------------------------------------
+    # Kafka's advanceClock and bucket flush, tokio's poll: advance the clock, hand out
+    # what expired, cascade the rest, and keep every entry findable meanwhile. What only
+    # a pass holds, the recovery record (``recover`` states the invariant it keeps):
+    #
+    # * ``_out``: the buckets the last advance handed out, until the caller has
+    #   emptied them (``release``): ``clear`` takes what is left in them;
+    # * ``_moving``: the entry a pass is moving from one bucket to another, between the
+    #   unlink and the link;
+    # * ``_held``: the entries it is re-linking in a new order.
 
     def advance(self, now: float) -> list[Bucket]:
-        """Move the wheel's clock to ``now`` and return what is due, in due order
-        (``Expiry.advance``)."""
-        return self._expiry.advance(self, now)
-
-    def in_order(self, buckets: list[Bucket]) -> list[Bucket]:
-        """The entries of ``buckets`` in deadline order (``Expiry.in_order``)."""
-        return self._expiry.in_order(buckets)
-
-    def release(self) -> None:
-        """The caller is done with what ``advance`` handed out (``Expiry.release``)."""
-        self._expiry.release(self)
-
-    def recover(self) -> None:
-        """Make the wheel whole after an interrupted pass (``Expiry.recover``)."""
-        self._expiry.recover(self)
-
-    def clear(self) -> list[Any]:
-        """Empty the wheel and return its entries, unlinked (``Expiry.clear``)."""
-        return self._expiry.clear(self)
-
-    # -- introspection (not on any hot path) -----------------------------------------
-
-    def __len__(self) -> int:
-        filed = sum(len(b) for wheel in self._levels for b in wheel)
-        return len(self._due) + len(self._far) + filed
-
-    def __iter__(self) -> Iterator[WheelEntry]:
-        """Every entry still in the wheel (not the detached buckets), in no order."""
-        yield from self._due
-        yield from self._far
-        for wheel in self._levels:
-            for bucket in wheel:
-                yield from bucket
-
-    def _check(self) -> None:
-        """Assert the invariants listed in the module docstring (for tests: O(n))."""
-        scheduled = {id(b): start for start, _level, _when, b in self._heap if b.tick == start}
-        _check_links(self._due)
-        far = self._far
-        _check_links(far)
-        if far._first is not None:
-            assert far.tick is not None, "occupied far bucket is not scheduled"
-            assert scheduled.get(id(far)) == far.tick, "the far bucket is not in the heap"
-            assert far.tick > self._now, "the far bucket is due but still filed"
-            for entry in far:
-                # Never early (a lazily extended entry may be due before it is
-                # within the horizon; it is filed when the far bucket comes due).
-                assert self.due_tick_of(entry._deadline) >= far.tick, entry
-        assert self._limit0 == self._limits[0]
-        for level, wheel in enumerate(self._levels):
-            width = self._widths[level]
-            assert self._limits[level] == self._now - self._now % width + width * self._size
-            for bucket in wheel:
-                assert bucket.level == level
-                _check_links(bucket)
-                if bucket._first is None:
-                    continue
-                assert bucket.tick is not None, f"occupied {bucket!r} is not scheduled"
-                assert scheduled.get(id(bucket)) == bucket.tick, f"{bucket!r} not in the heap"
-                assert bucket.tick > self._now, f"{bucket!r} is due but still filed"
-                assert bucket.time == self.tick_time(bucket.tick)
-                assert wheel[(bucket.tick // width) % self._size] is bucket
-                for entry in bucket:
-                    assert entry._bucket is bucket, entry
-                    # Never early: an entry's due tick is in its bucket's range or
-                    # later; or, lazily extended, its deadline is no earlier than the
-                    # bucket's time (extend's own test, in floats: past 2**53 ticks a
-                    # bucket's time is its start rounded, possibly down, so the two
-                    # disagree by less than the clock can tell apart). Or it waits
-                    # one tick past its due tick: _take_due found it due by the tick
-                    # count but not by the clock (its deadline a rounding after the
-                    # tick's time), and never runs an entry early.
-                    due = self.due_tick_of(entry._deadline)
-                    assert (
-                        due >= bucket.tick
-                        or entry._deadline >= bucket.time
-                        or (bucket.tick == due + 1 and entry._deadline > self.tick_time(due))
-                    ), entry
-        assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
-
-
-class Expiry:
-    """The wheel's other half: what a pass does to it (Kafka's ``advanceClock`` and
-    bucket flush, tokio's ``poll``). ``Wheel`` files; this advances its clock, hands
-    out what expired, cascades the rest, and keeps every entry findable while it does.
-
-    One data structure, two classes, one module: this class changes the wheel's heap,
-    levels and due bucket as the wheel's own methods did (the wheel's state is written
-    in this module only), and the wheel calls it for ``advance``, ``in_order``,
-    ``release``, ``recover`` and ``clear``. What only a pass holds is here:
-
-    * ``_out``: the buckets the last advance handed out, until the caller has emptied
-      them (``release``): ``clear`` takes what is left in them;
-    * ``_moving``: the entry a pass is moving from one bucket to another, between the
-      unlink and the link;
-    * ``_held``: the entries it is re-linking in a new order.
-
-    Those three are what ``recover`` needs besides the buckets (its docstring states
-    the invariant).
-    """
-
-    __slots__ = ("_held", "_moving", "_out")
-
-    def __init__(self) -> None:
-        # (No reference back to the wheel: each call is given it, so that the two
-        # make no reference cycle and a dropped wheel is freed at once.)
-        self._out: list[Bucket] = []
-        self._moving: WheelEntry | None = None
-        self._held: list[WheelEntry] | None = None
-
-    def advance(self, wheel: Wheel, now: float) -> list[Bucket]:
         """Move the wheel's clock to ``now`` and return what is due, in due order.
 
         Every returned bucket is detached from the wheel and holds only entries whose
@@ -901,95 +760,95 @@ class Expiry:
         change they serve, never between deciding it and completing it.
         """
         fired: list[Bucket] = []
-        heap = wheel._heap
+        heap = self._heap
         # Entries filed as due before this pass, sorted; they go out ahead of any
         # overdue bucket that comes due after their deadline.
-        early: Bucket | None = self._take_due(wheel, now) if wheel._due._first is not None else None
+        early: Bucket | None = self._take_due(now) if self._due._first is not None else None
         while heap and heap[0][2] <= now:
             start, _key, when, bucket = heap[0]
             if bucket.tick != start or bucket.empty():
-                self._drop_top(wheel, bucket, start)
+                self._drop_top(bucket, start)
             elif early is not None and early._first is not None and early._first._deadline < when:
                 self._emit_before(early, when, fired)
             elif bucket.level == FAR_LEVEL:
-                self._far_came_due(wheel, start, now, fired)
-            elif not self._detach(wheel, bucket, start):
+                self._far_came_due(start, now, fired)
+            elif not self._detach(bucket, start):
                 pass  # the heap moved while the replacement was allocated: look again
             elif bucket.level == 0:
-                self._expire(wheel, bucket, start, when, fired)
+                self._expire(bucket, start, when, fired)
             else:
-                self._cascade(wheel, bucket, now, fired)
+                self._cascade(bucket, now, fired)
         if early is not None and early._first is not None:
             fired.append(early)
-        target = math.floor((now - wheel.origin) / wheel.tick)
-        if target > wheel._now:
-            wheel._set_now(target)
+        target = math.floor((now - self.origin) / self.tick)
+        if target > self._now:
+            self._set_now(target)
         return fired
 
     # The steps of advance, one per kind of heap top. Each runs with the top of the
     # heap being (start, ..., bucket) and takes it off, or leaves the heap for the
     # loop to look at again.
 
-    def _drop_top(self, wheel: Wheel, bucket: Bucket, start: int) -> None:
+    def _drop_top(self, bucket: Bucket, start: int) -> None:
         # A stale heap item (the bucket was emptied and dropped by next_expiry, or
         # the far bucket moved earlier), or an emptied bucket: unschedule it.
-        _heappop(wheel._heap)
+        _heappop(self._heap)
         if bucket.tick == start:
             bucket.tick = None
             bucket.time = _INF
 
-    def _far_came_due(self, wheel: Wheel, start: int, now: float, fired: list[Bucket]) -> None:
+    def _far_came_due(self, start: int, now: float, fired: list[Bucket]) -> None:
         # The far bucket: not detached (its entries are not due), only re-examined
         # against the clock at its tick.
-        far = wheel._far
-        _heappop(wheel._heap)
+        far = self._far
+        _heappop(self._heap)
         far.tick = None
         far.time = _INF
-        if start > wheel._now:
-            wheel._set_now(start)
-        self._due_far(wheel)
+        if start > self._now:
+            self._set_now(start)
+        self._due_far()
         # Invariant: a pass hands out every entry due at `now`; whatever it files as
         # due (into `_due`) it takes before it returns. An entry lazily extended
         # inside the far bucket to the far bucket's own time is due right here
         # (issue 28: it used to wait in `_due` for an advance that nothing asked
         # for, and the model lost it; tests/test_wheel_model.py keeps the example).
-        if wheel._due._first is not None:
-            fired.append(self._take_due(wheel, now))
+        if self._due._first is not None:
+            fired.append(self._take_due(now))
 
-    def _due_far(self, wheel: Wheel) -> None:
+    def _due_far(self) -> None:
         # The far bucket came due (the clock is at its tick): file the entries now
         # within the horizon into the levels, and schedule it again for the rest.
         # O(far entries); far entries are rare, and each pass that comes here files
         # at least one of them.
-        far = wheel._far
-        limit = wheel._now + HORIZON
+        far = self._far
+        limit = self._now + HORIZON
         earliest = -1
         node = far._first
         while node is not None:
             after = node._next
-            e = wheel.due_tick_of(node._deadline)
+            e = self.due_tick_of(node._deadline)
             if e <= limit:
                 self._moving = node
                 far.move_out(node)
-                wheel._file(node, e, True)
+                self._file(node, e, True)
                 self._moving = None
             elif earliest < 0 or e < earliest:
                 earliest = e
             node = after
         if earliest >= 0:
             start = earliest - HORIZON
-            when = wheel._far_time(start)
+            when = self._far_time(start)
             far.tick = start
             far.time = when
-            _heappush(wheel._heap, (start, _FAR_KEY, when, far))
+            _heappush(self._heap, (start, _FAR_KEY, when, far))
 
-    def _detach(self, wheel: Wheel, bucket: Bucket, start: int) -> bool:
+    def _detach(self, bucket: Bucket, start: int) -> bool:
         # Detach the top bucket: new inserts during this pass must not land in a
         # bucket the pass returns. The replacement first: its allocation may run
         # finalizers that change the heap, so False (look again) if the top moved.
         level = bucket.level
         fresh = Bucket(level)
-        heap = wheel._heap
+        heap = self._heap
         # Compare the fields, not the tuple's identity: compiled, the top is an
         # unboxed tuple, and boxing it again makes a new object every time.
         if not heap or heap[0][3] is not bucket or heap[0][0] != start:
@@ -998,14 +857,12 @@ class Expiry:
         bucket.tick = None
         # Listed in _out before it leaves its level: always findable (recover).
         self._out.append(bucket)
-        wheel._levels[level][(start // wheel._widths[level]) % wheel._size] = fresh
-        if start > wheel._now:
-            wheel._set_now(start)
+        self._levels[level][(start // self._widths[level]) % self._size] = fresh
+        if start > self._now:
+            self._set_now(start)
         return True
 
-    def _expire(
-        self, wheel: Wheel, bucket: Bucket, start: int, when: float, fired: list[Bucket]
-    ) -> None:
+    def _expire(self, bucket: Bucket, start: int, when: float, fired: list[Bucket]) -> None:
         # A detached level-0 bucket: entries filed at this tick are due now; entries
         # whose deadline was moved later (extend) or that a float rounding put one tick
         # early go back into the wheel, at a tick strictly after this one.
@@ -1013,44 +870,44 @@ class Expiry:
         while node is not None:
             after = node._next
             if node._deadline > when:
-                e = wheel.due_tick_of(node._deadline)
+                e = self.due_tick_of(node._deadline)
                 self._moving = node  # (for recover; see `_moving`)
                 bucket.move_out(node)
-                wheel._file(node, e if e > start else start + 1)
+                self._file(node, e if e > start else start + 1)
             node = after
         self._moving = None
         if not bucket.empty():
             fired.append(bucket)
 
-    def _cascade(self, wheel: Wheel, bucket: Bucket, now: float, fired: list[Bucket]) -> None:
+    def _cascade(self, bucket: Bucket, now: float, fired: list[Bucket]) -> None:
         # A detached coarser bucket: re-file against the bucket's start; each entry
         # moves down at least one level, or expires into the due bucket.
         cascaded = bucket._first
         while cascaded is not None:
-            e = wheel.due_tick_of(cascaded._deadline)
+            e = self.due_tick_of(cascaded._deadline)
             self._moving = cascaded
             bucket.move_out(cascaded)
-            wheel._file(cascaded, e, True)
+            self._file(cascaded, e, True)
             cascaded = bucket._first
         self._moving = None
-        if wheel._due._first is not None:
-            fired.append(self._take_due(wheel, now))
+        if self._due._first is not None:
+            fired.append(self._take_due(now))
 
-    def _take_due(self, wheel: Wheel, now: float) -> Bucket:
+    def _take_due(self, now: float) -> Bucket:
         # The due bucket itself is handed out (its entries stay linked in it), with
         # its entries in deadline order; a fresh one takes its place. An entry a float
         # rounding filed as due a hair after `now` waits for the next tick instead.
         fresh = Bucket(DUE_LEVEL)  # allocate before the change
-        taken = wheel._due
+        taken = self._due
         self._out.append(taken)  # listed before it is replaced (recover)
-        wheel._due = fresh
+        self._due = fresh
         node = taken._first
         while node is not None:
             after = node._next
             if node._deadline > now:
                 self._moving = node
                 taken.move_out(node)
-                wheel._file(node, wheel._now + 1)
+                self._file(node, self._now + 1)
             node = after
         self._moving = None
         # Entries are usually already in order (zero-delay timers, or one tick of a
@@ -1130,7 +987,7 @@ class Expiry:
         self._held = None
         return merged
 
-    def release(self, wheel: Wheel) -> None:
+    def release(self) -> None:
         """The caller is done with the buckets ``advance`` handed out. Normally they
         are empty; an entry the caller did not get to (it stopped half-way) is filed
         again at its own deadline, so that nothing pending is lost."""
@@ -1141,14 +998,14 @@ class Expiry:
             if entry is None:
                 out.pop()
                 continue
-            e = wheel.due_tick_of(entry._deadline)
+            e = self.due_tick_of(entry._deadline)
             self._moving = entry
             bucket.move_out(entry)
             # Filed before anything filed since: ahead of those ties.
-            wheel._file(entry, e, True)
+            self._file(entry, e, True)
             self._moving = None
 
-    def recover(self, wheel: Wheel) -> None:
+    def recover(self) -> None:
         """Make the wheel whole again after an exception stopped it half-way through
         ``advance``, ``in_order`` or ``release`` (on the pure core a
         ``KeyboardInterrupt`` can arrive at any bytecode), and file every pending
@@ -1168,14 +1025,14 @@ class Expiry:
         enabled = gc.isenabled()
         gc.disable()
         try:
-            self._recover(wheel)
+            self._recover()
         finally:
             if enabled:
                 gc.enable()
 
-    def _recover(self, wheel: Wheel) -> None:
-        buckets: list[Bucket] = [wheel._due, wheel._far, *self._out]
-        for level in wheel._levels:
+    def _recover(self) -> None:
+        buckets: list[Bucket] = [self._due, self._far, *self._out]
+        for level in self._levels:
             buckets.extend(level)
         entries: list[WheelEntry] = []
         seen: set[int] = set()
@@ -1202,13 +1059,13 @@ class Expiry:
         self._moving = None
         # Levels: a level added half-way (its buckets listed, its width not yet) is
         # empty; drop it. Then the windows, for the clock as it stands.
-        count = min(len(wheel._levels), len(wheel._widths), len(wheel._limits))
-        del wheel._levels[count:]
-        del wheel._widths[count:]
-        del wheel._limits[count:]
-        wheel._set_now(wheel._now)
+        count = min(len(self._levels), len(self._widths), len(self._limits))
+        del self._levels[count:]
+        del self._widths[count:]
+        del self._limits[count:]
+        self._set_now(self._now)
         self._out.clear()
-        wheel._heap.clear()
+        self._heap.clear()
         for bucket in buckets:
             bucket._first = bucket._last = bucket._cascaded = None
             bucket._young = 0  # counted again as they are linked again
@@ -1217,36 +1074,107 @@ class Expiry:
         for entry in entries:
             entry._bucket = entry._prev = entry._next = None
         for entry in entries:
-            wheel._file(entry, wheel.due_tick_of(entry._deadline))
+            self._file(entry, self.due_tick_of(entry._deadline))
         self._held = None
 
-    def clear(self, wheel: Wheel) -> list[Any]:
-        """Empty the wheel and return its entries (unlinked: ``_bucket`` is None)."""
-        entries = wheel._due.take_all()
-        held: list[WheelEntry] = []
-        if self._held is not None:  # a pass stopped while re-linking them
-            held.extend(e for e in self._held if e._bucket is None)
-        if self._moving is not None and self._moving._bucket is None:
-            held.append(self._moving)  # a pass stopped between unlink and link
-        for entry in held:
-            entry._prev = entry._next = None
-            if entry._gc != GC_OFF:
-                _left(entry)
-        entries += held
-        self._held = self._moving = None
+    def clear(self) -> list[Any]:
+        """Empty the wheel and return its entries, unlinked (``_bucket`` is None) and
+        seen by the collector again: after a pass that stopped half-way too, by the
+        invariant ``recover`` relies on (every pending entry is reachable from a
+        bucket, or is ``_moving``, or in ``_held``)."""
+        entries = self._due.take_all()
         for bucket in self._out:  # handed out by an advance that did not finish
             entries += bucket.take_all()
         self._out.clear()
-        entries += wheel._far.take_all()
-        wheel._far.tick = None
-        wheel._far.time = _INF
-        for level in wheel._levels:
+        entries += self._far.take_all()
+        self._far.tick = None
+        self._far.time = _INF
+        for level in self._levels:
             for bucket in level:
                 entries += bucket.take_all()
                 bucket.tick = None
                 bucket.time = _INF
-        wheel._heap.clear()
+        self._heap.clear()
+        # What no bucket reaches: the entry a pass stopped between its unlink and its
+        # link, the ones it stopped re-linking. Its `_bucket` proves nothing (it may
+        # still name a bucket whose list was cut), so: by identity, each once (showing
+        # an entry to the collector twice would be a C error).
+        stray: list[WheelEntry] = []
+        if self._held is not None:
+            stray.extend(self._held)
+        if self._moving is not None:
+            stray.append(self._moving)
+        if stray:
+            taken = {id(entry) for entry in entries}
+            for entry in stray:
+                if id(entry) not in taken:
+                    taken.add(id(entry))
+                    entry._bucket = entry._prev = entry._next = None
+                    if entry._gc != GC_OFF:
+                        _left(entry)
+                    entries.append(entry)
+        self._held = self._moving = None
         return entries
+
+    # -- introspection (not on any hot path) -----------------------------------------
+
+    def __len__(self) -> int:
+        filed = sum(len(b) for wheel in self._levels for b in wheel)
+        return len(self._due) + len(self._far) + filed
+
+    def __iter__(self) -> Iterator[WheelEntry]:
+        """Every entry still in the wheel (not the detached buckets), in no order."""
+        yield from self._due
+        yield from self._far
+        for wheel in self._levels:
+            for bucket in wheel:
+                yield from bucket
+
+    def _check(self) -> None:
+        """Assert the invariants listed in the class docstring (for tests: O(n))."""
+        scheduled = {id(b): start for start, _level, _when, b in self._heap if b.tick == start}
+        _check_links(self._due)
+        far = self._far
+        _check_links(far)
+        if far._first is not None:
+            assert far.tick is not None, "occupied far bucket is not scheduled"
+            assert scheduled.get(id(far)) == far.tick, "the far bucket is not in the heap"
+            assert far.tick > self._now, "the far bucket is due but still filed"
+            for entry in far:
+                # Never early (a lazily extended entry may be due before it is
+                # within the horizon; it is filed when the far bucket comes due).
+                assert self.due_tick_of(entry._deadline) >= far.tick, entry
+        assert self._limit0 == self._limits[0]
+        for level, wheel in enumerate(self._levels):
+            width = self._widths[level]
+            assert self._limits[level] == self._now - self._now % width + width * self._size
+            for bucket in wheel:
+                assert bucket.level == level
+                _check_links(bucket)
+                if bucket._first is None:
+                    continue
+                assert bucket.tick is not None, f"occupied {bucket!r} is not scheduled"
+                assert scheduled.get(id(bucket)) == bucket.tick, f"{bucket!r} not in the heap"
+                assert bucket.tick > self._now, f"{bucket!r} is due but still filed"
+                assert bucket.time == self.tick_time(bucket.tick)
+                assert wheel[(bucket.tick // width) % self._size] is bucket
+                for entry in bucket:
+                    assert entry._bucket is bucket, entry
+                    # Never early: an entry's due tick is in its bucket's range or
+                    # later; or, lazily extended, its deadline is no earlier than the
+                    # bucket's time (extend's own test, in floats: past 2**53 ticks a
+                    # bucket's time is its start rounded, possibly down, so the two
+                    # disagree by less than the clock can tell apart). Or it waits
+                    # one tick past its due tick: _take_due found it due by the tick
+                    # count but not by the clock (its deadline a rounding after the
+                    # tick's time), and never runs an entry early.
+                    due = self.due_tick_of(entry._deadline)
+                    assert (
+                        due >= bucket.tick
+                        or entry._deadline >= bucket.time
+                        or (bucket.tick == due + 1 and entry._deadline > self.tick_time(due))
+                    ), entry
+        assert len(self._levels) <= 2 + HORIZON.bit_length() // max(1, self._size.bit_length() - 1)
 
 
 def _check_links(bucket: Bucket) -> None:

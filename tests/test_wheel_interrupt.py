@@ -24,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import looptime
 import pytest
@@ -47,11 +47,12 @@ Fired = list[tuple[float, Entry]]  # (the pass's now, the entry), in firing orde
 
 
 class Interrupter:
-    """Raises ``KeyboardInterrupt`` at the ``at``-th bytecode run in aiowheel/_wheel.py
-    while armed (``at`` < 0: never; it counts all the same)."""
+    """Raises ``KeyboardInterrupt`` (or ``raises``) at the ``at``-th bytecode run in
+    aiowheel/_wheel.py while armed (``at`` < 0: never; it counts all the same)."""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int, raises: type[BaseException] = KeyboardInterrupt) -> None:
         self.at = at
+        self.raises = raises
         self.count = 0
         self.raised = False
 
@@ -61,7 +62,7 @@ class Interrupter:
             if self.count - 1 == self.at:
                 self.raised = True
                 sys.settrace(None)
-                raise KeyboardInterrupt(f"at bytecode {self.at}")
+                raise self.raises(f"at bytecode {self.at}")
         return self._local
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -170,7 +171,8 @@ def run(size: int, armed: int, at: int) -> tuple[Interrupter, Fired, list[Entry]
 
 
 def check(fired: list[tuple[float, Entry]], entries: list[Entry], at: int) -> None:
-    names = sorted(entry.name for _, entry in fired)
+    # Each entry once (the scene's names are its indices).
+    names = sorted(cast(int, entry.name) for _, entry in fired)
     assert names == [entry.name for entry in entries], f"interrupted at bytecode {at}"
     for now, entry in fired:
         assert entry._deadline <= now, (entry, now, at)  # never early
@@ -191,6 +193,47 @@ def test_an_interrupt_at_any_bytecode_of_a_pass_loses_nothing(size: int, stride:
             interrupter, fired, entries = run(size, armed, at)
             assert interrupter.raised
             check(fired, entries, at)
+
+
+@pytest.mark.parametrize(("size", "stride"), [(4, 3), (2, 11)])
+def test_clear_after_an_interrupt_at_any_bytecode_hands_back_every_pending_entry(
+    size: int, stride: int
+) -> None:
+    """The record's other reader: a timer that closes after an interrupted pass
+    (``Wheel.clear``, not ``recover``) settles every handle it held. Whichever
+    bytecode the interrupt lands on, each entry has fired or comes back from
+    ``clear`` exactly once, unlinked and seen by the collector again, and the wheel
+    is empty: the entry being moved (``_moving``), the ones being re-linked
+    (``_held``) and the buckets handed out (``_out``) included."""
+    _wheel, _entries, times = scene(size)
+    cleared_some_in_a_move = False
+    for armed in range(len(times)):
+        counter = Interrupter(-1)
+        wheel, entries, _ = scene(size)
+        for index, now in enumerate(times[: armed + 1]):
+            one_pass(wheel, now, [], 1 if index % 2 else sys.maxsize, counter)
+        for at in range(armed % stride, counter.count, stride):
+            wheel, entries, _ = scene(size)
+            interrupter = Interrupter(at)
+            fired: Fired = []
+            try:
+                for index, now in enumerate(times[: armed + 1]):
+                    stop = 1 if index % 2 else sys.maxsize
+                    one_pass(wheel, now, fired, stop, interrupter if index == armed else None)
+            except KeyboardInterrupt:
+                assert interrupter.raised
+            moving = wheel._moving
+            cleared = wheel.clear()
+            cleared_some_in_a_move |= moving is not None and moving in cleared
+            names = sorted(cast(int, e.name) for e in [*(entry for _, entry in fired), *cleared])
+            assert names == [entry.name for entry in entries], f"interrupted at bytecode {at}"
+            for entry in cleared:
+                assert entry._bucket is entry._prev is entry._next is None, (entry, at)
+                assert entry._gc in (wheel_module.GC_TRACKED, wheel_module.GC_OFF), (entry, at)
+            assert len(wheel) == 0, at
+            assert wheel.next_expiry() is None, at
+            assert (wheel._moving, wheel._held, wheel._out) == (None, None, []), at
+    assert cleared_some_in_a_move  # the interrupts did land between an unlink and a link
 
 
 def test_recover_twice_and_on_a_whole_wheel_changes_nothing() -> None:
@@ -249,3 +292,56 @@ def test_issue_28_interrupted_pass_keeps_the_timer_usable() -> None:
                     pass
             loop.close()
     assert interrupted > 20
+
+
+class _Fault(Exception):
+    """A signal handler's own exception: not an interrupt, so the pass cannot tell it
+    from a bug of the wheel."""
+
+
+def test_a_fault_at_any_bytecode_of_a_pass_closes_the_timer_and_settles_every_handle(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Any exception but an interrupt inside the wheel's pass breaks the timer
+    (docs/design.md, "Failure containment"), and its close settles every handle the
+    wheel held, the ones the pass was moving or re-linking included (``Wheel.clear``):
+    each has fired or its ``wait()`` raises, none waits for ever."""
+    broken = 0
+    counter = Interrupter(-1)
+    for at in [-1, *range(1000)]:
+        if at >= counter.count > 0:
+            break  # past the last bytecode of the passes
+        loop = looptime.new_event_loop(start=1000.0)
+        interrupter = counter if at < 0 else Interrupter(at, _Fault)
+        seen: dict[str, bool] = {}
+
+        async def host(
+            interrupter: Interrupter = interrupter, seen: dict[str, bool] = seen, at: int = at
+        ) -> None:
+            async with Timer(tick=0.001, wheel_size=4) as timer:
+                # Already due, latest first (the pass sorts them), and a spread of
+                # levels (cascades: entries moved between buckets).
+                handles = [timer.schedule_nowait(-0.001 * i, int) for i in range(4)]
+                handles += [timer.schedule_nowait(0.001 * i * i, int) for i in range(12)]
+                with interrupter.armed():
+                    await asyncio.sleep(0.2)  # the passes run meanwhile
+                for handle in handles:
+                    try:
+                        await asyncio.wait_for(handle.wait(), 10.0)
+                    except (aiowheel.TimerCancelled, aiowheel.TimerClosed):
+                        assert handle.cancelled(), (handle, at)
+                    else:
+                        assert handle.fired(), (handle, at)
+                assert len(timer) == 0
+                seen["closed"] = timer.closed
+                await timer.aclose()
+
+        try:
+            with caplog.at_level("CRITICAL", logger="aiowheel"):
+                loop.run_until_complete(host())
+        finally:
+            sys.settrace(None)
+            loop.close()
+        assert seen["closed"] == interrupter.raised, at
+        broken += interrupter.raised
+    assert broken > 200
