@@ -10,7 +10,7 @@ calls and the three attributes it reads, which ``TimerLifecycle`` (``_lifecycle.
 ``Timer``'s base class) implements (docs/design.md, "Module map", says who owns
 what). ``TimerHandle.reset`` keeps one path inline, the lazy touch (a deadline moved
 later than its bucket comes due only records it): it reads the clock, the thread and
-the open ``Affinity`` itself, an inline copy of ``TimerLifecycle._on_owner_loop``,
+the open ``Affinity`` itself, an inline copy of ``TimerLifecycle._is_owner_loop``,
 instead of paying for the full ``_reset``. The timer and its engine own every counter
 and decide every change of state; the handle owns its two state slots.
 
@@ -275,13 +275,18 @@ class HandleOwner:
         """What ``wait()`` of a cancelled handle raises."""
         raise NotImplementedError
 
-    def _on_owner_loop(self) -> bool:
-        """Open, and called from the owner loop (the owner check, ``Affinity.here``)."""
+    def _is_owner_loop(self) -> bool:
+        """Open, and called on the owner's loop (``Affinity.here``)."""
         raise NotImplementedError
 
-    def _owner_check(self, waiting: bool = False) -> None:
-        """The owner check for a room outside the timer: raise unless called from
-        the timer's loop (``waiting``: the running loop too, ``Affinity.check``)."""
+    def _require_owner_loop(self) -> None:
+        """For a room outside the timer: raise unless called on the timer's loop
+        (``Affinity.here``); nothing while the timer is not open."""
+        raise NotImplementedError
+
+    def _require_owner_loop_running(self) -> None:
+        """``_require_owner_loop``, the running loop too (``Affinity.check``): for the
+        calls that wait."""
         raise NotImplementedError
 
 
@@ -416,7 +421,7 @@ class TimerHandle(WheelEntry, Generic[T]):
                 deadline = timer._now() + delay
                 if _INF > deadline >= bucket.time:
                     affinity = timer._open_affinity
-                    # inline copy of the owner check (TimerLifecycle._on_owner_loop)
+                    # inline copy of the owner check (TimerLifecycle._is_owner_loop)
                     if (
                         affinity is not None
                         and _get_ident() == timer._loop_thread
@@ -424,7 +429,7 @@ class TimerHandle(WheelEntry, Generic[T]):
                     ):
                         self._deadline = deadline
                         return
-            elif timer._on_owner_loop():  # the owner check (TimerLifecycle._on_owner_loop)
+            elif timer._is_owner_loop():  # the owner check (TimerLifecycle._is_owner_loop)
                 deadline = timer._now() + to_seconds(delay)
                 if _INF > deadline >= bucket.time:
                     self._deadline = deadline

@@ -299,7 +299,7 @@ class PeriodicHandle(TracedHandle[Any]):
         if not self._active:
             return False
         # An active periodic timer's timer is open: closing stops every one.
-        self._timer._owner_check(waiting=True)
+        self._timer._require_owner_loop_running()
         return self._periodics.stop(self)
 
     def reset(self, delay: SupportsFloat) -> None:
