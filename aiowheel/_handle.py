@@ -39,7 +39,10 @@ running    ``None``                           ``_PENDING`` (a plain         ``_b
                                               on a worker)
 done       ``None``                           the return value, or a        ``_settle``,
                                               ``_Failure``                  ``_settle_if_
-                                                                            running``
+                                                                            running``,
+                                                                            ``_settle_
+                                                                            unless_
+                                                                            rearmed``
                                                                             (``_engine``,
                                                                             ``_state``,
                                                                             ``_shutdown``;
@@ -68,11 +71,11 @@ from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
 from ._checks import not_copyable, seconds
-from ._wheel import GC_START, WheelEntry
+from ._wheel import DUE_LEVEL, GC_START, WheelEntry
 
 if TYPE_CHECKING:
     from ._affinity import Affinity
-    from ._tracing import Tracer
+    from ._tracing import Row, Tracer
 
 __all__ = [
     "HandleOwner",
@@ -496,6 +499,12 @@ class TimerHandle(WheelEntry, Generic[T]):
         """-> done: the callback's return value, or its ``_Failure``."""
         self._result = outcome
 
+    def _settle_unless_rearmed(self, outcome: Any) -> None:
+        """The pass's -> done: ``_settle``, unless its callback (or ``on_error``)
+        re-armed it, pending again."""
+        if self._bucket is None:
+            self._result = outcome
+
     def _settle_if_running(self, outcome: Any) -> bool:
         """Running on a worker -> done with ``outcome``, unless a re-arm or the close
         settled it meanwhile; True when it did."""
@@ -503,6 +512,17 @@ class TimerHandle(WheelEntry, Generic[T]):
             self._result = outcome
             return True
         return False
+
+    def _check_held(self, queue: object) -> None:
+        """The self-check of a handle its timer holds (aiowheel/_selfcheck.py): filed
+        in a wheel bucket and pending (``queue`` None), or waiting in the run queue
+        ``queue`` with the awaitable its callback returned."""
+        if queue is None:
+            assert self._bucket is not None, self
+            assert self._result is _PENDING, self
+        else:
+            assert self._bucket is queue, self
+            assert hasattr(type(self._result), "__await__"), self
 
 
 class TracedHandle(TimerHandle[T]):
@@ -541,7 +561,42 @@ class TracedHandle(TimerHandle[T]):
             return False
         if not self._timer._cancel(self):
             return False  # pragma: no cover - a pending handle's cancel succeeds
+        self._trace_cancelled()
+        return True
+
+    # -- its trace rows (aiowheel/_tracing.py): the fields they read, and the rows ----
+
+    def _stamp(self, tracer: Tracer | None, timer_id: int, label: str | None, now: float) -> None:
+        """A new timer's trace fields but its level (filing sets that): the trace that
+        keeps it (None: not traced), its id there, its label, when it was scheduled."""
+        self._tracer = tracer
+        self._id = timer_id
+        self._label = label
+        self._scheduled_at = now
+
+    def _restamp(self, now: float) -> None:
+        """Armed again at ``now`` (a re-arm of a fired or cancelled handle, a period)."""
+        self._scheduled_at = now
+
+    def _note_level(self) -> None:
+        """Just filed (or moved): its rows' level, the wheel it is in (-1: due at once)."""
+        bucket = self._bucket
+        self._level = bucket.level if bucket is not None else DUE_LEVEL
+
+    def _trace_row(self) -> Row:
+        """What a row says of this firing or cancel: id, label, scheduled_at, deadline,
+        level (read before a callback runs, since it may re-arm its own handle)."""
+        return (self._id, self._label, self._scheduled_at, self._deadline, self._level)
+
+    def _trace_fired(self, now: float) -> None:
+        """A traced timer fired at ``now`` (an async callback that a worker starts)."""
         tracer = self._tracer
         if tracer is not None:
-            tracer.cancelled_now(self)
-        return True
+            tracer.fired(self._trace_row(), now)
+
+    def _trace_cancelled(self, now: object = None) -> None:
+        """A traced timer was cancelled at ``now`` (a float; None: the trace's clock,
+        read only when the trace still records)."""
+        tracer = self._tracer
+        if tracer is not None and tracer.active:
+            tracer.cancelled_row(self._trace_row(), tracer.clock() if now is None else now)
