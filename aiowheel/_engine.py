@@ -232,7 +232,7 @@ class Engine(EngineState):
             if self.waiters.handles:
                 self.waiters.settle(handle, outcome)
             if tracer is not None:
-                tracer.fired(row, now)
+                tracer.fired(row[0], row[1], row[2], row[3], row[4], now)
         finally:
             # A stored exception's traceback keeps this frame alive (the callback's
             # frame links back to it), and the frame must not keep the handle, its

@@ -75,7 +75,7 @@ from ._wheel import DUE_LEVEL, GC_START, WheelEntry
 
 if TYPE_CHECKING:
     from ._affinity import Affinity
-    from ._tracing import Row, Tracer
+    from ._tracing import Tracer
 
 __all__ = [
     "HandleOwner",
@@ -583,20 +583,29 @@ class TracedHandle(TimerHandle[T]):
         bucket = self._bucket
         self._level = bucket.level if bucket is not None else DUE_LEVEL
 
-    def _trace_row(self) -> Row:
-        """What a row says of this firing or cancel: id, label, scheduled_at, deadline,
-        level (read before a callback runs, since it may re-arm its own handle)."""
+    def _trace_row(self) -> tuple[int, str | None, float, float, int]:
+        """What a row says of this firing: id, label, scheduled_at, deadline, level,
+        for the pass to read before the callback runs (it may re-arm its own handle)."""
         return (self._id, self._label, self._scheduled_at, self._deadline, self._level)
 
     def _trace_fired(self, now: float) -> None:
         """A traced timer fired at ``now`` (an async callback that a worker starts)."""
         tracer = self._tracer
         if tracer is not None:
-            tracer.fired(self._trace_row(), now)
+            tracer.fired(
+                self._id, self._label, self._scheduled_at, self._deadline, self._level, now
+            )
 
     def _trace_cancelled(self, now: object = None) -> None:
         """A traced timer was cancelled at ``now`` (a float; None: the trace's clock,
         read only when the trace still records)."""
         tracer = self._tracer
         if tracer is not None and tracer.active:
-            tracer.cancelled_row(self._trace_row(), tracer.clock() if now is None else now)
+            tracer.cancelled_at(
+                self._id,
+                self._label,
+                self._scheduled_at,
+                self._deadline,
+                self._level,
+                tracer.clock() if now is None else now,
+            )

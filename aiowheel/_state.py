@@ -289,10 +289,11 @@ class EngineState:
         # its rows read, but its level: file sets it, and each later period sets
         # scheduled_at again).
         tracing = self.tracing
+        tracer: Tracer | None = None
+        timer_id = 0
         if tracing is not None and tracing.pick():
-            tracing.adopt(handle, label, now)
-        else:
-            handle._stamp(None, 0, label, now)
+            tracer, timer_id = tracing, tracing.seen
+        handle._stamp(tracer, timer_id, label, now)
 
     # -- the counters: the methods that change them (docs/design.md, "Accounting") ------
     # Every other room changes them through these methods. The two hot paths of

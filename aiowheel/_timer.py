@@ -483,8 +483,9 @@ class Timer(TimerLifecycle):
         # A timer the trace keeps (Tracer.pick) gets a handle that carries what its
         # rows need; the others are plain handles.
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
-        assert live.tracing is not None
-        live.tracing.adopt(handle, label, now)
+        tracing = live.tracing
+        assert tracing is not None
+        handle._stamp(tracing, tracing.seen, label, now)
         live.file(handle, deadline, deadline <= now, new=True)
         return handle
 

@@ -32,21 +32,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, SupportsFloat, cast, final
 
 if TYPE_CHECKING:
-    from ._handle import TracedHandle
     from .trace import TraceRecorder
 
-__all__ = ["Row", "Tracer", "sample_every"]
+__all__ = ["Tracer", "sample_every"]
 
 logger: Final = logging.getLogger("aiowheel")
 
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
 #: Rows per batch for a columns recorder that does not say (``batch_rows``).
 _DEFAULT_ROWS: Final = 32_768
-
-#: What a row says of a traced timer but when it fired or was cancelled (a traced
-#: handle's fields, ``TracedHandle._trace_row``): timer id, label, scheduled_at,
-#: deadline, level.
-Row = tuple[int, str | None, float, float, int]
 
 #: A columns recorder's intake: ``take(columns, count)`` gets the seven lists (the
 #: first ``count`` slots filled) and returns seven lists of the same length to fill
@@ -117,61 +111,92 @@ class Tracer:
         self.left = self.every
         return self.active
 
-    def adopt(self, handle: TracedHandle[Any], label: str | None, now: float) -> None:
-        """``handle`` is traced: what its rows read, but its level (filing sets it)."""
-        handle._stamp(self, self.seen, label, now)
+    # -- rows (written by the handle, with its own fields: TracedHandle._trace_fired,
+    # _trace_cancelled; the pass reads them before a callback runs, _trace_row) ------
 
-    # -- rows (the handle hands over its fields: TracedHandle._trace_row) ------------
-
-    def fired(self, row: Row, now: float) -> None:
-        """A traced timer fired at ``now`` (the pass reads its row before the callback
-        runs, which may re-arm it)."""
+    def fired(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        now: float,
+    ) -> None:
+        """A traced timer fired at ``now``."""
         if not self.active:
             return
         if self.take is None:
-            self.one(row, now, None)
+            self.one(timer_id, label, scheduled_at, deadline, level, now, None)
             return
         if now != self.now:
             self.now = now
             self.now_box = now
         i = self.count
-        self.ids[i] = row[0]
-        self.labels[i] = row[1]
-        self.scheduled[i] = row[2]
-        self.deadlines[i] = row[3]
+        self.ids[i] = timer_id
+        self.labels[i] = label
+        self.scheduled[i] = scheduled_at
+        self.deadlines[i] = deadline
         self.fired_at[i] = self.now_box
         self.cancelled[i] = self.missing
-        self.levels[i] = row[4]
+        self.levels[i] = level
         i += 1
         self.count = i
         if i == self.rows:
             self.flush()
 
-    def cancelled_row(self, row: Row, now: object) -> None:
+    def cancelled_at(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        now: object,
+    ) -> None:
         """A traced timer was cancelled at ``now`` (a float, typed as an object so that
         the clock's own float goes into the column, not unboxed and boxed again)."""
         if not self.active:
             return
         if self.take is None:
-            self.one(row, None, float(cast("SupportsFloat", now)))
+            self.one(
+                timer_id,
+                label,
+                scheduled_at,
+                deadline,
+                level,
+                None,
+                float(cast("SupportsFloat", now)),
+            )
             return
         i = self.count
-        self.ids[i] = row[0]
-        self.labels[i] = row[1]
-        self.scheduled[i] = row[2]
-        self.deadlines[i] = row[3]
+        self.ids[i] = timer_id
+        self.labels[i] = label
+        self.scheduled[i] = scheduled_at
+        self.deadlines[i] = deadline
         self.fired_at[i] = self.missing
         self.cancelled[i] = now
-        self.levels[i] = row[4]
+        self.levels[i] = level
         i += 1
         self.count = i
         if i == self.rows:
             self.flush()
 
-    def one(self, row: Row, fired_at: float | None, cancelled_at: float | None) -> None:
+    def one(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        fired_at: float | None,
+        cancelled_at: float | None,
+    ) -> None:
         # A recorder that takes rows one at a time (the TraceRecorder protocol).
         try:
-            self.recorder.record(row[0], row[1], row[2], row[3], row[4], fired_at, cancelled_at)
+            self.recorder.record(
+                timer_id, label, scheduled_at, deadline, level, fired_at, cancelled_at
+            )
         except _EXIT:
             raise
         except BaseException as exc:
