@@ -7,7 +7,7 @@ wait or set things up also compare the running loop (``check``). A foreign calle
 ``foreign()``'s ``RuntimeError``; threads go through ``call_threadsafe``.
 
 The hot paths (``Timer.schedule_nowait``, ``TimerLifecycle._cancel`` and the handle's
-inline ``reset``, through ``TimerLifecycle._on_owner_loop``) keep an inline copy of
+inline ``reset``, through ``TimerLifecycle._is_owner_loop``) keep an inline copy of
 ``here``, tagged.
 """
 

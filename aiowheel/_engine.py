@@ -201,11 +201,7 @@ class Engine(EngineState):
             if tracer is not None:
                 # The trace row describes this firing: read it before the callback
                 # runs, since a callback may re-arm its own handle.
-                row_id = handle._id
-                row_label = handle._label
-                row_scheduled_at = handle._scheduled_at
-                row_deadline = handle._deadline
-                row_level = handle._level
+                row = handle._trace_row()
         args = handle._args
         outcome: Any = None
         result: Any = None
@@ -232,12 +228,11 @@ class Engine(EngineState):
                     self.to_worker(handle, result, context)
                     return
                 outcome = result
-                if handle._bucket is None:
-                    handle._settle(result)
+                handle._settle_unless_rearmed(result)
             if self.waiters.handles:
                 self.waiters.settle(handle, outcome)
             if tracer is not None:
-                tracer.fired(row_id, row_label, row_scheduled_at, row_deadline, row_level, now)
+                tracer.fired(row[0], row[1], row[2], row[3], row[4], now)
         finally:
             # A stored exception's traceback keeps this frame alive (the callback's
             # frame links back to it), and the frame must not keep the handle, its
@@ -253,8 +248,7 @@ class Engine(EngineState):
         ``SystemExit`` and ``KeyboardInterrupt`` settle the handle and propagate."""
         self.count_failed()
         outcome = _Failure(without_frame(exc))
-        if handle._bucket is None:  # unless it re-armed itself
-            handle._settle(outcome)
+        handle._settle_unless_rearmed(outcome)  # unless it re-armed itself
         if isinstance(exc, _EXIT):
             # Settle this one, then let it stop the loop (run_due re-files the rest).
             self.waiters.settle(handle, outcome)

@@ -10,7 +10,7 @@ calls and the three attributes it reads, which ``TimerLifecycle`` (``_lifecycle.
 ``Timer``'s base class) implements (docs/design.md, "Module map", says who owns
 what). ``TimerHandle.reset`` keeps one path inline, the lazy touch (a deadline moved
 later than its bucket comes due only records it): it reads the clock, the thread and
-the open ``Affinity`` itself, an inline copy of ``TimerLifecycle._on_owner_loop``,
+the open ``Affinity`` itself, an inline copy of ``TimerLifecycle._is_owner_loop``,
 instead of paying for the full ``_reset``. The timer and its engine own every counter
 and decide every change of state; the handle owns its two state slots.
 
@@ -39,7 +39,10 @@ running    ``None``                           ``_PENDING`` (a plain         ``_b
                                               on a worker)
 done       ``None``                           the return value, or a        ``_settle``,
                                               ``_Failure``                  ``_settle_if_
-                                                                            running``
+                                                                            running``,
+                                                                            ``_settle_
+                                                                            unless_
+                                                                            rearmed``
                                                                             (``_engine``,
                                                                             ``_state``,
                                                                             ``_shutdown``;
@@ -68,7 +71,7 @@ from contextvars import Context, copy_context
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
 from ._checks import not_copyable, seconds
-from ._wheel import GC_START, WheelEntry
+from ._wheel import DUE_LEVEL, GC_START, WheelEntry
 
 if TYPE_CHECKING:
     from ._affinity import Affinity
@@ -275,13 +278,18 @@ class HandleOwner:
         """What ``wait()`` of a cancelled handle raises."""
         raise NotImplementedError
 
-    def _on_owner_loop(self) -> bool:
-        """Open, and called from the owner loop (the owner check, ``Affinity.here``)."""
+    def _is_owner_loop(self) -> bool:
+        """Open, and called on the owner's loop (``Affinity.here``)."""
         raise NotImplementedError
 
-    def _owner_check(self, waiting: bool = False) -> None:
-        """The owner check for a room outside the timer: raise unless called from
-        the timer's loop (``waiting``: the running loop too, ``Affinity.check``)."""
+    def _require_owner_loop(self) -> None:
+        """For a room outside the timer: raise unless called on the timer's loop
+        (``Affinity.here``); nothing while the timer is not open."""
+        raise NotImplementedError
+
+    def _require_owner_loop_running(self) -> None:
+        """``_require_owner_loop``, the running loop too (``Affinity.check``): for the
+        calls that wait."""
         raise NotImplementedError
 
 
@@ -416,7 +424,7 @@ class TimerHandle(WheelEntry, Generic[T]):
                 deadline = timer._now() + delay
                 if _INF > deadline >= bucket.time:
                     affinity = timer._open_affinity
-                    # inline copy of the owner check (TimerLifecycle._on_owner_loop)
+                    # inline copy of the owner check (TimerLifecycle._is_owner_loop)
                     if (
                         affinity is not None
                         and _get_ident() == timer._loop_thread
@@ -424,7 +432,7 @@ class TimerHandle(WheelEntry, Generic[T]):
                     ):
                         self._deadline = deadline
                         return
-            elif timer._on_owner_loop():  # the owner check (TimerLifecycle._on_owner_loop)
+            elif timer._is_owner_loop():  # the owner check (TimerLifecycle._is_owner_loop)
                 deadline = timer._now() + to_seconds(delay)
                 if _INF > deadline >= bucket.time:
                     self._deadline = deadline
@@ -491,6 +499,12 @@ class TimerHandle(WheelEntry, Generic[T]):
         """-> done: the callback's return value, or its ``_Failure``."""
         self._result = outcome
 
+    def _settle_unless_rearmed(self, outcome: Any) -> None:
+        """The pass's -> done: ``_settle``, unless its callback (or ``on_error``)
+        re-armed it, pending again."""
+        if self._bucket is None:
+            self._result = outcome
+
     def _settle_if_running(self, outcome: Any) -> bool:
         """Running on a worker -> done with ``outcome``, unless a re-arm or the close
         settled it meanwhile; True when it did."""
@@ -498,6 +512,17 @@ class TimerHandle(WheelEntry, Generic[T]):
             self._result = outcome
             return True
         return False
+
+    def _check_held(self, queue: object) -> None:
+        """The self-check of a handle its timer holds (aiowheel/_selfcheck.py): filed
+        in a wheel bucket and pending (``queue`` None), or waiting in the run queue
+        ``queue`` with the awaitable its callback returned."""
+        if queue is None:
+            assert self._bucket is not None, self
+            assert self._result is _PENDING, self
+        else:
+            assert self._bucket is queue, self
+            assert hasattr(type(self._result), "__await__"), self
 
 
 class TracedHandle(TimerHandle[T]):
@@ -536,7 +561,51 @@ class TracedHandle(TimerHandle[T]):
             return False
         if not self._timer._cancel(self):
             return False  # pragma: no cover - a pending handle's cancel succeeds
+        self._trace_cancelled()
+        return True
+
+    # -- its trace rows (aiowheel/_tracing.py): the fields they read, and the rows ----
+
+    def _stamp(self, tracer: Tracer | None, timer_id: int, label: str | None, now: float) -> None:
+        """A new timer's trace fields but its level (filing sets that): the trace that
+        keeps it (None: not traced), its id there, its label, when it was scheduled."""
+        self._tracer = tracer
+        self._id = timer_id
+        self._label = label
+        self._scheduled_at = now
+
+    def _restamp(self, now: float) -> None:
+        """Armed again at ``now`` (a re-arm of a fired or cancelled handle, a period)."""
+        self._scheduled_at = now
+
+    def _note_level(self) -> None:
+        """Just filed (or moved): its rows' level, the wheel it is in (-1: due at once)."""
+        bucket = self._bucket
+        self._level = bucket.level if bucket is not None else DUE_LEVEL
+
+    def _trace_row(self) -> tuple[int, str | None, float, float, int]:
+        """What a row says of this firing: id, label, scheduled_at, deadline, level,
+        for the pass to read before the callback runs (it may re-arm its own handle)."""
+        return (self._id, self._label, self._scheduled_at, self._deadline, self._level)
+
+    def _trace_fired(self, now: float) -> None:
+        """A traced timer fired at ``now`` (an async callback that a worker starts)."""
         tracer = self._tracer
         if tracer is not None:
-            tracer.cancelled_now(self)
-        return True
+            tracer.fired(
+                self._id, self._label, self._scheduled_at, self._deadline, self._level, now
+            )
+
+    def _trace_cancelled(self, now: object = None) -> None:
+        """A traced timer was cancelled at ``now`` (a float; None: the trace's clock,
+        read only when the trace still records)."""
+        tracer = self._tracer
+        if tracer is not None and tracer.active:
+            tracer.cancelled_at(
+                self._id,
+                self._label,
+                self._scheduled_at,
+                self._deadline,
+                self._level,
+                tracer.clock() if now is None else now,
+            )

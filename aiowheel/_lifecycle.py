@@ -7,12 +7,13 @@ This is its base class, the inside face (docs/design.md, "Module map"):
   lives (``_live``; ``_engine`` after it too), starting it (``_new_engine``,
   ``_started``, ``_open_for_loop`` for the drop-in loop) and what the engine's close
   calls back (``_on_close``). ``Timer.__aenter__`` and ``Timer.aclose`` drive them;
-* the owner check (``Affinity``, aiowheel/_affinity.py): ``_here``, ``_open``,
-  ``_check_owner``, and ``_owner_check``, the one way to ask it from outside the core
-  (the purgatory, a periodic handle's cancel);
+* the owner check (``Affinity``, aiowheel/_affinity.py), each name saying which:
+  ``_live_on_owner_loop`` and ``_live_on_owner_loop_running`` (the engine, or raise),
+  ``_require_owner_loop`` and ``_require_owner_loop_running`` (the way to ask it from
+  outside the core: the purgatory, a periodic handle's cancel), ``_is_owner_loop``;
 * ``HandleOwner`` (aiowheel/_handle.py), implemented: what a handle calls on its timer
   (``_cancel``, the hot one, with an inline copy of ``EngineState.cancel``;
-  ``_reset``, ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_on_owner_loop``);
+  ``_reset``, ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_is_owner_loop``);
 * the self-check (``_check``) and the error a closed timer raises (``_closed_error``).
 
 Compiled with the core: ``Timer`` is a compiled class, and a compiled class's base is
@@ -150,14 +151,17 @@ class TimerLifecycle(HandleOwner):
         return closed(self._state.value, broken)
 
     # The owner check (aiowheel/_timer.py's docstring, "Loop affinity"; and
-    # aiowheel/_affinity.py): _here checks the thread and the loop (Affinity.here:
-    # the per-timer calls; schedule_nowait, _cancel and the handle's inline reset,
-    # through _on_owner_loop, keep a tagged inline copy), _check_owner the running
-    # loop too (Affinity.check: the calls that wait or set things up), _open all of
-    # it on an open timer.
+    # aiowheel/_affinity.py), under names that say which check: *owner loop* is
+    # Affinity.here (the owner's thread, and no other loop running in it: the per-timer
+    # calls; schedule_nowait, _cancel and the handle's inline reset keep a tagged
+    # inline copy), *owner loop running* is Affinity.check (the running loop is the
+    # owner's too: the calls that wait or set things up). ``_live_...`` returns the
+    # engine and raises TimerClosed when the timer is not open; ``_require_...`` is for
+    # the rooms outside the core and does nothing then; ``_is_owner_loop`` asks.
 
-    def _here(self) -> Engine:
-        """The engine, for a call from the timer's thread; else raise."""
+    def _live_on_owner_loop(self) -> Engine:
+        """The engine, for a call on the owner's loop (``Affinity.here``); raise
+        ``TimerClosed`` unless open, the owner's ``RuntimeError`` unless there."""
         live = self._live
         if live is None:
             raise self._closed_error()
@@ -165,39 +169,39 @@ class TimerLifecycle(HandleOwner):
             raise live.affinity.foreign()
         return live
 
-    def _check_owner(self, live: Engine) -> None:
-        live.affinity.check()
-
-    def _owner_check(self, waiting: bool = False) -> None:
-        """The owner check for the rooms outside the core that keep their state on
-        the timer's loop (the purgatory, aiowheel/_purgatory.py): raise the timer's
-        ``RuntimeError`` unless called from its loop; nothing while the timer is not
-        running (the call then fails on its own, or has nothing to do). ``waiting``:
-        the full check, the running loop too (Affinity.check), for the calls that wait;
-        else Affinity.here, as the per-timer calls."""
+    def _live_on_owner_loop_running(self) -> Engine:
+        """The engine, for a call from the owner's running loop (``Affinity.check``);
+        raise ``TimerClosed`` unless open, the owner's ``RuntimeError`` unless there."""
         live = self._live
         if live is None:
-            return
-        if waiting:
-            live.affinity.check()
-        elif _get_ident() != self._loop_thread or live.affinity.elsewhere():
+            raise self._closed_error()
+        live.affinity.check()
+        return live
+
+    def _require_owner_loop(self) -> None:
+        """For the rooms outside the core that keep their state on the timer's loop
+        (the purgatory, aiowheel/_purgatory.py): raise the timer's ``RuntimeError``
+        unless called on its loop (``Affinity.here``, as the per-timer calls); nothing
+        while the timer is not open (the call then fails on its own, or has nothing to
+        do)."""
+        live = self._live
+        if live is not None and (_get_ident() != self._loop_thread or live.affinity.elsewhere()):
             raise live.affinity.foreign()
 
-    def _on_owner_loop(self) -> bool:
-        """For the handle's inline reset: open, and called from the owner loop (inline
-        copy of the owner check, Affinity.here)."""
+    def _require_owner_loop_running(self) -> None:
+        """``_require_owner_loop`` for the calls that wait: the running loop must be
+        the owner's too (``Affinity.check``); nothing while the timer is not open."""
+        live = self._live
+        if live is not None:
+            live.affinity.check()
+
+    def _is_owner_loop(self) -> bool:
+        """For the handle's inline reset: open, and called on the owner's loop (inline
+        copy of ``Affinity.here``)."""
         live = self._live
         return (
             live is not None and _get_ident() == self._loop_thread and not live.affinity.elsewhere()
         )
-
-    def _open(self) -> Engine:
-        """The engine, for a call from the timer's own loop; else raise."""
-        live = self._live
-        if live is None:
-            raise self._closed_error()
-        self._check_owner(live)
-        return live
 
     # -- what handles call ------------------------------------------------------------
 
@@ -228,7 +232,7 @@ class TimerLifecycle(HandleOwner):
     def _reset(self, handle: TimerHandle[Any], delay: SupportsFloat) -> None:
         # handle.reset() past its inline lazy path (TimerHandle.reset), which every
         # real number takes: what is left is a re-file, a foreign thread, bad input.
-        live = self._here()
+        live = self._live_on_owner_loop()
         delay_ = to_seconds(delay)
         deadline = live.clock() + delay_
         if deadline == _INF:
@@ -236,7 +240,7 @@ class TimerLifecycle(HandleOwner):
         live.rearm(handle, deadline)
 
     def _reset_at(self, handle: TimerHandle[Any], deadline: SupportsFloat) -> None:
-        self._here().rearm(handle, to_seconds(deadline, "deadline"))
+        self._live_on_owner_loop().rearm(handle, to_seconds(deadline, "deadline"))
 
     def _cancelled_error(self, handle: TimerHandle[Any]) -> BaseException:
         """What ``wait()`` of a cancelled handle raises."""
@@ -246,9 +250,7 @@ class TimerLifecycle(HandleOwner):
         return TimerCancelled(f"{handle!r} was cancelled")
 
     async def _wait(self, handle: TimerHandle[Any]) -> Any:
-        live = self._live
-        if live is not None:
-            self._check_owner(live)
+        self._require_owner_loop_running()
         engine = self._engine
         assert engine is not None  # a handle needs a started timer
         return await engine.waiters.wait(handle)

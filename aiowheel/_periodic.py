@@ -7,12 +7,15 @@ period, which is armed (counted scheduled and pending) when the run starts and f
 when it ends. So the next period never needs admission, and the counters keep
 ``scheduled == fired + cancelled + pending`` (``Engine.check``).
 
-``start`` makes a new one (``Timer.every``, past its argument checks). A periodic
-handle's run (``PeriodicHandle._run``) calls ``begin``, then ``end`` (or
-``queued`` when its callback returned an awaitable: the worker calls ``begin`` and
-``end`` again around the real run). The engine files, counts and cancels; this class
-keeps the active periodic timers and applies the rules above, through a reference typed
-as the engine itself (compiled, native calls), as the worker pool does.
+``Periodics`` keeps the active periodic timers of one engine: ``start`` makes a new
+one (``Timer.every``, past its argument checks), ``stop_all`` is the close's. The
+handle applies the rules above to its own fields: its run (``PeriodicHandle._run``)
+calls ``PeriodicHandle._begin``, then ``PeriodicHandle._end`` (or
+``PeriodicHandle._queued`` when its callback returned an awaitable: the worker's host
+calls ``_begin`` and ``_end`` again around the real run), and a re-arm is
+``PeriodicHandle._rearm``. The engine files, counts and cancels, reached through
+``Periodics.engine``, a reference typed as the engine itself (compiled, native calls),
+as the worker pool does.
 """
 
 from __future__ import annotations
@@ -78,119 +81,21 @@ class Periodics:
         self.active.add(handle)
         return handle
 
-    def begin(self, handle: PeriodicHandle) -> None:
-        # A run starts (plain: in the pass; async: on its worker).
-        handle._in_run = True
-        if handle._active:
-            self.engine.reserve_slot()
-
-    def queued(self, handle: PeriodicHandle) -> None:
-        # The callback returned an awaitable: the pass queues it for a worker, where it
-        # counts as the pending period until it starts, so give back the slot reserved
-        # for the next one (the worker reserves it again when the run really starts).
-        handle._in_run = False
-        if handle._active:
-            self.engine.release_slot()
-
-    def end(self, handle: PeriodicHandle) -> None:
-        # A run ended: file the next period in the slot it holds (no admission).
-        handle._in_run = False
-        handle._share_back()
-        if not handle._active:
-            return  # stopped during the run: cancel() or the close gave its slot back
-        engine = self.engine
-        if engine.closed:
-            return  # unreachable: closing stops every periodic timer
-        if engine.draining:
-            # A reset() during the drain re-activated it: no more periods.
-            self.halt(handle)
-            return
-        now = engine.clock()
-        if handle._rearmed:
-            handle._rearmed = False  # reset() during the run set the deadline
-            deadline = handle._deadline
-        else:
-            deadline = handle._next_deadline(now)
-        engine.wheel.reserve(deadline)  # levels first (see EngineState.rearm)
-        if self.stopped_meanwhile(handle):
-            return
-        previous: Any = handle._become_pending()
-        handle._scheduled_at = now
-        engine.file(handle, deadline, deadline <= now, new=False)
-        release(previous)  # its finalizer may run now: the period is filed (see move)
-
-    def stopped_meanwhile(self, handle: PeriodicHandle) -> bool:
-        # After an allocation in end(): the collector ran user code (a finalizer, a
-        # gc.callbacks hook) that closed the timer or stopped this periodic timer,
-        # whose slot was given back then (docs/design.md, "Re-entrancy"). A method, so
-        # that the tests made before the allocation do not answer for after it.
-        return self.engine.closed or not handle._active
-
-    def halt(self, handle: PeriodicHandle) -> None:
-        # Stop a periodic timer that is in a run: its reserved next period is cancelled.
-        handle._stop()
-        self.active.discard(handle)
-        engine = self.engine
-        engine.count_cancelled()
-        engine.pending_fell()
-
-    def stop(self, handle: PeriodicHandle) -> bool:
-        """``cancel()`` of an active periodic timer (the owner checked the caller)."""
-        if handle._bucket is not None:
-            handle._stop()
-            self.active.discard(handle)
-            return self.engine.cancel(handle)
-        # A run is in progress; it finishes, and it is not re-armed.
-        self.halt(handle)
-        return True
-
-    def rearm(self, handle: PeriodicHandle, deadline: float) -> None:
-        # reset()/reset_at() of a periodic timer. During a run, only record the next
-        # deadline: the run's end files it, so a second run never starts while the
-        # first one goes on.
-        engine = self.engine
-        if handle._in_run:
-            if not handle._active:
-                # Stopped during this run: re-activating arms a new period.
-                engine.admit()
-                engine.reserve_slot()
-                self.active.add(handle)
-            handle._restart(deadline)
-            handle._deadline = deadline
-            handle._rearmed = True
-            return
-        if handle._bucket is None:
-            engine.admit()
-        handle._restart(deadline)
-        handle._rearmed = False
-        self.active.add(handle)
-        engine.move(handle, deadline)
-
     def stop_all(self) -> int:
         """The close: every periodic timer stops. The filed and queued ones are the
         close's to cancel; returns how many runs in progress gave back their reserved
         period (cancelled too)."""
         reserved = 0
         for periodic in self.active:
-            if periodic._in_run:  # (the wheel and queue have let go of the others)
-                reserved += 1
-            periodic._stop()
+            # (the wheel and the queue have let go of those not in a run)
+            reserved += periodic._stop()
         self.active.clear()
         return reserved
 
     def check(self) -> int:
         """Assert each active periodic timer's state (``Engine.check``); returns the
         slots reserved by runs in progress."""
-        reserved = 0
-        for periodic in self.active:
-            assert periodic._active, periodic
-            run = periodic._callback
-            assert isinstance(run, _Run), periodic
-            assert run.handle is periodic, periodic
-            if periodic._bucket is None:
-                assert periodic._in_run, f"{periodic!r}: active, not filed, not running"
-                reserved += 1
-        return reserved
+        return sum(periodic._check_active() for periodic in self.active)
 
 
 class PeriodicHandle(TracedHandle[Any]):
@@ -299,8 +204,15 @@ class PeriodicHandle(TracedHandle[Any]):
         if not self._active:
             return False
         # An active periodic timer's timer is open: closing stops every one.
-        self._timer._owner_check(waiting=True)
-        return self._periodics.stop(self)
+        self._timer._require_owner_loop_running()
+        if self._bucket is not None:
+            self._stop()
+            periodics = self._periodics
+            periodics.active.discard(self)
+            return periodics.engine.cancel(self)
+        # A run is in progress; it finishes, and it is not re-armed.
+        self._halt()
+        return True
 
     def reset(self, delay: SupportsFloat) -> None:
         """Move the next run to ``time() + delay`` (re-activating a stopped timer);
@@ -312,13 +224,36 @@ class PeriodicHandle(TracedHandle[Any]):
         """Move the next run to the absolute ``deadline`` (see ``reset``)."""
         self._timer._reset_at(self, deadline)
 
-    def _stop(self) -> None:
+    def _stop(self) -> int:
         # While active, the callback slot holds a _Run of this handle: a cycle (self ->
         # run -> self), which compiled the collector cannot see. Break it when stopped,
-        # so a dropped handle is freed at once; _restart restores it.
+        # so a dropped handle is freed at once; _restart restores it. Returns 1 when a
+        # run is in progress (it holds its next period's slot), else 0.
         self._active = False
         self._rearmed = False
         self._callback = _stopped
+        return 1 if self._in_run else 0
+
+    def _halt(self) -> None:
+        # Stop a periodic timer that is in a run: its reserved next period is cancelled.
+        self._stop()
+        periodics = self._periodics
+        periodics.active.discard(self)
+        engine = periodics.engine
+        engine.count_cancelled()
+        engine.pending_fell()
+
+    def _check_active(self) -> int:
+        # Periodics.check, for this active periodic timer: 1 when a run in progress
+        # holds the next period's slot.
+        assert self._active, self
+        run = self._callback
+        assert isinstance(run, _Run), self
+        assert run.handle is self, self
+        if self._bucket is None:
+            assert self._in_run, f"{self!r}: active, not filed, not running"
+            return 1
+        return 0
 
     def _restart(self, deadline: float) -> None:
         # Called by the timer when reset() re-arms it: the grid restarts at deadline
@@ -334,18 +269,97 @@ class PeriodicHandle(TracedHandle[Any]):
         # called; a plain callback's run ends here, an async one's when its worker has
         # awaited it (EngineState._job_ended). The awaitable is handed back as it is, so a
         # queued run that never starts is closed like any async callback's.
-        periodics = self._periodics
-        periodics.begin(self)
+        self._begin()
         try:
             result = self._user_cb(*self._user_args)
         except BaseException:
-            periodics.end(self)
+            self._end()
             raise
         if result is not None and _is_awaitable(result):
-            periodics.queued(self)
+            self._queued()
             return result
-        periodics.end(self)
+        self._end()
         return result
+
+    # -- its slot (the module docstring): a run's start and end, a re-arm ------------
+    # Called by its run (_run), and for an async run by its worker's host
+    # (EngineState._job_started, _job_ended); _rearm by EngineState.rearm.
+
+    def _begin(self) -> None:
+        # A run starts (plain: in the pass; async: on its worker).
+        self._in_run = True
+        if self._active:
+            self._periodics.engine.reserve_slot()
+
+    def _queued(self) -> None:
+        # The callback returned an awaitable: the pass queues it for a worker, where it
+        # counts as the pending period until it starts, so give back the slot reserved
+        # for the next one (the worker reserves it again when the run really starts).
+        self._in_run = False
+        if self._active:
+            self._periodics.engine.release_slot()
+
+    def _end(self) -> None:
+        # A run ended: file the next period in the slot it holds (no admission).
+        self._in_run = False
+        self._share_back()
+        if not self._active:
+            return  # stopped during the run: cancel() or the close gave its slot back
+        engine = self._periodics.engine
+        if engine.closed:
+            return  # unreachable: closing stops every periodic timer
+        if engine.draining:
+            # A reset() during the drain re-activated it: no more periods.
+            self._halt()
+            return
+        now = engine.clock()
+        if self._rearmed:
+            self._rearmed = False  # reset() during the run set the deadline
+            deadline = self._deadline
+        else:
+            deadline = self._next_deadline(now)
+        engine.wheel.reserve(deadline)  # levels first (see EngineState.rearm)
+        if self._stopped_meanwhile():
+            return
+        previous: Any = self._become_pending()
+        self._scheduled_at = now
+        engine.file(self, deadline, deadline <= now, new=False)
+        release(previous)  # its finalizer may run now: the period is filed (see move)
+
+    def _stopped_meanwhile(self) -> bool:
+        # After an allocation in _end(): the collector ran user code (a finalizer, a
+        # gc.callbacks hook) that closed the timer or stopped this periodic timer,
+        # whose slot was given back then (docs/design.md, "Re-entrancy"). A method, so
+        # that the tests made before the allocation do not answer for after it.
+        return self._periodics.engine.closed or not self._active
+
+    def _rearm(self, deadline: float) -> None:
+        # reset()/reset_at() at a valid deadline (EngineState.rearm made the levels).
+        # During a run, only record the next deadline: the run's end files it, so a
+        # second run never starts while the first one goes on.
+        periodics = self._periodics
+        engine = periodics.engine
+        if self._in_run:
+            if not self._active:
+                # Stopped during this run: re-activating arms a new period.
+                engine.admit()
+                engine.reserve_slot()
+                periodics.active.add(self)
+            self._restart(deadline)
+            self._deadline = deadline
+            self._rearmed = True
+            return
+        if self._bucket is None:
+            engine.admit()
+        self._restart(deadline)
+        self._rearmed = False
+        periodics.active.add(self)
+        engine.move(self, deadline)
+
+    def _worker_stopped(self) -> None:
+        # Its async run's worker was cancelled (EngineState._job_stopped): the close
+        # stopped it, and the run is over.
+        self._in_run = False
 
     def _next_deadline(self, now: float) -> float:
         """The deadline of the next run, the current one having finished at ``now``.

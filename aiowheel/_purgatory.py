@@ -276,7 +276,7 @@ class _DelayedOperation(_Link):
         from outside its purgatory's loop."""
         purgatory = self._purgatory
         if purgatory is not None:
-            purgatory._timer._owner_check(True)
+            purgatory._timer._require_owner_loop_running()
         if self._state < _COMPLETED:
             event = self._event
             if event is None:
@@ -480,7 +480,7 @@ class _Purgatory:
         ``aiowheel.TimerClosed`` when the purgatory or its timer is closed (or the
         timer is not started), ``RuntimeError`` from outside the timer's loop.
         """
-        self._timer._owner_check()
+        self._timer._require_owner_loop()
         state = _state_of(op)
         if type(keys) is tuple:
             watched: tuple[Hashable, ...] = keys
@@ -518,7 +518,7 @@ class _Purgatory:
         """Try to complete every operation watched on ``key`` (call it after changing
         what ``key`` stands for). Completed operations found in the list leave it.
         Returns how many operations this call completed; 0 for an unknown key."""
-        self._timer._owner_check()
+        self._timer._require_owner_loop()
         watch_list = self._watchers.get(key)
         if watch_list is None:
             return 0
@@ -548,7 +548,7 @@ class _Purgatory:
         ``aiowheel.TimerCancelled``. Returns them in watch order; ``[]`` for an
         unknown key. Entries the operations have under other keys are dropped when
         those keys are checked or purged, like those of completed operations."""
-        self._timer._owner_check()
+        self._timer._require_owner_loop()
         watch_list = self._watchers.pop(key, None)
         if watch_list is None:
             return []
@@ -574,7 +574,7 @@ class _Purgatory:
         ones. None of the cancelled operations completes or expires afterwards.
         Returns them. Idempotent. Close the purgatory before its timer: a timer closed
         under delayed operations drops their timeouts, and they would wait forever."""
-        self._timer._owner_check()
+        self._timer._require_owner_loop()
         self._closed = True
         cancelled: list[Any] = []
         for key in list(self._watchers):
@@ -757,14 +757,14 @@ def _complete(op: _DelayedOperation) -> bool:
     handle = op._handle
     if handle is not None:
         # A watched operation's timeout: its cancel() makes the owner check (the
-        # timer's own, Timer._owner_check) before anything changes, so the
-        # purgatory does not make it a second time. Nothing else changed yet.
+        # timer's own, as TimerLifecycle._require_owner_loop) before anything changes,
+        # so the purgatory does not make it a second time. Nothing else changed yet.
         handle.cancel()
         op._handle = None
     else:
         purgatory = op._purgatory
         if purgatory is not None:
-            purgatory._timer._owner_check()
+            purgatory._timer._require_owner_loop()
     if op._state >= _COMPLETED:
         return False
     _settle(op)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from ._handle import _PENDING, TimerHandle
+from ._handle import TimerHandle
 
 if TYPE_CHECKING:
     from ._handle import HandleOwner
@@ -48,14 +48,12 @@ def check_engine(engine: EngineState) -> None:
         if not isinstance(entry, TimerHandle):
             filed += 1  # a drop-in loop's handle
             continue
-        handle = entry
-        assert handle._result is _PENDING, handle
+        entry._check_held(None)
         filed += 1
     queued = 0
     for entry in pool.queue:
         handle = cast("TimerHandle[Any]", entry)
-        assert handle._bucket is pool.queue
-        assert hasattr(type(handle._result), "__await__"), handle
+        handle._check_held(pool.queue)
         queued += 1
     reserved = engine.periodics.check()
     assert pending == filed + queued + reserved, (

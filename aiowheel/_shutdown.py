@@ -102,8 +102,8 @@ def cancel_everything(engine: EngineState) -> list[TimerHandle[Any]]:
     # to the recorder, which aclose() closes next.
     try:
         for handle in handles:
-            if isinstance(handle, TracedHandle) and handle._tracer is not None:
-                handle._tracer.cancelled_at(handle, now)
+            if isinstance(handle, TracedHandle):
+                handle._trace_cancelled(now)
         if engine.tracing is not None:
             engine.tracing.close()
     finally:

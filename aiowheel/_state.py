@@ -54,11 +54,11 @@ from ._checks import full
 from ._dispatch import WorkerPool, close_awaitable
 from ._driver import Backend, Driver
 from ._exceptions import TimerCancelled
-from ._handle import _CANCELLED, _PENDING, _RUNNING, TimerHandle, TracedHandle, _Failure, release
+from ._handle import _CANCELLED, _PENDING, TimerHandle, TracedHandle, _Failure, release
 from ._periodic import PeriodicHandle, Periodics
 from ._tracing import Tracer
 from ._waiters import Waiters
-from ._wheel import DUE_LEVEL, Bucket, Wheel, WheelEntry
+from ._wheel import Bucket, Wheel, WheelEntry
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
@@ -278,7 +278,7 @@ class EngineState:
     def note_lateness(self, handle: TimerHandle[Any], now: float) -> None:
         """Lateness: the worst start time minus deadline. (Inline copy, tagged:
         ``run_due``.)"""
-        lateness = now - handle._deadline
+        lateness = now - handle.deadline
         if lateness > self.lateness_max:
             self.lateness_max = lateness
 
@@ -289,12 +289,11 @@ class EngineState:
         # its rows read, but its level: file sets it, and each later period sets
         # scheduled_at again).
         tracing = self.tracing
+        tracer: Tracer | None = None
+        timer_id = 0
         if tracing is not None and tracing.pick():
-            tracing.adopt(handle, label, now)
-            return
-        handle._label = label
-        handle._scheduled_at = now
-        handle._id = 0
+            tracer, timer_id = tracing, tracing.seen
+        handle._stamp(tracer, timer_id, label, now)
 
     # -- the counters: the methods that change them (docs/design.md, "Accounting") ------
     # Every other room changes them through these methods. The two hot paths of
@@ -347,7 +346,7 @@ class EngineState:
         if new:
             self.reserve_slot()
         if isinstance(handle, TracedHandle):
-            handle._level = _level_of(handle)
+            handle._note_level()
         self.arm_if_earlier(when)
 
     def closed_while_filing(self, handle: TimerHandle[Any], new: bool) -> NoReturn:
@@ -379,12 +378,12 @@ class EngineState:
         cancelled or waits in the run queue, or is due at once); ``move`` chooses.
         Admission first: nothing changes unless the whole re-arm can be done. The
         levels first, once, here: creating one may run finalizers that change the
-        handle, so its state is read only after (``move``, ``Periodics.rearm``)."""
+        handle, so its state is read only after (``move``, ``PeriodicHandle._rearm``)."""
         self.wheel.reserve(deadline)
         if self.closed:
             raise self._closed_error()  # the collector ran, and user code closed the timer
         if isinstance(handle, PeriodicHandle):
-            self.periodics.rearm(handle, deadline)
+            handle._rearm(deadline)
             return
         if handle._bucket is None:
             self.admit()
@@ -405,7 +404,7 @@ class EngineState:
             # Fired or cancelled: a new pending period starts.
             old = handle._become_pending()
             if isinstance(handle, TracedHandle):
-                handle._scheduled_at = now
+                handle._restamp(now)
             self.file(handle, deadline, due, new=True)
             release(old)  # its finalizer may run now: the handle is filed and counted
             return
@@ -418,7 +417,7 @@ class EngineState:
         if not due:
             when = self.wheel.extend(handle, deadline)
             if isinstance(handle, TracedHandle):
-                handle._level = _level_of(handle)
+                handle._note_level()
             self.arm_if_earlier(when)
             return
         self.wheel.remove(handle)
@@ -435,8 +434,8 @@ class EngineState:
         self.count_cancelled()
         if bucket._first is None or previous is not _PENDING or self.notify_cancel:
             self.after_cancel(handle, bucket, previous)
-        if isinstance(handle, TracedHandle) and handle._tracer is not None:
-            handle._tracer.cancelled_now(handle)  # as TracedHandle.cancel does
+        if isinstance(handle, TracedHandle):
+            handle._trace_cancelled()  # as TracedHandle.cancel does
         return True
 
     def after_cancel(self, handle: TimerHandle[Any], bucket: Bucket, previous: Any) -> None:
@@ -523,11 +522,11 @@ class EngineState:
         self.pending -= 1
         self.fired += 1
         if isinstance(handle, PeriodicHandle):
-            self.periodics.begin(handle)
+            handle._begin()
         now = self.clock()
         self.note_lateness(handle, now)
-        if isinstance(handle, TracedHandle) and handle._tracer is not None:
-            handle._tracer.fired_handle(handle, now)
+        if isinstance(handle, TracedHandle):
+            handle._trace_fired(now)
         if self.waiters.room:
             self.waiters.wake_room()
 
@@ -542,7 +541,7 @@ class EngineState:
         if isinstance(outcome, _Failure) and isinstance(outcome.exc, _EXIT):
             self.count_failed()
         if isinstance(handle, PeriodicHandle):
-            self.periodics.end(handle)  # the next period, before the settling below
+            handle._end()  # the next period, before the settling below
         # A handle re-armed while it ran may have a newer run still going, or be
         # pending again: then wait() waits for that one (the newest firing).
         if last and handle._bucket is None:
@@ -556,10 +555,9 @@ class EngineState:
         already settled the handle as cancelled-while-running; anything else
         cancelling a worker is treated the same way."""
         if isinstance(handle, PeriodicHandle):
-            handle._in_run = False  # the close stopped it
-        if handle._result is _RUNNING:
-            stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
-            handle._settle(stopped)
+            handle._worker_stopped()  # the close stopped it
+        stopped = _Failure(TimerCancelled(f"{handle!r} was cancelled while running"))
+        if handle._settle_if_running(stopped):
             self.waiters.settle(handle, stopped)
 
     # -- introspection (Timer.stats, Timer.next_deadline) ---------------------------
@@ -587,9 +585,3 @@ class EngineState:
         when nothing is filed."""
         when = self.wheel.next_expiry()
         return self.clock() if when == -_INF else when
-
-
-def _level_of(handle: TimerHandle[Any]) -> int:
-    """The wheel the handle is filed in (-1: due at once)."""
-    bucket = handle._bucket
-    return bucket.level if bucket is not None else DUE_LEVEL

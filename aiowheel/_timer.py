@@ -39,8 +39,9 @@ timer makes both tests. The obvious test, ``asyncio._get_running_loop() is loop`
 makes a ``getpid()`` system call whenever a loop runs (about 230-350 ns on CPython
 3.11, more than a whole ``cancel()``), so only the calls that wait or set things up
 (``wait``, ``aclose``, ``every``, ``timeout``, ``schedule``/``schedule_at`` waiting
-for room) make it too. ``_here`` checks the thread and ``elsewhere()``
-(``Affinity.here``), ``_check_owner`` the running loop too (``Affinity.check``).
+for room) make it too. ``TimerLifecycle._live_on_owner_loop`` checks the thread and
+``elsewhere()`` (``Affinity.here``), ``TimerLifecycle._live_on_owner_loop_running``
+the running loop too (``Affinity.check``).
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ class Timer(TimerLifecycle):
         live = self._live
         if live is None:
             return []
-        self._check_owner(live)
+        live.affinity.check()  # the owner loop running (Affinity.check)
         if live.loop_timers:
             raise RuntimeError("this is an event loop's timer (loop.timer): loop.close() closes it")
         if drain and self._state is _OPEN:
@@ -390,7 +391,7 @@ class Timer(TimerLifecycle):
         label: str | None = None,
     ) -> TimerHandle[Any]:
         """Run ``callback(*args)`` at the absolute ``deadline`` (loop clock)."""
-        live = self._here()
+        live = self._live_on_owner_loop()
         deadline = seconds(deadline, "deadline")
         check_callable(callback)
         live.admit()
@@ -430,7 +431,7 @@ class Timer(TimerLifecycle):
         the deadline is computed when the timer is admitted."""
         live = self._live
         if live is not None and live.pending >= self._limit:
-            self._open()
+            self._live_on_owner_loop_running()
             seconds(delay)
             check_callable(callback)
             await live.waiters.wait_for_room()
@@ -464,7 +465,7 @@ class Timer(TimerLifecycle):
         """Like ``schedule_at_nowait``, waiting for room while ``max_pending`` is reached."""
         live = self._live
         if live is not None and live.pending >= self._limit:
-            self._open()
+            self._live_on_owner_loop_running()
             seconds(deadline, "deadline")
             check_callable(callback)
             await live.waiters.wait_for_room()
@@ -482,8 +483,9 @@ class Timer(TimerLifecycle):
         # A timer the trace keeps (Tracer.pick) gets a handle that carries what its
         # rows need; the others are plain handles.
         handle: TracedHandle[Any] = TracedHandle(self, callback, args)
-        assert live.tracing is not None
-        live.tracing.adopt(handle, label, now)
+        tracing = live.tracing
+        assert tracing is not None
+        handle._stamp(tracing, tracing.seen, label, now)
         live.file(handle, deadline, deadline <= now, new=True)
         return handle
 
@@ -502,7 +504,7 @@ class Timer(TimerLifecycle):
         after each run finishes. Runs never overlap. ``cancel()`` stops it. ``label``
         names it in a trace (one row per period), as for ``schedule``.
         """
-        live = self._open()
+        live = self._live_on_owner_loop_running()
         if self._state is not _OPEN:
             # Draining: aclose(drain=True) has cancelled the periodic timers.
             raise self._closed_error()

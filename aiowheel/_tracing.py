@@ -32,7 +32,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, SupportsFloat, cast, final
 
 if TYPE_CHECKING:
-    from ._handle import TracedHandle
     from .trace import TraceRecorder
 
 __all__ = ["Tracer", "sample_every"]
@@ -112,14 +111,8 @@ class Tracer:
         self.left = self.every
         return self.active
 
-    def adopt(self, handle: TracedHandle[Any], label: str | None, now: float) -> None:
-        """``handle`` is traced: what its rows read, but its level (filing sets it)."""
-        handle._tracer = self
-        handle._label = label
-        handle._scheduled_at = now
-        handle._id = self.seen
-
-    # -- rows ---------------------------------------------------------------------
+    # -- rows (written by the handle, with its own fields: TracedHandle._trace_fired,
+    # _trace_cancelled; the pass reads them before a callback runs, _trace_row) ------
 
     def fired(
         self,
@@ -130,8 +123,7 @@ class Tracer:
         level: int,
         now: float,
     ) -> None:
-        """A traced timer fired at ``now`` (the pass reads its fields before the
-        callback runs, which may re-arm it)."""
+        """A traced timer fired at ``now``."""
         if not self.active:
             return
         if self.take is None:
@@ -153,42 +145,38 @@ class Tracer:
         if i == self.rows:
             self.flush()
 
-    def fired_handle(self, handle: TracedHandle[Any], now: float) -> None:
-        """A traced timer fired at ``now``, read from its handle (an async callback
-        that a worker starts)."""
-        self.fired(
-            handle._id, handle._label, handle._scheduled_at, handle._deadline, handle._level, now
-        )
-
-    def cancelled_now(self, handle: TracedHandle[Any]) -> None:
-        """A traced timer was cancelled just now (``handle.cancel()``)."""
-        if self.active:
-            self.cancelled_at(handle, self.clock())
-
-    def cancelled_at(self, handle: TracedHandle[Any], now: object) -> None:
+    def cancelled_at(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        now: object,
+    ) -> None:
         """A traced timer was cancelled at ``now`` (a float, typed as an object so that
         the clock's own float goes into the column, not unboxed and boxed again)."""
         if not self.active:
             return
         if self.take is None:
             self.one(
-                handle._id,
-                handle._label,
-                handle._scheduled_at,
-                handle._deadline,
-                handle._level,
+                timer_id,
+                label,
+                scheduled_at,
+                deadline,
+                level,
                 None,
                 float(cast("SupportsFloat", now)),
             )
             return
         i = self.count
-        self.ids[i] = handle._id
-        self.labels[i] = handle._label
-        self.scheduled[i] = handle._scheduled_at
-        self.deadlines[i] = handle._deadline
+        self.ids[i] = timer_id
+        self.labels[i] = label
+        self.scheduled[i] = scheduled_at
+        self.deadlines[i] = deadline
         self.fired_at[i] = self.missing
         self.cancelled[i] = now
-        self.levels[i] = handle._level
+        self.levels[i] = level
         i += 1
         self.count = i
         if i == self.rows:

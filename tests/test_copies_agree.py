@@ -17,11 +17,12 @@ Where the original is reachable only as a private method, B calls it:
 * the pass (``Engine.run_due``): B's pass is ``fire_due``'s steps spelled with the
   originals, ``count_ran``, ``note_lateness`` and ``run_one`` (``_original_pass``);
 * ``Timer.schedule_nowait``: B schedules through ``schedule_at_nowait``, which calls
-  ``_here``, ``admit`` and ``file`` (``reserve_slot``, ``arm_if_earlier``, the
-  closed-while-filing check);
-* ``TimerLifecycle._cancel``: B cancels through ``_here`` and ``EngineState.cancel``;
+  ``_live_on_owner_loop``, ``admit`` and ``file`` (``reserve_slot``,
+  ``arm_if_earlier``, the closed-while-filing check);
+* ``TimerLifecycle._cancel``: B cancels through ``_live_on_owner_loop`` and
+  ``EngineState.cancel``;
 * ``TimerHandle.reset``'s lazy touch: B re-arms with a float subclass (the path
-  through ``TimerLifecycle._on_owner_loop``) or through ``TimerLifecycle._reset``;
+  through ``TimerLifecycle._is_owner_loop``) or through ``TimerLifecycle._reset``;
 * ``Wheel._file``'s level: ``level_for`` on the tick the entry was filed for;
 * the middleware's ``_RequestWatch``: ``IdleControl._init_idle`` and
   ``IdleControl.stop`` called on a twin.
@@ -121,7 +122,7 @@ COPY_TESTS: Final[dict[tuple[str, str, str], str]] = {
     ("_lifecycle", "TimerLifecycle._cancel", "EngineState.count_cancelled"): (
         "test_cancel_agrees_with_engine_cancel"
     ),
-    ("_handle", "TimerHandle.reset", "TimerLifecycle._on_owner_loop"): (
+    ("_handle", "TimerHandle.reset", "TimerLifecycle._is_owner_loop"): (
         "test_the_inline_reset_agrees_with_the_timers_reset"
     ),
     ("_wheel", "Wheel._file", "level_for"): "test_the_filing_level_agrees_with_level_for",
@@ -268,7 +269,7 @@ class RecordingDriver:
 
 class Seconds(float):
     """A float that is not ``float``: ``TimerHandle.reset`` takes it past its inline
-    owner check, through ``TimerLifecycle._on_owner_loop``."""
+    owner check, through ``TimerLifecycle._is_owner_loop``."""
 
     __slots__ = ()
 
@@ -688,9 +689,9 @@ def test_schedule_nowait_agrees_with_schedule_at_nowait(
     backend: str, program: list[Op], limit: int | None
 ) -> None:
     """``schedule_nowait``'s inline owner check, admission, closed-while-filing check,
-    count and arm-if-earlier do what ``schedule_at_nowait`` does through ``_here``,
-    ``admit`` and ``file`` (the timer full, a foreign thread, the timer closed by a
-    collection while filing included)."""
+    count and arm-if-earlier do what ``schedule_at_nowait`` does through
+    ``_live_on_owner_loop``, ``admit`` and ``file`` (the timer full, a foreign thread,
+    the timer closed by a collection while filing included)."""
     check_twins(backend, _as_is, _schedule_at_side, program, limit)
 
 
@@ -703,7 +704,7 @@ def _engine_cancel(side: Side, handle: TimerHandle[Any]) -> bool:
     live = side.timer._live
     if live is None:
         return False
-    return side.timer._here().cancel(handle)
+    return side.timer._live_on_owner_loop().cancel(handle)
 
 
 def _engine_cancel_side(side: Side) -> None:
@@ -717,8 +718,9 @@ def test_cancel_agrees_with_engine_cancel(
     backend: str, program: list[Op], limit: int | None
 ) -> None:
     """``TimerLifecycle._cancel``'s inline owner check and cancel (``_become_cancelled``,
-    ``count_cancelled``) do what ``_here`` and ``EngineState.cancel`` do, callbacks that
-    cancel other handles mid-pass and queued async callbacks included."""
+    ``count_cancelled``) do what ``_live_on_owner_loop`` and ``EngineState.cancel``
+    do, callbacks that cancel other handles mid-pass and queued async callbacks
+    included."""
     check_twins(backend, _as_is, _engine_cancel_side, program, limit)
 
 
@@ -753,7 +755,7 @@ RESET_PROGRAMS: Final = st.lists(
 
 @ON_BACKENDS
 @pytest.mark.parametrize(
-    "original", [_owner_loop_side, _timer_reset_side], ids=["_on_owner_loop", "_reset"]
+    "original", [_owner_loop_side, _timer_reset_side], ids=["_is_owner_loop", "_reset"]
 )
 @PROPERTY
 @given(program=RESET_PROGRAMS, limit=LIMITS)
@@ -762,8 +764,9 @@ def test_the_inline_reset_agrees_with_the_timers_reset(
 ) -> None:
     """``TimerHandle.reset`` with a float (the lazy touch and its inline owner check)
     does what it does with another real number (through
-    ``TimerLifecycle._on_owner_loop``) and what ``TimerLifecycle._reset`` does (``_here``,
-    ``EngineState.rearm``, ``Wheel.extend``'s lazy case), from a foreign thread too."""
+    ``TimerLifecycle._is_owner_loop``) and what ``TimerLifecycle._reset`` does
+    (``_live_on_owner_loop``, ``EngineState.rearm``, ``Wheel.extend``'s lazy case),
+    from a foreign thread too."""
     check_twins(backend, _as_is, original, program, limit)
 
 

@@ -378,14 +378,14 @@ HANDLE_WRITERS: dict[str, set[str]] = {
     "_context": {"_handle", "_loophandle", "_periodic"},  # a periodic run's context
     "_result": {"_handle"},
     "_timer": {"_handle"},
-    # A trace's fields: stamped by the tracer that keeps the handle, or by the state
-    # when none does (EngineState.stamp, file) - the trace's rows read them.
-    "_id": {"_handle", "_tracing", "_state"},
-    "_label": {"_handle", "_tracing", "_state"},
-    "_level": {"_handle", "_state"},
-    "_scheduled_at": {"_handle", "_tracing", "_state", "_periodic"},
-    "_tracer": {"_handle", "_tracing"},
-    "_in_run": {"_periodic", "_state"},  # a periodic's run stopped by its worker
+    # A trace's fields, written through TracedHandle's own methods (_stamp, _restamp,
+    # _note_level), and by a periodic handle's next period - the trace's rows read them.
+    "_id": {"_handle"},
+    "_label": {"_handle"},
+    "_level": {"_handle"},
+    "_scheduled_at": {"_handle", "_periodic"},
+    "_tracer": {"_handle"},
+    "_in_run": {"_periodic"},
     "_engine": {"_loophandle"},
     "_repr": {"_loophandle"},
     "_shared_context": {"_loophandle"},
@@ -535,6 +535,85 @@ def test_a_write_outside_the_owner_is_found() -> None:
     gives ``closed`` to another owner finds _state's own writes)."""
     untagged, _ = writes_outside_owner({"closed": {"_engine"}}, _engine_write)
     assert ("_state", "closed") in {(module, attribute) for module, _, attribute in untagged}
+
+
+# -- a handle's private names, touched from other rooms ---------------------------------
+#
+# The rooms that serve a timer reach a handle through a narrow face: its public API,
+# and a few private methods that name what they do (the transitions of ``_result``,
+# ``_stamp``, ``_trace_row``, ``PeriodicHandle._begin``...). What is left of reads and
+# calls of a handle's private names (its slots and methods) from modules that do not
+# define a handle class is the hot paths' inline copies and the few steps that decide a
+# handle's state from outside (the cancel, the pass). ``_loop`` and ``_loophandle`` are
+# the drop-in loop's handle's own rooms, not counted here.
+
+#: The receivers that name a handle in the core (``handle._x``, ``self.entry._x``...).
+_TOUCH_NAMES = _HANDLE_NAMES | {"timer_handle", "th"}
+#: The modules whose touches do not count: the ones that define the handle classes and
+#: the drop-in loop's.
+_TOUCH_EXEMPT = {"_handle", "_wheel", "_loop", "_loophandle"}
+#: The most touches allowed (the count when the rooms moved behind the handle's face:
+#: 115 before).
+HANDLE_TOUCH_CEILING = 56
+
+
+def _private_handle_names() -> set[str]:
+    """Every private slot and method name of the handle classes (not dunders)."""
+    names: set[str] = set()
+    for cls, module in _HANDLE_CLASSES.items():
+        for node in ast.walk(ast.parse((PACKAGE / f"{module}.py").read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                for statement in node.body:
+                    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        names.add(statement.name)
+                    elif isinstance(statement, ast.Assign) and (
+                        ast.unparse(statement.targets[0]) == "__slots__"
+                    ):
+                        names |= set(ast.literal_eval(statement.value))
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def handle_touches(sources: dict[str, str]) -> list[tuple[str, int, str]]:
+    """(module, line, ``receiver.name``) of each read, write or call of a handle's
+    private name on a handle that is not ``self`` (``handle._bucket``,
+    ``periodic._stop()``), in the modules that define no handle class."""
+    names = _private_handle_names()
+    found: list[tuple[str, int, str]] = []
+    for module, source in sources.items():
+        if module in _TOUCH_EXEMPT:
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Attribute) or node.attr not in names:
+                continue
+            receiver = ast.unparse(node.value)
+            if receiver == "self" or receiver.startswith("self."):
+                continue
+            if receiver.split(".")[-1] in _TOUCH_NAMES:
+                found.append((module, node.lineno, f"{receiver}.{node.attr}"))
+    return found
+
+
+def test_other_rooms_touch_a_handles_private_names_at_most_the_ceiling() -> None:
+    """The rooms keep to the handle's narrow face: the touches of its private names
+    from other modules do not grow back (lower the ceiling when they fall)."""
+    touches = handle_touches(_core_sources())
+    assert len(touches) <= HANDLE_TOUCH_CEILING, sorted(touches)
+
+
+def test_a_touch_of_a_handles_private_name_is_counted() -> None:
+    """The count sees a new read, a call and a write on a handle from another room,
+    and not ``self``'s own."""
+    sources = _core_sources()
+    before = len(handle_touches(sources))
+    fake = sources["_waiters"] + (
+        "\n\ndef _peek(self, handle, entry):\n"
+        "    handle._stop()\n"
+        "    entry._deadline = handle._deadline\n"
+        "    return self._bucket, self.entry._bucket\n"
+    )
+    after = handle_touches({**sources, "_waiters": fake})
+    assert len(after) == before + 3
+    assert {t for _m, _l, t in after} >= {"handle._stop", "entry._deadline", "handle._deadline"}
 
 
 # -- the names a core module's docstring cites exist where it says ---------------------
