@@ -32,23 +32,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aiowheel"
 #: its own declares, untagged. Each entry is a known debt or a deliberate exception;
 #: an entry no write needs any more fails ``test_every_allowance_is_still_needed``.
 ALLOWED: dict[tuple[str, str], str] = {
-    # A traced handle's row fields, stamped by whoever decides them (the writers table
-    # in tests/test_module_map.py lists these modules): no stamp method on the handle.
-    ("_state", "_label"): "the state stamps a handle no tracer keeps (EngineState.stamp)",
-    ("_state", "_scheduled_at"): "the state stamps a traced handle's new period",
-    ("_state", "_id"): "the state stamps a handle no tracer keeps (EngineState.stamp)",
-    ("_state", "_level"): "the state records a traced handle's level as it files it",
-    ("_state", "_in_run"): "a periodic run stopped by its worker (EngineState._job_stopped)",
-    ("_tracing", "_tracer"): "the tracer adopts a handle it keeps (Tracer.adopt)",
-    ("_tracing", "_label"): "the tracer stamps a handle it keeps (Tracer.adopt)",
-    ("_tracing", "_scheduled_at"): "the tracer stamps a handle it keeps (Tracer.adopt)",
-    ("_tracing", "_id"): "the tracer stamps a handle it keeps (Tracer.adopt)",
-    ("_periodic", "_scheduled_at"): "a periodic handle's next period starts now (Periodics)",
-    ("_periodic", "_deadline"): "a periodic re-armed in its own run stores its deadline",
     # The drop-in loop's debug mode, as the base loop's call_at does for its handles.
     ("_loop", "_source_traceback"): "debug mode records call_at's caller on the handle",
     # Outside the core.
-    ("middleware._asgi", "_request"): "an untagged inline copy of RequestHolder.hold",
+    ("middleware._asgi", "_request"): "the held path's hold(), inline (RequestHolder.hold)",
     ("bench.env", "_ssock_stop"): "patches rloop's event loop, not an aiowheel class",
 }
 
