@@ -101,6 +101,8 @@ NOT_MEASURED = {
         "1\u00d7": "the line between better and worse",
         "144 B": "the handle's size, by its layout (sys.getsizeof)",
         "64 B": "a context's size, by its layout",
+        "5%": "the timers' share of a request in the callgrind table beside it "
+        "(tools/server_profile.py), instructions, not the reference run",
     },
     "docs/bench-method.md": {
         "1.5\u00d7": "a worked example of reading a ratio",
