@@ -11,10 +11,10 @@ next wake-up, armed through the *base* class's ``call_at`` (never the override).
 One wheel, one engine. ``loop.timer`` is opened with the loop (``TimerLifecycle._open_for_loop``:
 its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver (an
 ``AsyncioDriver`` given the base class's ``call_at``) arms the base loop directly.
-``call_at`` files its handle through ``_loophandle.file_loop`` (the loop sets compiled
-``call_at``/``call_later`` on itself, ``_loophandle.LoopCalls``: no Python frame per
-timer; the Python methods below keep the same rules for debug mode and subclasses
-that override them); the engine's pass
+``call_at`` files its handle through ``_loophandle.file_loop``, the one rule (the loop
+sets compiled ``call_at``/``call_later`` on itself, ``_loophandle.LoopCalls``: no Python
+frame per timer; the Python ones below make debug mode's checks first, and serve loop
+classes that override either); the engine's pass
 (``Engine.fire_due``) runs the loop's handles by ``Handle._run``'s rules and the
 timer's own by the engine's, all in ``when`` order (``Wheel.in_order``).
 ``loop.close()`` closes the timer (``Engine.close``), which drops the loop's pending
@@ -55,7 +55,7 @@ from typing import Any, TypeVar, cast
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
 from ._engine import Engine
-from ._loophandle import IntWhenHandle, LoopCalls, LoopTimerHandle, file_loop, when_of
+from ._loophandle import LoopCalls, LoopTimerHandle, file_loop, when_of
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
 from ._timer import MAX_TICK, MIN_TICK, Timer
@@ -72,7 +72,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_isfinite = math.isfinite
 _BASES = ("asyncio", "uvloop")
 
 
@@ -161,20 +160,22 @@ class _WheelLoop(WheelEventLoop):
         loop: Any = self
         self._engine.set_loop_debug(bool(loop.get_debug()))
         self._engine.set_loop_debug_run(self._debug_run)
+        # What the one filing rule reads (aiowheel/_loophandle.py, LoopCalls,
+        # file_loop), for the Python call_at and the compiled ones alike.
+        calls = LoopCalls(
+            self,
+            self._engine,
+            MethodType(_WheelLoop.call_at, self),
+            MethodType(_WheelLoop.call_later, self),
+            self._base_call_at,
+            self._due_call_soon(),
+        )
+        self._calls = calls
         cls = type(self)
         if cls.call_at is _WheelLoop.call_at and cls.call_later is _WheelLoop.call_later:
-            # The compiled call_at/call_later (aiowheel/_loophandle.py, LoopCalls), set
-            # on the loop itself: no Python frame per timer. Not when a subclass
-            # overrides either (its override must be what callers get).
-            calls = LoopCalls(
-                self,
-                self._engine,
-                MethodType(_WheelLoop.call_at, self),
-                MethodType(_WheelLoop.call_later, self),
-                self._base_call_at,
-                self._due_call_soon(),
-            )
-            self._calls = calls
+            # The compiled call_at/call_later, set on the loop itself: no Python frame
+            # per timer. Not when a subclass overrides either (its override must be
+            # what callers get).
             self.call_at = MethodType(compiled_call_at, calls)  # type: ignore[method-assign]
             self.call_later = MethodType(compiled_call_later, calls)  # type: ignore[method-assign]
 
@@ -202,44 +203,38 @@ class _WheelLoop(WheelEventLoop):
         *args: Any,
         context: Context | None = None,
     ) -> Any:
+        # The Python call_at: debug mode, a patched clock, and loop classes that
+        # override call_at or call_later (the compiled ones are set on the loop
+        # otherwise). Its own checks, then the one rule (_loophandle.file_loop).
         if when is None:
             raise TypeError("when cannot be None")
         loop: Any = self
-        given = when
-        when = when_of(when)
+        number = when_of(when)
         if self._time_patched:
             # loop.time is patched on the instance (mock.patch.object(loop, "time")):
             # the base loop's own timer, which it runs on the patched clock, exactly
             # as it would without aiowheel (docs/loop.md, "A patched clock").
-            return self._base_call_at(given, callback, *args, context=context)
-        if not _isfinite(when):
-            # NaN or an infinity: exactly what the base loop does with it (the wheel
-            # accepts finite deadlines only, so it never sees one).
             return self._base_call_at(when, callback, *args, context=context)
-        # An int time is kept as given, as asyncio keeps it (IntWhenHandle).
-        make = IntWhenHandle if type(given) is int and when == given else LoopTimerHandle
-        if loop.is_closed():
-            raise RuntimeError("Event loop is closed")
-        engine = self._engine
-        if loop.get_debug():
+        finite = number - number == 0.0  # NaN and infinities go to the base loop
+        trace = None
+        if finite and loop.get_debug():
             # Before filing: a foreign thread's call is refused as the base loop refuses
             # it, and nothing is filed (issue 28, finding 4).
+            if loop.is_closed():
+                raise RuntimeError("Event loop is closed")
             self._check_loop_thread()
             check_callback = getattr(loop, "_check_callback", None)
             if check_callback is not None:
                 check_callback(callback, "call_at")
-            handle: LoopTimerHandle[Any] = make(when, callback, args, engine, context)
             # From the caller of call_at, as the base loop's (Handle.__init__ drops
             # its own frames and call_at's).
-            handle._source_traceback = _format_helpers.extract_stack(_caller(sys._getframe(1)))
-        else:
-            handle = make(when, callback, args, engine, context)
-        call_soon = self._due_call_soon()
-        if call_soon is not None and when <= loop.time():
-            call_soon(handle._run)  # uvloop's rule for a due timer (_loophandle._soon)
-            return handle
-        file_loop(engine, handle, when)
-        return handle
+            trace = _format_helpers.extract_stack(_caller(sys._getframe(1)))
+        calls = self._calls
+        assert calls is not None  # made with the loop (_init_timer)
+        # An int time is kept as given, as asyncio keeps it (IntWhenHandle).
+        given_int = type(when) is int and number == when
+        due = calls.soon_if_due and finite and number <= loop.time()  # uvloop: call_soon
+        return file_loop(calls, number, callback, args, context, given_int, due, trace)
 
     # -- debug mode: the slow-callback warning names the slow timer ------------------
     # The base loop measures each callback it runs and warns about a slow one by name;

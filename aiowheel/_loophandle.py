@@ -15,9 +15,10 @@ compiled), no ``_scheduled`` (``_bucket is not None``) and no ``_cancelled``: a 
 is cancelled exactly when ``_args`` is ``None`` (``cancel()`` drops the callback and
 its arguments, as ``Handle.cancel`` does; a live handle's arguments are a tuple).
 
-Who writes what: the loop's ``call_at`` (``_loop.py``) makes the handle, sets
-``_source_traceback`` in debug mode and files it with ``file_loop`` on the wheel of
-``loop.timer``'s engine, whose pass (``Engine.run_due``) runs it through
+Who writes what: ``file_loop``, the one rule of the loop's ``call_at`` (the compiled
+``call_at``/``call_later`` here, and ``_WheelLoop.call_at`` in ``_loop.py`` for debug
+mode, which gives it ``_source_traceback``), makes the handle and files it on the wheel
+of ``loop.timer``'s engine, whose pass (``Engine.run_due``) runs it through
 ``run_in_pass``; ``cancel()`` unlinks it (``_cancelled``), and the close drops what
 is left (``drop_all``). Those functions, at the end of this module, are the engine's
 whole side of the drop-in loop's handles: the engine keeps the counts (through its
@@ -385,10 +386,9 @@ def call_at(
     # a call_soon. (uvloop also runs one up to half a millisecond ahead at once, as it
     # rounds to whole ones: that one stays on the wheel, never early, docs/loop.md.)
     # Not NaN or an infinity (finite: number - number == 0), which go to the base loop
-    # unchanged (_file).
-    if calls.soon_if_due and number - number == 0.0 and number <= calls.engine.clock():
-        return _soon(calls, number, callback, args, context, given_int)
-    return _file(calls, number, callback, args, context, given_int)
+    # unchanged (file_loop).
+    due = calls.soon_if_due and number - number == 0.0 and number <= calls.engine.clock()
+    return file_loop(calls, number, callback, args, context, given_int, due)
 
 
 def when_of(when: Any) -> float:
@@ -414,63 +414,8 @@ def call_later(
     if calls.engine.loop_debug or calls.patched:  # debug mode, or loop.time patched
         return calls.debug_call_later(delay, callback, *args, context=context)
     when = float(calls.loop.time() + delay)
-    if calls.soon_if_due and delay <= 0 and when - when == 0.0:  # due: see call_at
-        return _soon(calls, when, callback, args, context, False)
-    return _file(calls, when, callback, args, context, False)
-
-
-def _soon(
-    calls: LoopCalls,
-    when: float,
-    callback: Callable[..., object],
-    args: tuple[Any, ...],
-    context: Context | None,
-    given_int: bool,
-) -> Any:
-    # A timer due now on the uvloop base: uvloop's call_soon runs it (the handle's
-    # _run: Handle._run's rules), as uvloop runs its own due timers; the wheel never
-    # holds it, so len(loop.timer) does not count it. cancel() marks it cancelled,
-    # and its _run then does nothing.
-    if calls.loop.is_closed():
-        raise RuntimeError("Event loop is closed")  # uvloop's call_soon does not check
-    engine = calls.engine
-    handle: LoopTimerHandle[Any]
-    if given_int:
-        handle = IntWhenHandle(when, callback, args, engine, context)
-    else:
-        handle = LoopTimerHandle(when, callback, args, engine, context)
-    base_call_soon = calls.base_call_soon
-    assert base_call_soon is not None
-    base_call_soon(handle._run)
-    return handle
-
-
-def _file(
-    calls: LoopCalls,
-    when: float,
-    callback: Callable[..., object],
-    args: tuple[Any, ...],
-    context: Context | None,
-    given_int: bool,
-) -> Any:
-    # The loop's call_at past its argument checks (the Python one in _loop.py is the
-    # same rule, for debug mode).
-    if when - when != 0.0:
-        # NaN or an infinity: exactly what the base loop does with it (the wheel
-        # accepts finite deadlines only, so it never sees one).
-        return calls.base_call_at(when, callback, *args, context=context)
-    engine = calls.engine
-    if engine.closed and calls.loop.is_closed():
-        # loop.close() closes the engine first (an engine closed on its own, after an
-        # internal error, raises its own error in file_loop).
-        raise RuntimeError("Event loop is closed")
-    handle: LoopTimerHandle[Any]
-    if given_int:
-        handle = IntWhenHandle(when, callback, args, engine, context)
-    else:
-        handle = LoopTimerHandle(when, callback, args, engine, context)
-    file_loop(engine, handle, when)
-    return handle
+    due = calls.soon_if_due and delay <= 0 and when - when == 0.0  # see call_at
+    return file_loop(calls, when, callback, args, context, False, due)
 
 
 # -- the engine's side: the drop-in loop's handles on its wheel --------------------------
@@ -479,8 +424,47 @@ def _file(
 # no tracing, no waiters. The engine's pass calls run_in_pass; the close, drop_all.
 
 
-def file_loop(engine: EngineState, handle: LoopTimerHandle[Any], when: float) -> None:
-    """``call_at`` on the drop-in loop: file its handle (finite ``when``)."""
+def file_loop(
+    calls: LoopCalls,
+    when: float,
+    callback: Callable[..., object],
+    args: tuple[Any, ...],
+    context: Context | None,
+    given_int: bool,
+    due: bool,
+    source_traceback: Any = None,
+) -> Any:
+    """The drop-in loop's ``call_at`` past its argument checks: the one rule, for the
+    compiled ``call_at``/``call_later`` above and the loop's Python ``call_at``
+    (``_WheelLoop.call_at``: debug mode, whose checks and ``source_traceback`` it
+    makes first, and loop classes that override either method).
+
+    ``when`` is NaN or an infinity: exactly what the base loop does with it (the wheel
+    accepts finite deadlines only, so it never sees one). ``due`` (the uvloop base, a
+    timer due now): uvloop's ``call_soon`` runs the handle (its ``_run``: Handle._run's
+    rules), in call order with the other call_soon callbacks, as uvloop runs its own
+    due timers; the wheel never holds it, so ``len(loop.timer)``
+    does not count it, and cancel() marks it cancelled (its _run then does nothing).
+    Else the handle is filed on the wheel of ``loop.timer``'s engine and counted."""
+    if when - when != 0.0:
+        return calls.base_call_at(when, callback, *args, context=context)
+    engine = calls.engine
+    # loop.close() closes the engine first (an engine closed on its own, after an
+    # internal error, raises its own error below); uvloop's call_soon does not check.
+    if (due or engine.closed) and calls.loop.is_closed():
+        raise RuntimeError("Event loop is closed")
+    handle: LoopTimerHandle[Any]
+    if given_int:
+        handle = IntWhenHandle(when, callback, args, engine, context)
+    else:
+        handle = LoopTimerHandle(when, callback, args, engine, context)
+    if source_traceback is not None:
+        handle._source_traceback = source_traceback
+    if due:
+        base_call_soon = calls.base_call_soon
+        assert base_call_soon is not None
+        base_call_soon(handle._run)
+        return handle
     if engine.closed:
         raise engine._closed_error()  # only after an internal error (break_)
     at = engine.wheel.insert(handle, when)
@@ -497,6 +481,7 @@ def file_loop(engine: EngineState, handle: LoopTimerHandle[Any], when: float) ->
         engine.wheel.remove(handle)
         engine.release_slot()
         raise
+    return handle
 
 
 def _closed_while_filing(engine: EngineState, handle: LoopTimerHandle[Any]) -> NoReturn:

@@ -119,7 +119,16 @@ class Timeout:
     aiowheel/_driver.py: the task's cancel on asyncio and uvloop, a cancel scope on
     trio); this class keeps the deadline on the wheel and the state."""
 
-    __slots__ = ("_backend", "_cancel", "_delay", "_ended", "_handle", "_state", "_timer")
+    __slots__ = (
+        "_backend",
+        "_cancel",
+        "_deadline",
+        "_delay",
+        "_ended",
+        "_handle",
+        "_state",
+        "_timer",
+    )
 
     def __init__(self, timer: Schedules, delay: float, backend: Backend) -> None:
         self._timer = timer
@@ -127,7 +136,12 @@ class Timeout:
         self._backend = backend
         self._state = _CREATED
         self._ended = _CREATED  # what it was when the block ended: expired()
+        # The deadline's handle while the block runs; dropped as the block ends (the
+        # handle's callback, _Expire, holds this Timeout: kept, the three would be a
+        # reference cycle that only the garbage collector frees, a collection every
+        # few hundred blocks), its deadline kept in _deadline.
         self._handle: TimerHandle[Any] | None = None
+        self._deadline = 0.0
         self._cancel: BlockCancel | None = None
 
     # A copy would share the deadline's timer handle: leaving the copy's block would
@@ -165,6 +179,8 @@ class Timeout:
         assert handle is not None, "a Timeout is left only after it was entered"
         assert cancel is not None
         handle.cancel()
+        self._deadline = handle.deadline
+        self._handle = None
         state = self._state
         assert state in (_ENTERED, _EXPIRED, _CLOSED), state
         self._ended = state
@@ -192,9 +208,12 @@ class Timeout:
     @property
     def deadline(self) -> float:
         """When the block is cancelled, on the timer's clock."""
-        if self._handle is None:
+        handle = self._handle
+        if handle is not None:
+            return handle.deadline
+        if self._state == _CREATED:
             return self._timer.time() + self._delay
-        return self._handle.deadline
+        return self._deadline
 
     def expired(self) -> bool:
         """True once the deadline passed and the block was (being) cancelled."""

@@ -582,7 +582,9 @@ class Timer(TimerLifecycle):
         ``TimeoutError`` when ``delay`` passes first; ``t.reset(delay)`` pushes the
         deadline out (an idle timeout). If the timer is closed (``aclose()``) while
         the block runs, the block is cancelled and raises ``TimerClosed``."""
-        delay = to_seconds(delay)
+        # A finite float passes with two tests (as in schedule_nowait); anything else
+        # goes through the rule.
+        seconds_ = delay if type(delay) is float and delay - delay == 0.0 else to_seconds(delay)
         live = self._live
         # The per-call owner check (Affinity.here, as schedule_nowait's): the full one
         # asks asyncio for the running loop, a getpid() system call on 3.11, once per
@@ -591,4 +593,4 @@ class Timer(TimerLifecycle):
             raise self._closed_error()
         if _get_ident() != self._loop_thread or live.affinity.elsewhere():
             raise live.affinity.foreign()
-        return Timeout(self, delay, live.backend)
+        return Timeout(self, seconds_, live.backend)

@@ -16,12 +16,14 @@ closes in tests/test_periodic.py.
 
 from __future__ import annotations
 
+import gc
+
 import anyio
 import anyio.lowlevel
 import pytest
 from support import assert_on_time
 
-from aiowheel import Timer
+from aiowheel import Timeout, Timer
 
 pytestmark = pytest.mark.anyio
 
@@ -142,3 +144,24 @@ async def test_timeout_inside_an_earlier_outer_scope() -> None:
                 await anyio.sleep(10)
         assert not outer.cancelled_caught
         assert len(timer) == 0
+
+
+async def test_a_block_leaves_no_cycle_for_the_collector(unit: float) -> None:
+    # The deadline's handle holds its callback, which holds the Timeout: a Timeout that
+    # kept its handle after the block was a reference cycle, freed only by the garbage
+    # collector (a collection every few hundred blocks, a sixth of a block's cost). A
+    # block that ends (here: in time) leaves nothing for the collector. (An expired one
+    # may: its exceptions' tracebacks hold frames, a cycle of the language's own.)
+    async with Timer() as timer:
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(20):
+                with timer.timeout(100 * unit) as t:
+                    await anyio.lowlevel.checkpoint()
+                assert t.deadline > timer.time()  # kept as the block ended
+            del t
+            left = [o for o in gc.get_objects() if type(o) is Timeout]
+        finally:
+            gc.enable()
+        assert left == []
