@@ -32,8 +32,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aiowheel"
 #: its own declares, untagged. Each entry is a known debt or a deliberate exception;
 #: an entry no write needs any more fails ``test_every_allowance_is_still_needed``.
 ALLOWED: dict[tuple[str, str], str] = {
-    # The drop-in loop's debug mode, as the base loop's call_at does for its handles.
-    ("_loop", "_source_traceback"): "debug mode records call_at's caller on the handle",
     # Outside the core.
     ("middleware._asgi", "_request"): "the held path's hold(), inline (RequestHolder.hold)",
     ("bench.env", "_ssock_stop"): "patches rloop's event loop, not an aiowheel class",
