@@ -18,6 +18,8 @@
   tests/test_reentrancy.py):
   ``at_next_collection``, user code run by the garbage collector at the next
   allocation, as a finalizer would.
+* The engine's own tests (tests/test_engine.py, tests/test_copies_agree.py):
+  ``RecordingDriver``, a driver that wakes nobody and keeps what it is asked.
 """
 
 from __future__ import annotations
@@ -275,3 +277,31 @@ class Expiries:
 
     def __init__(self) -> None:
         self.count = 0
+
+
+# -- a driver that wakes nobody (tests/test_engine.py, tests/test_copies_agree.py) ------
+
+
+class RecordingDriver:
+    """A driver that wakes nobody: it keeps the wake-ups it is asked for."""
+
+    def __init__(self) -> None:
+        self.armed: list[float] = []
+        self.disarmed = 0
+        self.rechecks: list[Callable[[], None]] = []
+        self.stopped = False
+
+    async def start(self, tg: Any) -> None:
+        pass
+
+    def arm(self, when: float) -> None:
+        self.armed.append(when)
+
+    def disarm(self) -> None:
+        self.disarmed += 1
+
+    def recheck(self, check: Callable[[], None]) -> None:
+        self.rechecks.append(check)
+
+    def stop(self) -> None:
+        self.stopped = True

@@ -62,6 +62,7 @@ import anyio.to_thread
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import RecordingDriver
 
 import aiowheel
 from aiowheel import Timer, TimerClosed, TimerHandle
@@ -241,30 +242,6 @@ def test_the_tag_scan_sees_a_copy_in_a_function(tmp_path: Path) -> None:
 
 
 # == two timers, started by hand ========================================================
-
-
-class RecordingDriver:
-    """A driver that wakes nobody: it keeps what it is asked (tests/test_engine.py)."""
-
-    def __init__(self) -> None:
-        self.armed: list[float] = []
-        self.disarmed = 0
-        self.rechecks: list[Callable[[], None]] = []
-
-    async def start(self, tg: Any) -> None:
-        pass
-
-    def arm(self, when: float) -> None:
-        self.armed.append(when)
-
-    def disarm(self) -> None:
-        self.disarmed += 1
-
-    def recheck(self, check: Callable[[], None]) -> None:
-        self.rechecks.append(check)
-
-    def stop(self) -> None:
-        pass
 
 
 class Seconds(float):

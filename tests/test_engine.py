@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import anyio
 import pytest
+from support import RecordingDriver
 
 from aiowheel import Timer, TimerClosed, TimerFull
 from aiowheel._dispatch import WorkerPool
@@ -36,31 +37,6 @@ from aiowheel._tracing import Tracer
 pytestmark = pytest.mark.anyio
 
 TICK = 0.001
-
-
-class RecordingDriver:
-    """A driver that wakes nobody: it keeps the wake-ups it is asked for."""
-
-    def __init__(self) -> None:
-        self.armed: list[float] = []
-        self.disarmed = 0
-        self.rechecks: list[Callable[[], None]] = []
-        self.stopped = False
-
-    async def start(self, tg: Any) -> None:
-        pass
-
-    def arm(self, when: float) -> None:
-        self.armed.append(when)
-
-    def disarm(self) -> None:
-        self.disarmed += 1
-
-    def recheck(self, check: Callable[[], None]) -> None:
-        self.rechecks.append(check)
-
-    def stop(self) -> None:
-        self.stopped = True
 
 
 class Rows:
