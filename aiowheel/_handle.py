@@ -397,6 +397,9 @@ class TimerHandle(WheelEntry, Generic[T]):
         run. The timer drops its reference to the handle at once (eager O(1) removal:
         no tombstone is left behind)."""
         if self._bucket is None:
+            # Nothing to stop; a call from another thread or loop still raises, as on
+            # a pending handle (docs/usage.md, "Threads": never accepted silently).
+            self._timer._require_owner_loop()
             return False
         return self._timer._cancel(self)
 
@@ -420,16 +423,13 @@ class TimerHandle(WheelEntry, Generic[T]):
             # in the timer), before to_seconds otherwise (a foreign caller learns that
             # first, as from the timer).
             timer = self._timer
-            if type(delay) is float:
+            # The owner's thread first: the clock may be readable only there (trio's).
+            if type(delay) is float and _get_ident() == timer._loop_thread:
                 deadline = timer._now() + delay
                 if _INF > deadline >= bucket.time:
                     affinity = timer._open_affinity
                     # inline copy of the owner check (TimerLifecycle._is_owner_loop)
-                    if (
-                        affinity is not None
-                        and _get_ident() == timer._loop_thread
-                        and not affinity.elsewhere()
-                    ):
+                    if affinity is not None and not affinity.elsewhere():
                         self._deadline = deadline
                         return
             elif timer._is_owner_loop():  # the owner check (TimerLifecycle._is_owner_loop)

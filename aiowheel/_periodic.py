@@ -201,10 +201,11 @@ class PeriodicHandle(TracedHandle[Any]):
 
     def cancel(self) -> bool:
         """Stop the periodic timer: True while it was active; no run starts after."""
+        # Checked first: a stopped one too refuses another thread or loop (nothing is
+        # accepted silently); nothing to check once its timer has closed.
+        self._timer._require_owner_loop_running()
         if not self._active:
             return False
-        # An active periodic timer's timer is open: closing stops every one.
-        self._timer._require_owner_loop_running()
         if self._bucket is not None:
             self._stop()
             periodics = self._periodics

@@ -50,6 +50,8 @@ class Schedules(Protocol):
 
     def _closed_error(self) -> BaseException: ...
 
+    def _require_owner_loop(self) -> None: ...
+
 
 class Guard:
     """The callback of a timer that a task waits on (``sleep``, ``timeout``).
@@ -227,6 +229,8 @@ class Timeout:
             assert handle is not None
             handle.reset(delay)
         else:
+            # Not entered, or ended: another thread or loop is refused all the same.
+            self._timer._require_owner_loop()
             seconds_ = seconds(delay)
             if self._state == _CREATED:
                 self._delay = seconds_

@@ -677,6 +677,7 @@ def test_schedule_nowait_agrees_with_schedule_at_nowait(
 
 def _engine_cancel(side: Side, handle: TimerHandle[Any]) -> bool:
     if handle._bucket is None:  # TimerHandle.cancel's own test, before the timer's
+        side.timer._require_owner_loop()  # nothing to stop: the owner check alone
         return False
     live = side.timer._live
     if live is None:

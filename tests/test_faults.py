@@ -983,19 +983,46 @@ async def test_mutations_from_another_thread_raise_runtime_error(
         with anyio.fail_after(guard):
             await fired.wait()
         deadline = handle.deadline
+        # Made on the owner's loop, called from the thread: a guard not yet entered,
+        # one whose block has ended, and a periodic timer already stopped.
+        created = timer.timeout(100 * unit)
+        with timer.timeout(100 * unit) as ended:
+            pass
+        ended_deadline = ended.deadline
+        stopped = timer.every(100 * unit, noop)
+        stopped.cancel()
         calls: dict[str, Callable[[], object]] = {
             "schedule_nowait": lambda: timer.schedule_nowait(unit, noop),
             "schedule_at_nowait": lambda: timer.schedule_at_nowait(1e9, noop),
             "every": lambda: timer.every(unit, noop),
             "handle.cancel": handle.cancel,
             "handle.reset": lambda: handle.reset(unit),
+            "handle.reset (later, a float: the inline lazy path)": lambda: handle.reset(
+                200.0 * unit
+            ),
             "handle.reset_at": lambda: handle.reset_at(1e9),
             "fired.reset": lambda: fired.reset(unit),
+            # Nothing to stop or move: still not accepted silently.
+            "fired.cancel": fired.cancel,
+            "stopped periodic.cancel": stopped.cancel,
+            "timeout.reset (not entered)": lambda: created.reset(unit),
+            "timeout.reset (block ended)": lambda: ended.reset(unit),
         }
         stats = timer.stats()
 
         def from_thread() -> dict[str, str]:
-            return {name: _outcome(call) for name, call in calls.items()}
+            # The timer's own refusal, not whatever a backend raises on the way.
+            outcomes = {}
+            for name, call in calls.items():
+                outcome = _outcome(call)
+                if outcome == "RuntimeError":
+                    try:
+                        call()
+                    except RuntimeError as exc:
+                        if "belongs to the" not in str(exc):
+                            outcome = f"RuntimeError: {exc}"
+                outcomes[name] = outcome
+            return outcomes
 
         outcomes = await in_thread(backend, from_thread)
         assert outcomes == dict.fromkeys(calls, "RuntimeError"), outcomes
@@ -1005,6 +1032,9 @@ async def test_mutations_from_another_thread_raise_runtime_error(
         assert handle.deadline == deadline
         assert fired.fired()
         assert not fired.pending()
+        assert created.deadline - timer.time() == pytest.approx(100 * unit)
+        assert ended.deadline == ended_deadline
+        assert stopped.cancelled()
         await assert_fires_on_time(timer, unit, virtual, guard)
         assert handle.cancel()
 
