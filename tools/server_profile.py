@@ -4,6 +4,7 @@ request from the rest (docs/loop.md, "Why a server gains little").
 
     python tools/server_profile.py                       # instructions (valgrind)
     python tools/server_profile.py --measure cpu -n 2000 # CPU time, no valgrind
+    python tools/server_profile.py --guard middleware    # IdleTimeoutMiddleware's cost
 
 One server process per loop serves three paths, each driven by one keep-alive client
 connection, one request at a time, after a warm-up:
@@ -40,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 PATHS = ("/", "/a", "/t")
+GUARDS = ("uvicorn", "protocol", "middleware")
 LOOPS = ("asyncio", "loop-asyncio", "uvloop", "loop-uvloop")
 
 #: callgrind symbols of each loop's timer entry points (inclusive costs add up: the
@@ -76,7 +78,7 @@ async def app(scope, receive, send):
 
 
 serve.app = app
-sys.exit(serve.main([sys.argv[1], "uvicorn"]))
+sys.exit(serve.main([sys.argv[1], sys.argv[2]]))
 """
 
 
@@ -108,11 +110,13 @@ def _timer_instructions(dump: str, loop: str) -> int | None:
     return total
 
 
-def profile(loop: str, requests: int, warm_up: int, measure: str) -> dict[str, dict[str, float]]:
+def profile(
+    loop: str, requests: int, warm_up: int, measure: str, guard: str = "uvicorn"
+) -> dict[str, dict[str, float]]:
     """Per path: instructions (or CPU µs) per request, and the timers' share."""
     scratch = tempfile.mkdtemp(prefix="server-profile-")
     out = os.path.join(scratch, "callgrind.out")
-    command = [sys.executable, "-c", SERVER, loop]
+    command = [sys.executable, "-c", SERVER, loop, guard]
     if measure == "instructions":
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command]
     server = subprocess.Popen(
@@ -174,6 +178,13 @@ def main() -> None:
     parser.add_argument("-n", "--requests", type=int, default=1000, help="requests per path")
     parser.add_argument("--warm-up", type=int, default=300, help="requests per path first")
     parser.add_argument("--loops", default=",".join(LOOPS), help="comma-separated")
+    parser.add_argument(
+        "--guard",
+        choices=GUARDS,
+        default="uvicorn",
+        help="what closes idle connections (aiowheel/bench/_serve.py): uvicorn's "
+        "keep-alive timeout, uvicorn_protocol, or IdleTimeoutMiddleware with it",
+    )
     args = parser.parse_args()
     if args.measure == "instructions" and shutil.which("valgrind") is None:
         parser.error("--measure instructions needs valgrind on PATH (or --measure cpu)")
@@ -182,8 +193,13 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown loops {sorted(unknown)}; choose from {', '.join(LOOPS)}")
     unit = "instructions" if args.measure == "instructions" else "cpu_us"
-    results = {loop: profile(loop, args.requests, args.warm_up, args.measure) for loop in loops}
-    print(f"per request ({unit}), {args.requests} requests per path, one connection")
+    results = {
+        loop: profile(loop, args.requests, args.warm_up, args.measure, args.guard) for loop in loops
+    }
+    print(
+        f"per request ({unit}), {args.requests} requests per path, one connection, "
+        f"idle connections closed by {args.guard}"
+    )
     print(f"{'loop':<14}{'/':>12}{'/a':>12}{'/t':>12}{'/t - /a':>12}{'timers in /t':>14}")
     for loop, figures in results.items():
         cells = [figures[path][unit] for path in PATHS]
