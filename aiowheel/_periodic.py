@@ -81,16 +81,17 @@ class Periodics:
         self.active.add(handle)
         return handle
 
-    def stop_all(self) -> int:
+    def stop_all(self) -> list[PeriodicHandle]:
         """The close: every periodic timer stops. The filed and queued ones are the
-        close's to cancel; returns how many runs in progress gave back their reserved
-        period (cancelled too)."""
-        reserved = 0
+        close's to cancel; returns those in a run, which gave back their reserved
+        period (cancelled too: the close counts them and ends their trace's period)."""
+        given_back: list[PeriodicHandle] = []
         for periodic in self.active:
             # (the wheel and the queue have let go of those not in a run)
-            reserved += periodic._stop()
+            if periodic._stop():
+                given_back.append(periodic)
         self.active.clear()
-        return reserved
+        return given_back
 
     def check(self) -> int:
         """Assert each active periodic timer's state (``Engine.check``); returns the
@@ -243,6 +244,9 @@ class PeriodicHandle(TracedHandle[Any]):
         engine = periodics.engine
         engine.count_cancelled()
         engine.pending_fell()
+        # Its trace ends the period as cancelled, as a cancel of a filed one does
+        # (EngineState.cancel): every period ends fired or cancelled.
+        self._trace_cancelled()
 
     def _check_active(self) -> int:
         # Periodics.check, for this active periodic timer: 1 when a run in progress

@@ -81,8 +81,8 @@ def cancel_everything(engine: EngineState) -> list[TimerHandle[Any]]:
         engine.waiters.settle(handle, _CANCELLED)
     # Every periodic timer stops: the filed and queued ones are among the handles;
     # one whose run is in progress gives back its reserved period, cancelled too.
-    reserved = engine.periodics.stop_all()
-    engine.count_closed(len(handles) + reserved)
+    given_back = engine.periodics.stop_all()
+    engine.count_closed(len(handles) + len(given_back))
     # A task in sleep() or a timeout() block whose timer this was learns it now
     # (its guard will never fire): it raises TimerClosed.
     for handle in handles:
@@ -101,7 +101,7 @@ def cancel_everything(engine: EngineState) -> list[TimerHandle[Any]]:
     # (even SystemExit, which the tracer lets through); then the last batch goes
     # to the recorder, which aclose() closes next.
     try:
-        for handle in handles:
+        for handle in (*handles, *given_back):
             if isinstance(handle, TracedHandle):
                 handle._trace_cancelled(now)
         if engine.tracing is not None:

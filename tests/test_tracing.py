@@ -109,6 +109,51 @@ async def test_periodic_timers_count_as_one_timer_each_traced_or_not() -> None:
     assert at_close.cancelled_at is not None
 
 
+async def test_a_periodic_timer_stopped_in_its_own_run_ends_its_trace_cancelled() -> None:
+    # Every period ends fired or cancelled: the rows are stats' fired + cancelled, and
+    # the last row is the cancelled period the run had reserved.
+    recorder = SampledRecorder()
+    runs: list[int] = []
+    stopped = anyio.Event()
+
+    def run() -> None:
+        runs.append(1)
+        if len(runs) == 2:
+            assert periodic.cancel()  # inside its own run
+            stopped.set()
+
+    async with Timer(recorder=recorder) as timer:
+        periodic = timer.every(0.01, run, label="p")
+        await stopped.wait()
+        stats = timer.stats()
+    assert (stats.fired, stats.cancelled) == (2, 1)
+    assert len(recorder.rows) == stats.fired + stats.cancelled
+    fired = [row for row in recorder.rows if row.fired_at is not None]
+    (cancelled,) = (row for row in recorder.rows if row.cancelled_at is not None)
+    assert len(fired) == 2
+    assert cancelled.cancelled_at >= max(row.fired_at or 0.0 for row in fired)
+
+
+async def test_a_close_during_a_periodic_run_ends_its_trace_cancelled() -> None:
+    # aclose() while an async run is on a worker: its reserved period is cancelled by
+    # the close, and the trace says so.
+    recorder = SampledRecorder()
+    started = anyio.Event()
+
+    async def run() -> None:
+        started.set()
+        await anyio.sleep_forever()
+
+    timer = Timer(recorder=recorder)
+    async with timer:
+        timer.every(0.01, run, label="p")
+        await started.wait()
+    stats = timer.stats()
+    assert stats.fired == 1
+    assert len(recorder.rows) == stats.fired + stats.cancelled
+    assert [row.cancelled_at is not None for row in recorder.rows] == [False, True]
+
+
 async def test_without_sampling_every_timer_gets_a_traced_handle() -> None:
     recorder = SampledRecorder()
     async with Timer(recorder=recorder) as timer:
