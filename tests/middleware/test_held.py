@@ -3,8 +3,9 @@
 uvicorn's h11 protocol is fed its requests through ``data_received`` and writes to a
 stand-in transport (no socket), so that flow control (``pause_writing`` /
 ``resume_writing``) and the collector can be driven exactly. asyncio runs on looptime's
-virtual clock, uvloop in real time (the scenario's own waits, a fraction of ``T``, are
-real there; every check awaits the event it is about, bounded, and never polls).
+virtual clock, uvloop in real time; the test whose scenario needs time to pass (an
+application that thinks, a client's window that stays full) runs on the virtual clock
+only, and every check awaits the event it is about, bounded, and never polls.
 
 Behind the connection the middleware hands the application the server's own ``send``
 (``_RequestWatch.send_held``): the connection stops the request's timing when the
@@ -113,6 +114,7 @@ async def first(*events: asyncio.Event, seconds: float) -> None:
         raise AssertionError(f"none of {events} set within {seconds} s")
 
 
+@pytest.mark.virtual_time  # time must pass in it: on looptime's clock, not uvloop's
 async def test_a_send_the_client_let_through_is_activity() -> None:
     # The body's first chunk waits for flow control for 0.8 T, then the application
     # thinks for 0.5 T: 1.3 T after the send started, but only 0.5 T after the client
