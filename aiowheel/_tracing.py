@@ -132,18 +132,7 @@ class Tracer:
         if now != self.now:
             self.now = now
             self.now_box = now
-        i = self.count
-        self.ids[i] = timer_id
-        self.labels[i] = label
-        self.scheduled[i] = scheduled_at
-        self.deadlines[i] = deadline
-        self.fired_at[i] = self.now_box
-        self.cancelled[i] = self.missing
-        self.levels[i] = level
-        i += 1
-        self.count = i
-        if i == self.rows:
-            self.flush()
+        self.append(timer_id, label, scheduled_at, deadline, level, self.now_box, self.missing)
 
     def cancelled_at(
         self,
@@ -169,13 +158,27 @@ class Tracer:
                 float(cast("SupportsFloat", now)),
             )
             return
+        self.append(timer_id, label, scheduled_at, deadline, level, self.missing, now)
+
+    def append(
+        self,
+        timer_id: int,
+        label: str | None,
+        scheduled_at: float,
+        deadline: float,
+        level: int,
+        fired_at: object,
+        cancelled_at: object,
+    ) -> None:
+        # One row into the batch's columns (fired or cancelled: the other is NaN, the
+        # one boxed float ``missing``); a full batch goes to the recorder.
         i = self.count
         self.ids[i] = timer_id
         self.labels[i] = label
         self.scheduled[i] = scheduled_at
         self.deadlines[i] = deadline
-        self.fired_at[i] = self.missing
-        self.cancelled[i] = now
+        self.fired_at[i] = fired_at
+        self.cancelled[i] = cancelled_at
         self.levels[i] = level
         i += 1
         self.count = i
