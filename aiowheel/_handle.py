@@ -418,12 +418,12 @@ class TimerHandle(WheelEntry, Generic[T]):
             # path (to_seconds: an int costs what a float does); everything else, a
             # call from a foreign thread included, goes to the timer. A bad delay
             # raises here as it would there (a pending handle's timer is open).
-            # The owner check comes after the lazy test for a float (the common touch;
-            # a float cannot raise here, and a re-arm that is not lazy makes the check
-            # in the timer), before to_seconds otherwise (a foreign caller learns that
-            # first, as from the timer).
+            # For a float (the common touch) the owner's thread is asked first, since the
+            # clock may be readable only there (trio's), and the rest of the owner check
+            # after the lazy test (a re-arm that is not lazy makes it in the timer); for
+            # anything else the whole check comes before to_seconds (a foreign caller
+            # learns that first, as from the timer).
             timer = self._timer
-            # The owner's thread first: the clock may be readable only there (trio's).
             if type(delay) is float and _get_ident() == timer._loop_thread:
                 deadline = timer._now() + delay
                 if _INF > deadline >= bucket.time:

@@ -226,15 +226,15 @@ class PeriodicHandle(TracedHandle[Any]):
         """Move the next run to the absolute ``deadline`` (see ``reset``)."""
         self._timer._reset_at(self, deadline)
 
-    def _stop(self) -> int:
+    def _stop(self) -> bool:
         # While active, the callback slot holds a _Run of this handle: a cycle (self ->
         # run -> self), which compiled the collector cannot see. Break it when stopped,
-        # so a dropped handle is freed at once; _restart restores it. Returns 1 when a
-        # run is in progress (it holds its next period's slot), else 0.
+        # so a dropped handle is freed at once; _restart restores it. Returns whether a
+        # run is in progress (it holds its next period's slot).
         self._active = False
         self._rearmed = False
         self._callback = _stopped
-        return 1 if self._in_run else 0
+        return self._in_run
 
     def _halt(self) -> None:
         # Stop a periodic timer that is in a run: its reserved next period is cancelled.
