@@ -52,7 +52,7 @@ MODULES: tuple[str, ...] = (
     "_affinity",
     "_waiters",
     "_periodic",
-    "_state",
+    "_pass",
     "_engine",
     "_shutdown",
     "_lifecycle",

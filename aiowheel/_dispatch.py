@@ -6,7 +6,7 @@ awaitable is queued in a FIFO run queue and awaited by one of at most
 event when the queue is empty, and are cancelled when the timer closes.
 
 The pool owns the queue, the workers and what it takes to run one job whatever it
-raises; its host, the engine's state (``_state.EngineState``), owns the accounting:
+raises; its host, the engine's state (``_state.Engine``), owns the accounting:
 counters, waiters, traces. The host is typed as that class, not a protocol, so that
 compiled, the four calls per job are native calls, not calls by name.
 
@@ -42,7 +42,7 @@ from ._wheel import QUEUE_LEVEL, Bucket
 
 if TYPE_CHECKING:
     from ._driver import Backend
-    from ._state import EngineState
+    from ._engine import Engine
 
 __all__ = ["InContext", "RunQueue", "WorkerPool"]
 
@@ -99,7 +99,7 @@ class WorkerPool:
         "workers",
     )
 
-    def __init__(self, host: EngineState, max_concurrency: int, backend: Backend) -> None:
+    def __init__(self, host: Engine, max_concurrency: int, backend: Backend) -> None:
         self._host = host
         self.limit = max_concurrency
         self.queue = RunQueue()

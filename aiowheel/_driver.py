@@ -3,7 +3,7 @@
 This replaces Kafka's reaper thread blocked in ``DelayQueue.poll``. A driver knows
 one thing, the instant of its next wake-up, and calls ``on_wakeup`` then. It never
 wakes periodically: with no timers it is not armed at all. What it wakes is the
-timer's pass (``Engine.fire_due``), which never raises but for ``SystemExit`` and
+timer's pass (``_pass.fire_due``), which never raises but for ``SystemExit`` and
 ``KeyboardInterrupt`` and re-arms the driver itself (docs/design.md, guarantee 5).
 
 * ``AsyncioDriver`` uses one ``loop.call_at`` handle. Re-arming it (only when a timer
@@ -80,8 +80,8 @@ def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     does not override it (looptime and other virtual clocks do), call the C function
     directly and save a Python frame per call. (The bound method tells both a class
     and an instance override apart without asking for the loop's ``__dict__``, which
-    would slow every attribute access of the loop's own methods: aiowheel/_engine.py,
-    ``Engine.__init__``.)
+    would slow every attribute access of the loop's own methods: aiowheel/_affinity.py,
+    ``_AsyncioAffinity.elsewhere``.)
     """
     if getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time:
         return time.monotonic

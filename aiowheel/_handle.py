@@ -18,7 +18,7 @@ State lives in two slots. ``_bucket`` is the container holding the handle while 
 pending, ``None`` otherwise: the container links and unlinks it (``Bucket``,
 ``RunQueue``). ``_result`` says the rest, and changes only through the transition
 methods at the end of ``TimerHandle`` (two hot paths keep tagged inline copies: the
-pass, ``Engine.run_due``, and ``TimerLifecycle._cancel``). The states, the transition
+pass, ``_pass.run_due``, and ``TimerLifecycle._cancel``). The states, the transition
 that enters each, and the modules that call it (tests/test_module_map.py checks the
 writes):
 
@@ -59,7 +59,7 @@ cancelled  ``None``                           ``_CANCELLED``                ``_b
 *Pending* covers queued (``pending()`` is true for both: they count in ``len(timer)``).
 *Running* is a callback that has started and not finished (``WorkerPool.running``
 counts those on workers); *closed* is said of a timer only (``Timer.closed``,
-``EngineState.closed``, ``WorkerPool`` closing with it). A handle re-armed while it runs is
+``Engine.closed``, ``WorkerPool`` closing with it). A handle re-armed while it runs is
 pending again; its run settles it only if nothing re-armed it meanwhile.
 """
 
@@ -120,7 +120,7 @@ def snapshot_context() -> Context:
 
     The invariant that makes the share invisible: **a shared snapshot is never run
     in.** Whoever runs a callback runs it in a copy of the snapshot
-    (``Engine.run_one``, ``LoopTimerHandle._run``), so what a callback sets stays its
+    (``_pass.run_one``, ``LoopTimerHandle._run``), so what a callback sets stays its
     own, as with a copy per handle. Only a periodic timer's handle has a context of
     its own, run in directly (``PeriodicHandle``: a run sees what the last one set)."""
     context = _copy_context()
@@ -469,7 +469,7 @@ class TimerHandle(WheelEntry, Generic[T]):
     # The ones that replace a value return it: the caller releases it (or closes an
     # awaitable) only once its change is complete, because dropping it may run a
     # finalizer (docs/design.md, "Re-entrancy"). Two hot paths keep inline copies,
-    # tagged with the method they copy: the pass (``Engine.run_due``) and
+    # tagged with the method they copy: the pass (``_pass.run_due``) and
     # ``TimerLifecycle._cancel``.
 
     def _become_pending(self) -> Any:

@@ -29,10 +29,10 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ._driver import Backend, backend_name, make_backend
-from ._engine import Engine
 from ._shutdown import abort_start
 
 if TYPE_CHECKING:
+    from ._engine import Engine
     from .trace import TraceRecorder
 
 __all__ = ["Host"]

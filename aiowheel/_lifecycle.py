@@ -12,7 +12,7 @@ This is its base class, the inside face (docs/design.md, "Module map"):
   ``_require_owner_loop`` and ``_require_owner_loop_running`` (the way to ask it from
   outside the core: the purgatory, a periodic handle's cancel), ``_is_owner_loop``;
 * ``HandleOwner`` (aiowheel/_handle.py), implemented: what a handle calls on its timer
-  (``_cancel``, the hot one, with an inline copy of ``EngineState.cancel``;
+  (``_cancel``, the hot one, with an inline copy of ``Engine.cancel``;
   ``_reset``, ``_reset_at``, ``_wait``, ``_cancelled_error``, ``_is_owner_loop``);
 * the self-check (``_check``) and the error a closed timer raises (``_closed_error``).
 
@@ -33,6 +33,7 @@ from ._engine import Engine
 from ._exceptions import TimerCancelled, TimerClosed
 from ._handle import _CANCELLED, _PENDING, HandleOwner, TimerHandle, to_seconds
 from ._host import Host
+from ._pass import fire_due
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
@@ -105,6 +106,7 @@ class TimerLifecycle(HandleOwner):
             self._recorder,
             self._on_close,
             self._closed_error,
+            fire_due=fire_due,
             max_concurrency=self._max_concurrency,
             loop_timers=loop_timers,
         )
@@ -207,7 +209,7 @@ class TimerLifecycle(HandleOwner):
 
     def _cancel(self, handle: TimerHandle[Any]) -> bool:
         # handle.cancel() of a pending handle: the common case is a few assignments.
-        # Inline copy of EngineState.cancel (the hot path), after the owner check.
+        # Inline copy of Engine.cancel (the hot path), after the owner check.
         live = self._live
         if live is None:
             return False
@@ -220,7 +222,7 @@ class TimerLifecycle(HandleOwner):
         bucket.remove(handle)
         previous = handle._result  # inline copy of TimerHandle._become_cancelled
         handle._result = _CANCELLED
-        live.pending -= 1  # inline copy of EngineState.count_cancelled
+        live.pending -= 1  # inline copy of Engine.count_cancelled
         live.cancelled += 1
         # The rest is rare: the bucket the driver waits for emptied, an async callback
         # queued for a worker (its coroutine must be closed), someone waiting, or a

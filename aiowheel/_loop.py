@@ -15,9 +15,9 @@ its ``Engine`` without a supervisor task) on ``_LoopBackend``, whose driver (an
 sets compiled ``call_at``/``call_later`` on itself, ``_loophandle.LoopCalls``: no Python
 frame per timer; the Python ones below make debug mode's checks first, and serve loop
 classes that override either); the engine's pass
-(``Engine.fire_due``) runs the loop's handles by ``Handle._run``'s rules and the
+(``_pass.fire_due``) runs the loop's handles by ``Handle._run``'s rules and the
 timer's own by the engine's, all in ``when`` order (``Wheel.in_order``).
-``loop.close()`` closes the timer (``Engine.close``), which drops the loop's pending
+``loop.close()`` closes the timer (``_shutdown.close_engine``), which drops the loop's pending
 handles as the base loop drops its heap.
 
 One object per timer (docs/loop.md, "Memory"): the handle ``call_at`` returns is the
@@ -58,6 +58,7 @@ from ._engine import Engine
 from ._loophandle import LoopCalls, LoopTimerHandle, file_loop, when_of
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
+from ._shutdown import close_engine
 from ._timer import MAX_TICK, MIN_TICK, Timer
 from ._wheel import WheelEntry
 
@@ -364,7 +365,7 @@ class _WheelLoop(WheelEventLoop):
         # base loop drops its heap, the timer's own are cancelled (aclose()'s rule).
         engine = self._engine
         if not engine.closed:
-            engine.close()
+            close_engine(engine)
 
 
 def _import_anyio_backend() -> None:

@@ -18,7 +18,7 @@ its arguments, as ``Handle.cancel`` does; a live handle's arguments are a tuple)
 Who writes what: ``file_loop``, the one rule of the loop's ``call_at`` (the compiled
 ``call_at``/``call_later`` here, and ``_WheelLoop.call_at`` in ``_loop.py`` for debug
 mode, which gives it ``_source_traceback``), makes the handle and files it on the wheel
-of ``loop.timer``'s engine, whose pass (``Engine.run_due``) runs it through
+of ``loop.timer``'s engine, whose pass (``_pass.run_due``) runs it through
 ``run_in_pass``; ``cancel()`` unlinks it (``_cancelled``), and the close drops what
 is left (``drop_all``). Those functions, at the end of this module, are the engine's
 whole side of the drop-in loop's handles: the engine keeps the counts (through its
@@ -39,7 +39,7 @@ from ._handle import release, snapshot_context
 from ._wheel import GC_START, Bucket, WheelEntry
 
 if TYPE_CHECKING:
-    from ._state import EngineState
+    from ._engine import Engine
 
 __all__ = [
     "IntWhenHandle",
@@ -93,7 +93,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
         when: float,
         callback: Callable[..., object],
         args: tuple[Any, ...],
-        engine: EngineState,
+        engine: Engine,
         context: Context | None,
     ) -> None:
         self._gc = GC_START  # the collector's ledger (aiowheel/_wheel.py)
@@ -338,7 +338,7 @@ class LoopCalls:
     def __init__(
         self,
         loop: Any,
-        engine: EngineState,
+        engine: Engine,
         debug_call_at: Callable[..., Any],
         debug_call_later: Callable[..., Any],
         base_call_at: Callable[..., Any],
@@ -484,7 +484,7 @@ def file_loop(
     return handle
 
 
-def _closed_while_filing(engine: EngineState, handle: LoopTimerHandle[Any]) -> NoReturn:
+def _closed_while_filing(engine: Engine, handle: LoopTimerHandle[Any]) -> NoReturn:
     """*Closed while filing*, for ``file_loop``: an allocation of the insert (a level,
     the heap's tuple) ran the garbage collector, and user code closed the loop
     (docs/design.md, "Re-entrancy"). The call fails as on a closed loop, and the
@@ -496,16 +496,16 @@ def _closed_while_filing(engine: EngineState, handle: LoopTimerHandle[Any]) -> N
     raise engine._closed_error()
 
 
-def _cancelled(engine: EngineState, bucket: Bucket) -> None:
+def _cancelled(engine: Engine, bucket: Bucket) -> None:
     """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
     engine.count_cancelled()
     if bucket._first is None and bucket.time == engine.wake_at:
-        engine.driver.recheck(engine.sync_wakeup_unless_passing)  # as EngineState.after_cancel
+        engine.driver.recheck(engine.sync_wakeup_unless_passing)  # as Engine.after_cancel
     if engine.notify_cancel:
         engine.pending_fell()
 
 
-def _foreign(engine: EngineState) -> bool:
+def _foreign(engine: Engine) -> bool:
     """True in a thread other than the one running the drop-in loop (debug mode asks,
     for ``LoopTimerHandle.cancel``; the thread is the one ``run_forever`` bound,
     ``TimerLifecycle._bind_thread``)."""
@@ -513,7 +513,7 @@ def _foreign(engine: EngineState) -> bool:
     return loop is not None and loop.is_running() and get_ident() != engine.affinity.thread
 
 
-def _unlink_soon(engine: EngineState, handle: LoopTimerHandle[Any]) -> None:
+def _unlink_soon(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
     """A loop handle cancelled from another thread: take it off the wheel in the
     loop's thread (``_unlink_cancelled``). A loop closed meanwhile has dropped its
     timers: nothing is left to do, and cancel() does not raise."""
@@ -526,7 +526,7 @@ def _unlink_soon(engine: EngineState, handle: LoopTimerHandle[Any]) -> None:
         pass  # closed: the close dropped the handle with the rest
 
 
-def _unlink_cancelled(engine: EngineState, handle: LoopTimerHandle[Any]) -> None:
+def _unlink_cancelled(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
     """In the loop's thread: the rest of a cross-thread ``cancel()``, unless a pass met
     the handle first (it counted it cancelled then: ``run_in_pass``)."""
     bucket = handle._bucket
@@ -535,8 +535,8 @@ def _unlink_cancelled(engine: EngineState, handle: LoopTimerHandle[Any]) -> None
         _cancelled(engine, bucket)
 
 
-def run_in_pass(engine: EngineState, entry: WheelEntry) -> None:
-    """The pass (``Engine.run_due``) met a live loop handle, and counted it fired: run
+def run_in_pass(engine: Engine, entry: WheelEntry) -> None:
+    """The pass (``_pass.run_due``) met a live loop handle, and counted it fired: run
     it, measured in debug mode as the base loop measures its callbacks."""
     handle = cast("LoopTimerHandle[Any]", entry)
     debug_run = engine.loop_debug_run
@@ -546,7 +546,7 @@ def run_in_pass(engine: EngineState, entry: WheelEntry) -> None:
         handle._run()
 
 
-def drop_all(engine: EngineState) -> list[WheelEntry]:
+def drop_all(engine: Engine) -> list[WheelEntry]:
     """``loop.close()`` (through the engine's close, the engine already closed): the
     loop's pending handles are dropped (not cancelled), as the base loop drops its
     heap; counted cancelled here. Returned: the caller releases them once the close

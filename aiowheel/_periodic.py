@@ -5,7 +5,7 @@ docs/design.md, "Periodic timers". An active periodic timer holds one pending sl
 its whole life: its filed (or queued) period, and while a run is in progress the next
 period, which is armed (counted scheduled and pending) when the run starts and filed
 when it ends. So the next period never needs admission, and the counters keep
-``scheduled == fired + cancelled + pending`` (``Engine.check``).
+``scheduled == fired + cancelled + pending`` (``_selfcheck.check_engine``).
 
 ``Periodics`` keeps the active periodic timers of one engine: ``start`` makes a new
 one (``Timer.every``, past its argument checks), ``stop_all`` is the close's. The
@@ -30,7 +30,7 @@ from ._checks import too_far
 from ._handle import HandleOwner, TracedHandle, release, same_variables
 
 if TYPE_CHECKING:
-    from ._state import EngineState
+    from ._engine import Engine
 
 __all__ = ["PeriodicHandle", "Periodics"]
 
@@ -55,7 +55,7 @@ _GRID_LIMIT: Final = 2.0**52
 class Periodics:
     """The active periodic timers of one engine, and their slots."""
 
-    def __init__(self, engine: EngineState) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.active: set[PeriodicHandle] = set()
 
@@ -94,7 +94,7 @@ class Periodics:
         return given_back
 
     def check(self) -> int:
-        """Assert each active periodic timer's state (``Engine.check``); returns the
+        """Assert each active periodic timer's state (``_selfcheck.check_engine``); returns the
         slots reserved by runs in progress."""
         return sum(periodic._check_active() for periodic in self.active)
 
@@ -245,7 +245,7 @@ class PeriodicHandle(TracedHandle[Any]):
         engine.count_cancelled()
         engine.pending_fell()
         # Its trace ends the period as cancelled, as a cancel of a filed one does
-        # (EngineState.cancel): every period ends fired or cancelled.
+        # (Engine.cancel): every period ends fired or cancelled.
         self._trace_cancelled()
 
     def _check_active(self) -> int:
@@ -272,7 +272,7 @@ class PeriodicHandle(TracedHandle[Any]):
     def _run(self) -> Any:
         # The run starts (the timer reserves the next period's slot), the callback is
         # called; a plain callback's run ends here, an async one's when its worker has
-        # awaited it (EngineState._job_ended). The awaitable is handed back as it is, so a
+        # awaited it (Engine._job_ended). The awaitable is handed back as it is, so a
         # queued run that never starts is closed like any async callback's.
         self._begin()
         try:
@@ -288,7 +288,7 @@ class PeriodicHandle(TracedHandle[Any]):
 
     # -- its slot (the module docstring): a run's start and end, a re-arm ------------
     # Called by its run (_run), and for an async run by its worker's host
-    # (EngineState._job_started, _job_ended); _rearm by EngineState.rearm.
+    # (Engine._job_started, _job_ended); _rearm by Engine.rearm.
 
     def _begin(self) -> None:
         # A run starts (plain: in the pass; async: on its worker).
@@ -323,7 +323,7 @@ class PeriodicHandle(TracedHandle[Any]):
             deadline = self._deadline
         else:
             deadline = self._next_deadline(now)
-        engine.wheel.reserve(deadline)  # levels first (see EngineState.rearm)
+        engine.wheel.reserve(deadline)  # levels first (see Engine.rearm)
         if self._stopped_meanwhile():
             return
         previous: Any = self._become_pending()
@@ -339,7 +339,7 @@ class PeriodicHandle(TracedHandle[Any]):
         return self._periodics.engine.closed or not self._active
 
     def _rearm(self, deadline: float) -> None:
-        # reset()/reset_at() at a valid deadline (EngineState.rearm made the levels).
+        # reset()/reset_at() at a valid deadline (Engine.rearm made the levels).
         # During a run, only record the next deadline: the run's end files it, so a
         # second run never starts while the first one goes on.
         periodics = self._periodics
@@ -362,7 +362,7 @@ class PeriodicHandle(TracedHandle[Any]):
         engine.move(self, deadline)
 
     def _worker_stopped(self) -> None:
-        # Its async run's worker was cancelled (EngineState._job_stopped): the close
+        # Its async run's worker was cancelled (Engine._job_stopped): the close
         # stopped it, and the run is over.
         self._in_run = False
 

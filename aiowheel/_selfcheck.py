@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, cast
 from ._handle import TimerHandle
 
 if TYPE_CHECKING:
+    from ._engine import Engine
     from ._handle import HandleOwner
-    from ._state import EngineState
 
 __all__ = ["check_engine", "check_timer"]
 
 
-def check_engine(engine: EngineState) -> None:
+def check_engine(engine: Engine) -> None:
     """Assert the counters against the wheel, the run queue and the periodic timers,
     then the wheel's own invariants."""
     pending = engine.pending
@@ -62,7 +62,7 @@ def check_engine(engine: EngineState) -> None:
     assert pending <= engine.limit, f"pending {pending} > max_pending {engine.limit}"
 
 
-def check_timer(timer: HandleOwner, engine: EngineState | None, *, open_: bool) -> None:
+def check_timer(timer: HandleOwner, engine: Engine | None, *, open_: bool) -> None:
     """``check_engine`` on the timer's ``engine`` (None if it was never started), and
     that the timer is open (``open_``) exactly while its engine is, its wheel holding
     only its own handles. (``TimerLifecycle._check`` passes its own state: this module sits

@@ -2,20 +2,20 @@
 
 A started timer's engine (``_engine.py``) ends here, one way or another:
 
-* ``close_engine``: ``aclose()`` (through ``Engine.close``), ``loop.close()`` of the
+* ``close_engine``: ``aclose()`` (through ``Timer.aclose``), ``loop.close()`` of the
   drop-in loop, or an internal error. After it nothing is pending and nobody waits:
   ``cancel_everything`` cancels what the wheel and the run queue hold, stops the
   periodic timers, settles the running async callbacks as cancelled-while-running,
   tells the guards of ``sleep()``/``timeout()`` blocks, and writes the last trace rows;
-* ``break_engine``: the wheel itself raised (a bug, ``Engine.break_``): the same close,
-  and every later call says why (``EngineState.broken``, ``EngineState.stranded``);
+* ``break_engine``: the wheel itself raised (a bug; ``_pass.fire_due`` calls it): the
+  same close, and every later call says why (``Engine.broken``, ``Engine.stranded``);
 * ``abort_start``: ``Timer.__aenter__`` failed after its engine started (the recorder
   did not open), with nothing scheduled yet.
 
-The engine's state (``_state.py``) owns what these change (``closed``, ``broken``,
+The engine (``_engine.py``) owns what these change (``closed``, ``broken``,
 ``stranded``, the counters): they change it through its methods
-(``EngineState.close_for_good``, ``EngineState.mark_broken``,
-``EngineState.count_closed``), through a reference typed as ``EngineState``
+(``Engine.close_for_good``, ``Engine.mark_broken``,
+``Engine.count_closed``), through a reference typed as ``Engine``
 (compiled, native calls), as ``Periodics`` and the worker pool do. None is on a hot
 path: each runs once per timer.
 
@@ -36,14 +36,14 @@ from ._timeout import Guard
 from ._wheel import deadline_of
 
 if TYPE_CHECKING:
-    from ._state import EngineState
+    from ._engine import Engine
 
 __all__ = ["abort_start", "break_engine", "cancel_everything", "close_engine"]
 
 logger: Final = logging.getLogger("aiowheel")
 
 
-def close_engine(engine: EngineState) -> list[TimerHandle[Any]]:
+def close_engine(engine: Engine) -> list[TimerHandle[Any]]:
     """Close for good: after it, nothing is pending and nobody waits. Returns the
     cancelled handles in deadline order."""
     # Closed before anything is taken: user code run during the close (a finalizer of
@@ -68,7 +68,7 @@ def close_engine(engine: EngineState) -> list[TimerHandle[Any]]:
     return cancelled
 
 
-def cancel_everything(engine: EngineState) -> list[TimerHandle[Any]]:
+def cancel_everything(engine: Engine) -> list[TimerHandle[Any]]:
     handles: list[TimerHandle[Any]] = engine.wheel.clear()
     pool = engine.pool
     handles.extend(pool.take_queue())
@@ -113,7 +113,7 @@ def cancel_everything(engine: EngineState) -> list[TimerHandle[Any]]:
     return handles
 
 
-def break_engine(engine: EngineState, exc: BaseException) -> None:
+def break_engine(engine: Engine, exc: BaseException) -> None:
     """The wheel raised: a bug, and its state cannot be trusted. Close rather than
     stay stuck, and make every later call say why."""
     logger.critical("aiowheel timer stopped by an internal error", exc_info=exc)
@@ -130,10 +130,10 @@ def break_engine(engine: EngineState, exc: BaseException) -> None:
         logger.exception("while closing the broken timer")
 
 
-def abort_start(engine: EngineState) -> None:
+def abort_start(engine: Engine) -> None:
     """Take down what a start that failed had started (the engine, its driver, its
     pool, the supervisor waiting on ``closing``), with nothing scheduled yet: no trace
-    rows, and the owner closed (``EngineState._on_close``)."""
+    rows, and the owner closed (``Engine._on_close``)."""
     engine.drop_trace()
     engine.close_for_good()
     engine._on_close()

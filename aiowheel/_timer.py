@@ -5,8 +5,8 @@
 path inline (``schedule_nowait``). Everything else is another module's, and
 docs/design.md, "Module map", says whose: the inside face the handles see is its base
 class ``TimerLifecycle`` (``_lifecycle.py``); a started timer's state, counters,
-filing and accounting are ``EngineState``'s (``_state.py``), the pass that runs what
-expired ``Engine``'s (``_engine.py``), the close ``_shutdown.py``'s.
+filing and accounting are ``Engine``'s (``_engine.py``), the pass that runs what
+expired ``_pass.py``'s, the close ``_shutdown.py``'s.
 
 The engine exists from ``__aenter__`` on; ``self._live`` is that engine exactly while
 the timer accepts timers. So every entry point starts with one test, ``live is
@@ -22,7 +22,7 @@ they still count as pending, so ``max_pending`` bounds them).
 
 Failure containment (docs/design.md, guarantee 5). Every public call validates all
 of its arguments before it changes anything. The pass catches every exception of a
-callback and of ``on_error`` (``Engine.callback_failed``); only ``SystemExit`` and
+callback and of ``on_error`` (``_pass.callback_failed``); only ``SystemExit`` and
 ``KeyboardInterrupt`` escape it, after the callbacks it had not reached are filed
 again, and whatever escapes, the pass re-arms the driver on its way out. An exception
 from the wheel itself (a bug) closes the timer and makes every later call say why.
@@ -79,7 +79,7 @@ from ._checks import (
     shown,
 )
 from ._driver import current_clock
-from ._engine import Engine
+from ._engine import ASYNC_ON_ERROR, Engine, TimerStats
 from ._handle import (
     TimerHandle,
     TracedHandle,
@@ -88,14 +88,14 @@ from ._handle import (
 from ._host import Host
 from ._lifecycle import _CLOSED, _DRAINING, _NEW, _OPEN, TimerLifecycle
 from ._periodic import PeriodicHandle
-from ._state import ASYNC_ON_ERROR, TimerStats
+from ._shutdown import close_engine
 from ._timeout import Timeout, sleep_until
 from ._tracing import sample_every
 
 if TYPE_CHECKING:
     from .trace import TraceRecorder
 
-__all__ = ["Timer", "TimerStats"]  # TimerStats: _state's, re-exported
+__all__ = ["Timer", "TimerStats"]  # TimerStats: _engine's, re-exported
 
 logger: Final = logging.getLogger("aiowheel")
 
@@ -224,7 +224,7 @@ class Timer(TimerLifecycle):
             # included, as aclose() does below.
             await quiet(host.join(live))
             return []
-        cancelled = live.close()
+        cancelled = close_engine(live)
         # Whoever calls, every running callback has ended when aclose() returns, but
         # the one that calls it (its worker would wait for itself). A task that a
         # callback started is not that callback: the callback is cancelled, and
@@ -345,7 +345,7 @@ class Timer(TimerLifecycle):
             raise TypeError(f"callback must be callable, got {shown(callback)}")
         if label is not None and type(label) is not str:
             check_label(label)
-        if live.pending >= self._limit:  # inline copy of admission (EngineState.admit)
+        if live.pending >= self._limit:  # inline copy of admission (Engine.admit)
             raise full(live.pending, self._limit)
         now = live.clock()
         if live.tracing is not None and live.tracing.pick():
@@ -356,11 +356,11 @@ class Timer(TimerLifecycle):
         else:
             # Due now: the next pass, not the next tick.
             when = live.wheel.insert_due(handle, now + seconds_)
-        if live.closed:  # inline copy of EngineState.file's closed-while-filing check
+        if live.closed:  # inline copy of Engine.file's closed-while-filing check
             live.closed_while_filing(handle, True)
-        live.pending += 1  # inline copy of EngineState.reserve_slot
+        live.pending += 1  # inline copy of Engine.reserve_slot
         live.scheduled += 1
-        if when < live.wake_at:  # inline copy of EngineState.arm_if_earlier
+        if when < live.wake_at:  # inline copy of Engine.arm_if_earlier
             live.wake_at = when
             live.driver.arm(when)
         return handle

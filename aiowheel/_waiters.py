@@ -2,10 +2,10 @@
 under ``max_pending`` (``schedule``/``schedule_at``), and the drain
 (``aclose(drain=True)``).
 
-The engine's state (``_state.py``) owns the accounting and decides when to wake whom
-(the *drain wake-up*, ``EngineState.pending_fell``); this class keeps the waiting
+The engine (``_engine.py``) owns the accounting and decides when to wake whom
+(the *drain wake-up*, ``Engine.pending_fell``); this class keeps the waiting
 tasks and wakes them. It reads the counters through a reference typed as
-``EngineState`` (compiled, native reads), as the worker pool does.
+``Engine`` (compiled, native reads), as the worker pool does.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ._awaits import quiet
 from ._handle import _PENDING, TimerHandle, _Failure
 
 if TYPE_CHECKING:
-    from ._state import EngineState
+    from ._engine import Engine
 
 __all__ = ["Waiters"]
 
@@ -38,7 +38,7 @@ class _Waiter:
 class Waiters:
     """The tasks waiting on one engine: for a handle to settle, for room, for the drain."""
 
-    def __init__(self, engine: EngineState) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.handles: dict[TimerHandle[Any], _Waiter] = {}
         self.room: list[anyio.Event] = []

@@ -622,7 +622,7 @@ class Wheel:
             # very entry while the call filing it was on its way here (the garbage
             # collector ran at an allocation; issue 28, item 3: it made this link
             # raise "already filed"). That later call stands: file nothing and say
-            # so (NaN), and the caller counts nothing (EngineState.file).
+            # so (NaN), and the caller counts nothing (Engine.file).
             return _NAN
         if bucket.tick != start:
             # First entry of this bucket in this revolution: schedule the bucket.

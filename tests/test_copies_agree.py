@@ -14,13 +14,13 @@ compares what can be seen of them: ``len()``, ``stats()``, each handle's state,
 outcome and deadline, what the callbacks saw and what the driver was asked to arm.
 Where the original is reachable only as a private method, B calls it:
 
-* the pass (``Engine.run_due``): B's pass is ``fire_due``'s steps spelled with the
+* the pass (``_pass.run_due``): B's pass is ``fire_due``'s steps spelled with the
   originals, ``count_ran``, ``note_lateness`` and ``run_one`` (``_original_pass``);
 * ``Timer.schedule_nowait``: B schedules through ``schedule_at_nowait``, which calls
   ``_live_on_owner_loop``, ``admit`` and ``file`` (``reserve_slot``,
   ``arm_if_earlier``, the closed-while-filing check);
 * ``TimerLifecycle._cancel``: B cancels through ``_live_on_owner_loop`` and
-  ``EngineState.cancel``;
+  ``Engine.cancel``;
 * ``TimerHandle.reset``'s lazy touch: B re-arms with a float subclass (the path
   through ``TimerLifecycle._is_owner_loop``) or through ``TimerLifecycle._reset``;
 * ``Wheel._file``'s level: ``level_for`` on the tick the entry was filed for;
@@ -54,6 +54,7 @@ import tokenize
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -70,6 +71,8 @@ from aiowheel._dispatch import WorkerPool
 from aiowheel._driver import backend_name, make_backend
 from aiowheel._engine import Engine
 from aiowheel._handle import _CANCELLED, _PENDING, _RUNNING, _Failure
+from aiowheel._pass import fire_due, run_one
+from aiowheel._shutdown import close_engine
 from aiowheel._wheel import HORIZON, Wheel, WheelEntry, level_for
 from aiowheel.middleware._asgi import _RequestWatch
 from aiowheel.middleware._shared import IdleControl
@@ -89,29 +92,27 @@ _INF: Final = math.inf
 #: (module, the function holding the copy, the method it copies) -> the test that
 #: drives the copy and the original with the same operations.
 COPY_TESTS: Final[dict[tuple[str, str, str], str]] = {
-    ("_engine", "Engine.run_due", "run_one"): "test_the_pass_agrees_with_run_one",
-    ("_engine", "Engine.run_due", "TimerHandle._settle"): "test_the_pass_agrees_with_run_one",
-    ("_engine", "Engine.run_due", "EngineState.count_ran"): "test_the_pass_agrees_with_run_one",
-    ("_engine", "Engine.run_due", "note_lateness"): "test_the_pass_agrees_with_run_one",
-    ("_engine", "Engine.run_due", "EngineState.note_lateness"): (
-        "test_the_pass_agrees_with_run_one"
-    ),
+    ("_pass", "run_due", "run_one"): "test_the_pass_agrees_with_run_one",
+    ("_pass", "run_due", "TimerHandle._settle"): "test_the_pass_agrees_with_run_one",
+    ("_pass", "run_due", "Engine.count_ran"): "test_the_pass_agrees_with_run_one",
+    ("_pass", "run_due", "note_lateness"): "test_the_pass_agrees_with_run_one",
+    ("_pass", "run_due", "Engine.note_lateness"): ("test_the_pass_agrees_with_run_one"),
     ("_timer", "Timer.schedule_nowait", "Affinity.here"): (
         "test_schedule_nowait_agrees_with_schedule_at_nowait"
     ),
-    ("_timer", "Timer.schedule_nowait", "EngineState.admit"): (
+    ("_timer", "Timer.schedule_nowait", "Engine.admit"): (
         "test_schedule_nowait_agrees_with_schedule_at_nowait"
     ),
-    ("_timer", "Timer.schedule_nowait", "EngineState.file"): (
+    ("_timer", "Timer.schedule_nowait", "Engine.file"): (
         "test_schedule_nowait_agrees_with_schedule_at_nowait"
     ),
-    ("_timer", "Timer.schedule_nowait", "EngineState.reserve_slot"): (
+    ("_timer", "Timer.schedule_nowait", "Engine.reserve_slot"): (
         "test_schedule_nowait_agrees_with_schedule_at_nowait"
     ),
-    ("_timer", "Timer.schedule_nowait", "EngineState.arm_if_earlier"): (
+    ("_timer", "Timer.schedule_nowait", "Engine.arm_if_earlier"): (
         "test_schedule_nowait_agrees_with_schedule_at_nowait"
     ),
-    ("_lifecycle", "TimerLifecycle._cancel", "EngineState.cancel"): (
+    ("_lifecycle", "TimerLifecycle._cancel", "Engine.cancel"): (
         "test_cancel_agrees_with_engine_cancel"
     ),
     ("_lifecycle", "TimerLifecycle._cancel", "Affinity.here"): (
@@ -120,7 +121,7 @@ COPY_TESTS: Final[dict[tuple[str, str, str], str]] = {
     ("_lifecycle", "TimerLifecycle._cancel", "TimerHandle._become_cancelled"): (
         "test_cancel_agrees_with_engine_cancel"
     ),
-    ("_lifecycle", "TimerLifecycle._cancel", "EngineState.count_cancelled"): (
+    ("_lifecycle", "TimerLifecycle._cancel", "Engine.count_cancelled"): (
         "test_cancel_agrees_with_engine_cancel"
     ),
     ("_handle", "TimerHandle.reset", "TimerLifecycle._is_owner_loop"): (
@@ -272,7 +273,7 @@ class Side:
     reset: Callable[[Side, TimerHandle[Any], float], None] = field(
         default=lambda side, handle, delay: handle.reset(delay)
     )
-    fire: Callable[[Side], None] = field(default=lambda side: side.live.fire_due())
+    fire: Callable[[Side], None] = field(default=lambda side: fire_due(side.live))
     # The original may create wheel levels the copy does not (see _timer_reset_side):
     # then stats().levels is left out of the comparison.
     same_levels: bool = True
@@ -301,7 +302,7 @@ async def started(limit: int | None) -> AsyncIterator[Side]:
             yield side
         finally:
             if not live.closed:
-                live.close()
+                close_engine(live)
             await live.pool.join()
 
 
@@ -476,7 +477,7 @@ async def apply(side: Side, op: Op) -> None:
             side.handles.append(handle)
     elif isinstance(op, CloseWhileFiling) and not aiowheel.COMPILED:
         callback = callback_for(side, len(side.handles), Schedule(op.delay, "value", 0, 0, False))
-        with closing_on_insert(side.live.close):
+        with closing_on_insert(partial(close_engine, side.live)):
             handle = _attempt(side, lambda: side.schedule(side, op.delay, callback))
         if isinstance(handle, TimerHandle):
             side.handles.append(handle)
@@ -550,8 +551,8 @@ async def run_twins(
                 a.timer._check()
                 b.timer._check()
         if not a.live.closed:
-            closed_a = [a.handles.index(h) for h in a.live.close()]
-            closed_b = [b.handles.index(h) for h in b.live.close()]
+            closed_a = [a.handles.index(h) for h in close_engine(a.live)]
+            closed_b = [b.handles.index(h) for h in close_engine(b.live)]
             assert closed_a == closed_b
         assert observe(a) == observe(b)
 
@@ -591,11 +592,11 @@ def _as_is(side: Side) -> None:
     """The public paths, through the copies."""
 
 
-# -- the pass: Engine.run_due's copies of run_one, _settle, count_ran, note_lateness ----
+# -- the pass: _pass.run_due's copies of run_one, _settle, count_ran, note_lateness ----
 
 
 def _original_pass(side: Side) -> None:
-    """``Engine.fire_due`` with its ``run_due`` spelled with the originals: per handle
+    """``_pass.fire_due`` with its ``run_due`` spelled with the originals: per handle
     ``count_ran``, ``note_lateness`` and ``run_one`` (which settles through
     ``TimerHandle._settle``). No fault handling: the programs here raise nothing past
     ``on_error``."""
@@ -615,7 +616,7 @@ def _original_pass(side: Side) -> None:
                 assert isinstance(handle, TimerHandle)
                 live.count_ran()
                 live.note_lateness(handle, now)
-                live.run_one(handle, now)
+                run_one(live, handle, now)
     finally:
         live.wake_at = _INF
         live.passing = False
@@ -633,7 +634,7 @@ def _original_pass_side(side: Side) -> None:
 @PROPERTY
 @given(program=PROGRAMS, limit=LIMITS)
 def test_the_pass_agrees_with_run_one(backend: str, program: list[Op], limit: int | None) -> None:
-    """The pass's inline *run one* (``Engine.run_due``: the count, the lateness, the
+    """The pass's inline *run one* (``_pass.run_due``: the count, the lateness, the
     call, the settling) does what ``count_ran``, ``note_lateness`` and ``run_one`` do."""
     check_twins(backend, _as_is, _original_pass_side, program, limit)
 
@@ -696,7 +697,7 @@ def test_cancel_agrees_with_engine_cancel(
     backend: str, program: list[Op], limit: int | None
 ) -> None:
     """``TimerLifecycle._cancel``'s inline owner check and cancel (``_become_cancelled``,
-    ``count_cancelled``) do what ``_live_on_owner_loop`` and ``EngineState.cancel``
+    ``count_cancelled``) do what ``_live_on_owner_loop`` and ``Engine.cancel``
     do, callbacks that cancel other handles mid-pass and queued async callbacks
     included."""
     check_twins(backend, _as_is, _engine_cancel_side, program, limit)
@@ -719,7 +720,7 @@ def _owner_loop_side(side: Side) -> None:
 
 def _timer_reset_side(side: Side) -> None:
     side.reset = _reset_through_timer
-    # The one difference, by construction: _reset goes through EngineState.rearm, which
+    # The one difference, by construction: _reset goes through Engine.rearm, which
     # creates the levels a deadline needs (Wheel.reserve) before it finds the lazy
     # case; the inline touch creates none (the wheel does when the entry is re-filed).
     # test_a_lazy_touch_creates_no_level pins it.
@@ -743,7 +744,7 @@ def test_the_inline_reset_agrees_with_the_timers_reset(
     """``TimerHandle.reset`` with a float (the lazy touch and its inline owner check)
     does what it does with another real number (through
     ``TimerLifecycle._is_owner_loop``) and what ``TimerLifecycle._reset`` does
-    (``_live_on_owner_loop``, ``EngineState.rearm``, ``Wheel.extend``'s lazy case),
+    (``_live_on_owner_loop``, ``Engine.rearm``, ``Wheel.extend``'s lazy case),
     from a foreign thread too."""
     check_twins(backend, _as_is, original, program, limit)
 
@@ -751,7 +752,7 @@ def test_the_inline_reset_agrees_with_the_timers_reset(
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="EngineState.rearm reserves the deadline's levels before the lazy case; the "
+    reason="Engine.rearm reserves the deadline's levels before the lazy case; the "
     "inline touch does not (a disagreement of the copy, reported, not fixed here)",
 )
 @ON_BACKENDS

@@ -31,7 +31,10 @@ from aiowheel._handle import (
     TracedHandle,
     _Failure,
 )
+from aiowheel._pass import fire_due
 from aiowheel._periodic import PeriodicHandle
+from aiowheel._selfcheck import check_engine
+from aiowheel._shutdown import close_engine
 from aiowheel._tracing import Tracer
 
 pytestmark = pytest.mark.anyio
@@ -83,8 +86,8 @@ class Rig:
     def advance(self, seconds: float) -> None:
         """Move the clock and run the pass, as the driver would."""
         self.now += seconds
-        self.engine.fire_due()
-        self.engine.check()
+        fire_due(self.engine)
+        check_engine(self.engine)
 
 
 @asynccontextmanager
@@ -105,7 +108,9 @@ async def rig(
     async with anyio.create_task_group() as tg:
         backend = make_backend(backend_name(), tg)
         recorder: Any = Rows() if traced else None
-        engine = Engine(backend, TICK, 64, limit, on_error, recorder, on_close, closed_error)
+        engine = Engine(
+            backend, TICK, 64, limit, on_error, recorder, on_close, closed_error, fire_due=fire_due
+        )
         driver = RecordingDriver()
         engine.driver = driver
         state = Rig(engine, driver, engine.clock())
@@ -116,7 +121,7 @@ async def rig(
             yield state
         finally:
             if not engine.closed:
-                engine.close()
+                close_engine(engine)
             await engine.pool.join()
 
 
@@ -139,7 +144,7 @@ async def test_the_pass_runs_what_is_due_in_deadline_order_and_rearms_once() -> 
         assert r.driver.armed == sorted(r.driver.armed, reverse=True)
         assert e.wake_at == r.driver.armed[-1]
         assert (e.pending, e.scheduled) == (4, 4)
-        e.check()
+        check_engine(e)
 
         armed_before = len(r.driver.armed)
         r.advance(0.05)
@@ -197,9 +202,9 @@ async def test_system_exit_settles_its_handle_and_refiles_the_rest(traced: bool)
         rest = [r.file(0.001, ran.append, name) for name in ("x", "y")]
         r.now += 0.002
         with pytest.raises(SystemExit):
-            r.engine.fire_due()
+            fire_due(r.engine)
         e = r.engine
-        e.check()
+        check_engine(e)
         assert isinstance(first._result, _Failure)
         assert (e.fired, e.failed, e.pending) == (1, 1, 2)
         assert all(h.pending() for h in rest)
@@ -219,16 +224,16 @@ async def test_an_async_callback_is_queued_still_pending_then_run_by_a_worker(tr
 
         handle = r.file(0.001, job)
         r.now += 0.002
-        r.engine.fire_due()
+        fire_due(r.engine)
         e = r.engine
         # Queued: pending (it counts in len(timer)), not fired until a worker starts it.
         assert (e.pending, e.fired) == (1, 0)
         assert handle._bucket is e.pool.queue
-        e.check()
+        check_engine(e)
         assert await e.waiters.wait(handle) == "job"
         await done.wait()
         assert (e.pending, e.fired) == (0, 1)
-        e.check()
+        check_engine(e)
 
 
 async def test_cancel_that_empties_the_armed_bucket_asks_for_a_recheck() -> None:
@@ -245,7 +250,7 @@ async def test_cancel_that_empties_the_armed_bucket_asks_for_a_recheck() -> None
         r.driver.rechecks[0]()
         assert e.wake_at == float("inf")
         assert r.driver.disarmed == 1
-        e.check()
+        check_engine(e)
 
 
 async def test_admission_and_rearm() -> None:
@@ -267,7 +272,7 @@ async def test_admission_and_rearm() -> None:
         assert b.pending()
         assert b._result is _PENDING
         assert (e.pending, e.scheduled) == (2, 4)
-        e.check()
+        check_engine(e)
 
 
 async def test_a_periodic_timer_holds_one_slot_and_runs_on_its_grid() -> None:
@@ -283,13 +288,13 @@ async def test_a_periodic_timer_holds_one_slot_and_runs_on_its_grid() -> None:
         start = r.now
         for k in (1, 2, 3):
             r.now = start + k + 0.002  # the grid point, rounded up to the tick
-            e.fire_due()
-            e.check()
+            fire_due(e)
+            check_engine(e)
             assert e.pending == 1  # the next period, filed in the slot it holds
         assert runs == pytest.approx([start + 1.002, start + 2.002, start + 3.002])
         assert handle.cancel() is True  # the owner, never started, checks nothing
         assert (e.pending, e.fired, e.cancelled) == (0, 3, 1)
-        e.check()
+        check_engine(e)
 
 
 async def test_close_cancels_everything_in_deadline_order_once() -> None:
@@ -297,17 +302,17 @@ async def test_close_cancels_everything_in_deadline_order_once() -> None:
         e = r.engine
         late = r.file(2.0, print)
         early = r.file(1.0, print)
-        cancelled = e.close()
+        cancelled = close_engine(e)
         assert cancelled == [early, late]
         assert all(h.cancelled() for h in cancelled)
         assert e.closed
         assert r.closes == 1
         assert r.driver.stopped
         assert (e.pending, e.cancelled) == (0, 2)
-        e.check()
+        check_engine(e)
         # A closed engine's pass does nothing; a wait on a handle that will never run
         # gets the closed error at once.
-        e.fire_due()
+        fire_due(e)
         assert e.wakeups == 0
         outcome = await e.waiters.wait(r.handle(print))
         assert isinstance(outcome, _Failure)
@@ -322,10 +327,10 @@ async def test_a_wheel_fault_closes_the_engine_and_strands_every_handle() -> Non
         # wheel cannot be patched).
         e.wheel._heap.insert(0, None)  # type: ignore[arg-type]
         r.now += 5.0
-        e.fire_due()
+        fire_due(e)
         assert e.closed
         assert isinstance(e.broken, TypeError)
         assert r.closes == 1
         assert e.stranded == set(handles)
         assert all(h.cancelled() for h in handles)
-        e.check()
+        check_engine(e)

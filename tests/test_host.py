@@ -13,6 +13,7 @@ from support import noop
 
 from aiowheel import Timer
 from aiowheel._host import Host
+from aiowheel._shutdown import close_engine
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +27,7 @@ async def test_the_host_runs_the_engine_until_it_closes() -> None:
     assert not engine.stopped.is_set()  # the supervisor waits on `closing`
     handle = timer.schedule_nowait(0.0, noop)
     await handle.wait()  # the driver runs in the host's tasks
-    assert engine.close() == []
+    assert close_engine(engine) == []
     await host.join(engine)
     assert engine.stopped.is_set()  # the supervisor returned
     await host.exit(engine)

@@ -243,24 +243,24 @@ def _tagged(module: str, line: int) -> bool:
 
 
 def test_the_counters_have_one_writer() -> None:
-    """The counters change in _state.py (``EngineState``); elsewhere only in a copy
-    tagged with the ``EngineState`` method it copies (the pass, ``Engine.run_due``, and
+    """The counters change in _engine.py (``Engine``); elsewhere only in a copy
+    tagged with the ``Engine`` method it copies (the pass, ``_pass.run_due``, and
     the hot paths of Timer). (_tracing's ``scheduled`` and ``cancelled`` are its own
     columns, not the counters.)"""
     outside = [
         (module, line, text.strip())
         for module, line, text in _writes(COUNTERS)
-        if module not in ("_state", "_tracing") and not _tagged(module, line)
+        if module not in ("_engine", "_tracing") and not _tagged(module, line)
     ]
     assert outside == []
-    state_source = (PACKAGE / "_state.py").read_text()
+    engine_source = (PACKAGE / "_engine.py").read_text()
     for module, line, _text in _writes(COUNTERS):
-        if module not in ("_state", "_tracing"):
+        if module not in ("_engine", "_tracing"):
             lines = (PACKAGE / f"{module}.py").read_text().splitlines()
             tag = next(text for text in (lines[line - 1], lines[line - 2]) if TAG in text)
             method = tag.split(TAG, 1)[1].split()[0]
-            assert method.startswith("EngineState."), (module, line, method)
-            assert f"def {method.split('.')[1]}(" in state_source
+            assert method.startswith("Engine."), (module, line, method)
+            assert f"def {method.split('.')[1]}(" in engine_source
 
 
 def test_a_handles_state_has_one_writer() -> None:
@@ -302,17 +302,17 @@ def test_no_module_but_the_driver_imports_trio() -> None:
 #
 # Each attribute's owner module; a write anywhere else must be a copy tagged
 # ``inline copy of <Class.method>`` naming a method the owner module defines (on the
-# write's line or the line before). ``EngineState.__init__`` declares every engine
+# write's line or the line before). ``Engine.__init__`` declares every engine
 # attribute; a handle class's ``__init__`` sets its own and its bases' slots.
 
-_ENGINE_CLASSES = {"EngineState", "Engine"}
+_ENGINE_CLASSES = {"Engine"}
 # The names a core module gives a reference to an engine (``engine``, ``live``...).
 _ENGINE_NAMES = {"engine", "live", "self._engine", "self._live", "calls.engine", "self._host"}
 
 #: engine attribute -> the modules that own its writes
 ENGINE_WRITERS: dict[str, set[str]] = {
     **{
-        name: {"_state"}
+        name: {"_engine"}
         for name in [
             "_closed_error",
             "_on_close",
@@ -346,10 +346,10 @@ ENGINE_WRITERS: dict[str, set[str]] = {
             "lateness_max",
         ]
     },
-    # The pass's own: it holds the driver while it runs (Engine.fire_due).
-    "passing": {"_engine"},
-    "wakeups": {"_engine"},
-    "wake_at": {"_state", "_engine"},
+    # The pass's own: it holds the driver while it runs (_pass.fire_due).
+    "passing": {"_pass"},
+    "wakeups": {"_pass"},
+    "wake_at": {"_engine", "_pass"},
 }
 
 _HANDLE_CLASSES = {
@@ -436,9 +436,9 @@ IsWrite = Callable[[ast.Attribute, str | None, str | None], bool]
 
 
 def _engine_write(node: ast.Attribute, cls: str | None, func: str | None) -> bool:
-    """A write to an engine, but its declaration (``EngineState.__init__``)."""
+    """A write to an engine, but its declaration (``Engine.__init__``)."""
     receiver = ast.unparse(node.value)
-    if receiver == "self" and cls == "EngineState" and func == "__init__":
+    if receiver == "self" and cls == "Engine" and func == "__init__":
         return False
     return (receiver == "self" and cls in _ENGINE_CLASSES) or receiver in _ENGINE_NAMES
 
@@ -454,14 +454,13 @@ def _handle_write(node: ast.Attribute, cls: str | None, func: str | None) -> boo
 
 def _declared_engine_attributes() -> set[str]:
     names: set[str] = set()
-    for module in ("_state", "_engine"):
-        for node, cls, _func in _attribute_uses(ast.parse((PACKAGE / f"{module}.py").read_text())):
-            store = isinstance(node.ctx, ast.Store)
-            if cls in _ENGINE_CLASSES and store and ast.unparse(node.value) == "self":
-                names.add(node.attr)
-    tree = ast.parse((PACKAGE / "_state.py").read_text())
+    tree = ast.parse((PACKAGE / "_engine.py").read_text())
+    for node, cls, _func in _attribute_uses(tree):
+        store = isinstance(node.ctx, ast.Store)
+        if cls in _ENGINE_CLASSES and store and ast.unparse(node.value) == "self":
+            names.add(node.attr)
     for cls_node in ast.walk(tree):
-        if isinstance(cls_node, ast.ClassDef) and cls_node.name == "EngineState":
+        if isinstance(cls_node, ast.ClassDef) and cls_node.name == "Engine":
             for statement in cls_node.body:
                 if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
                     names.add(statement.target.id)
@@ -532,9 +531,9 @@ def test_no_attribute_is_written_outside_its_owner_but_by_a_tagged_copy(
 
 def test_a_write_outside_the_owner_is_found() -> None:
     """The pass above sees an untagged write from another module (a fake table that
-    gives ``closed`` to another owner finds _state's own writes)."""
-    untagged, _ = writes_outside_owner({"closed": {"_engine"}}, _engine_write)
-    assert ("_state", "closed") in {(module, attribute) for module, _, attribute in untagged}
+    gives ``closed`` to another owner finds _engine's own writes)."""
+    untagged, _ = writes_outside_owner({"closed": {"_pass"}}, _engine_write)
+    assert ("_engine", "closed") in {(module, attribute) for module, _, attribute in untagged}
 
 
 # -- a handle's private names, touched from other rooms ---------------------------------

@@ -24,7 +24,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
     # The waiters: handle.wait() and max_pending (test_timer), the drain (test_shutdown).
     "_waiters": ("tests/test_timer.py", "tests/test_shutdown.py"),
     "_periodic": ("tests/test_periodic.py",),
-    "_state": ("tests/test_engine.py",),
+    "_pass": ("tests/test_engine.py",),
     "_engine": ("tests/test_engine.py",),
     "_shutdown": ("tests/test_shutdown.py",),
     "_lifecycle": ("tests/test_timer.py",),

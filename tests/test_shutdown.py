@@ -1,7 +1,7 @@
 """Shutdown (aiowheel/_shutdown.py) on an engine driven by hand: what closing leaves.
 
 The engine rig is tests/test_engine.py's (a recording driver, a clock the test moves,
-no Timer around the engine). ``Engine.close`` and ``Engine.break_`` through a Timer
+no Timer around the engine). ``close_engine`` and ``break_engine`` through a Timer
 are tested in tests/test_timer.py and tests/test_dispatch.py (aclose), the fault
 models (an internal error) and tests/loop/ (loop.close()).
 """
@@ -14,6 +14,8 @@ from test_engine import rig
 
 from aiowheel import TimerCancelled, TimerClosed
 from aiowheel._handle import _Failure
+from aiowheel._pass import fire_due
+from aiowheel._selfcheck import check_engine
 from aiowheel._shutdown import abort_start, close_engine
 
 pytestmark = pytest.mark.anyio
@@ -32,13 +34,13 @@ async def test_close_cancels_a_reserved_period_and_every_waiter() -> None:
         periodic = e.periodics.start(r.owner, run_and_close, (), 1.0, True, None)
         other = r.file(5.0, print)
         r.now += 1.5
-        e.fire_due()
+        fire_due(e)
         assert seen == [1]  # the other handle; the periodic one was running
         assert other.cancelled()
         assert not periodic._active
         assert (e.pending, e.fired, e.cancelled, e.scheduled) == (0, 1, 2, 3)
         assert not e.periodics.active
-        e.check()
+        check_engine(e)
 
 
 async def test_close_settles_a_running_job_as_cancelled_while_running() -> None:
@@ -63,7 +65,7 @@ async def test_close_settles_a_running_job_as_cancelled_while_running() -> None:
         assert running.fired()
         assert not running.cancelled()
         await e.pool.join()
-        e.check()
+        check_engine(e)
 
 
 async def test_abort_start_leaves_nothing_running_and_closes_the_owner() -> None:
@@ -72,10 +74,10 @@ async def test_abort_start_leaves_nothing_running_and_closes_the_owner() -> None
         abort_start(e)
         assert e.closed
         assert e.tracing is None
-        assert r.closes == 1  # the owner stops accepting (EngineState._on_close)
+        assert r.closes == 1  # the owner stops accepting (Engine._on_close)
         assert r.driver.stopped
         assert e.closing.is_set()
-        e.check()
+        check_engine(e)
         outcome = await e.waiters.wait(r.handle(print))
         assert isinstance(outcome, _Failure)
         assert isinstance(outcome.exc, TimerClosed)

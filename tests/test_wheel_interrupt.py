@@ -129,7 +129,7 @@ def one_pass(
 ) -> None:
     """A pass as the engine makes it: advance, the loop's deadline order, run up to
     ``stop`` entries, release the rest (filed again). ``interrupter`` is armed around
-    the wheel's own steps (the pops are the caller's: ``Engine.run_due``)."""
+    the wheel's own steps (the pops are the caller's: ``_pass.run_due``)."""
     armed = interrupter.armed if interrupter is not None else nullcontext
     with armed():
         buckets = wheel.in_order(wheel.advance(now))
