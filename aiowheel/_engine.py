@@ -1,42 +1,15 @@
-"""The engine: what runs a started timer between ``__aenter__`` and ``aclose()``.
+"""The engine: a started timer's parts, its counters and the rules that change them.
 
-``Timer`` (``_timer.py``) validates, admits and owns the lifecycle; the engine holds
-what a started timer shares and the rules that change it (docs/design.md, "Module
-map"). The rooms that serve it (the pass, ``_pass.py``; the worker pool,
-``_dispatch.py``; the waiters, ``_waiters.py``; the periodic timers, ``_periodic.py``;
-the drop-in loop's handles, ``_loophandle.py``; the close, ``_shutdown.py``) are
-handed the ``Engine``: they read its parts and change its counters only through its
-methods here (or a copy tagged with the method it copies). It calls none of them
-but the rooms whose objects it holds (the pool, the waiters, the periodic timers),
-so the import map's one small circle is between this module and those three
-(docs/design.md, "Module map"), as tokio's timer entries hold the driver's shared
-state, not the driver.
-
-Here:
-
-* the parts: the wheel (``_wheel.py``), the driver that wakes it (``_driver.py``;
-  its callback is the pass, ``_pass.fire_due``, given by the engine's maker), the worker
-  pool of async callbacks (``_dispatch.py``: its host is this class, typed as itself
-  so that compiled, the pool's calls are native), the waiters, the periodic timers
-  and the trace;
-* the counters (docs/design.md, "Accounting"), changed only by this class's
-  methods: the pass (``_pass.run_due``) and the two hot paths of the timer keep
-  inline copies, each tagged with the method it copies; every other attribute too
-  is written here, or by a method of its owner that tests/test_module_map.py names
-  (the pass owns ``passing`` and ``wakeups``; the flags that other rooms decide,
-  ``closed``, ``broken``, ``draining``, ``notify_cancel``, the loop's debug mode, go
-  through methods here, ``close_for_good`` and the like);
-* the named rules the hot paths copy, each copy tagged with its name:
-  *arm-if-earlier* (``arm_if_earlier``), *admission* (``admit``), the *drain
-  wake-up* (``pending_fell``), *lateness* (``note_lateness``), the *cancel*
-  (``cancel``), the *lazy extend* (``Wheel.extend``), the *owner check*
-  (``Affinity.here``, ``_affinity.py``) and *closed while filing*
-  (``closed_while_filing``);
-* filing and re-filing (``file``, ``rearm``, ``move``), the cancel, the driver's
-  wake-up (``sync_wakeup``), and the worker pool's accounting (``_job_*``);
-* not the pass (``_pass.py``, the functions the driver's wake-up runs), nor the close
-  (``_shutdown.py``) or the self-check (``_selfcheck.py``): each is handed the engine
-  by the room above that calls it, so this module imports none of them.
+``Engine`` holds what every room of a started timer shares (the wheel, the driver,
+the worker pool, the waiters, the periodic timers, the trace) and the only methods
+that change the counters (docs/design.md, "Accounting"); the named rules the hot
+paths copy inline, each copy tagged with the method it copies and driven against it
+by tests/test_copies_agree.py; filing, re-filing, the cancel and the driver's
+wake-up. The rooms that serve it are handed it; what acts on the whole engine stands
+above it and is handed it too: the pass (``_pass.py``, the driver's callback, given
+by the maker, ``TimerLifecycle._new_engine``), the close (``_shutdown.py``), the
+self-check (``_selfcheck.py``). Who may write each attribute: tests/test_module_map.py,
+``ENGINE_WRITERS``; where the module stands: docs/design.md, "Module map".
 
 Re-entrancy (docs/design.md, "Re-entrancy"): no user code, finalizers included, runs
 between deciding a linked-list change and completing it. Each method below that

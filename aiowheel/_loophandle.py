@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.format_helpers as _format_helpers
+import math
 import sys
 from _thread import get_ident
 from collections.abc import Callable
@@ -55,6 +56,7 @@ __all__ = [
 
 T = TypeVar("T")
 _EXIT: Final = (SystemExit, KeyboardInterrupt)
+_INF: Final = math.inf
 _format_callback_source: Final = _format_helpers._format_callback_source
 _AsyncioTimerHandle: Final = asyncio.TimerHandle
 
@@ -535,15 +537,25 @@ def _unlink_cancelled(engine: Engine, handle: LoopTimerHandle[Any]) -> None:
         _cancelled(engine, bucket)
 
 
-def run_in_pass(engine: Engine, entry: WheelEntry) -> None:
-    """The pass (``_pass.run_due``) met a live loop handle, and counted it fired: run
-    it, measured in debug mode as the base loop measures its callbacks."""
+def run_in_pass(engine: Engine, entry: WheelEntry, now: float) -> float:
+    """The pass (``_pass.run_due``) popped a loop handle: count it and run it,
+    measured in debug mode as the base loop measures its callbacks. Returns its
+    lateness (``stats().lateness_max`` counts it as a timer's), ``-inf`` when it did
+    not run. Counted before it runs: it may raise (SystemExit, KeyboardInterrupt)."""
     handle = cast("LoopTimerHandle[Any]", entry)
+    if handle._args is None:
+        # Cancelled from another thread, its unlink still queued
+        # (LoopTimerHandle.cancel): counted as the cancel it is.
+        engine.count_cancelled()
+        return -_INF
+    engine.count_ran()
+    lateness = now - handle._deadline
     debug_run = engine.loop_debug_run
     if engine.loop_debug and debug_run is not None:
         debug_run(handle)
     else:
         handle._run()
+    return lateness
 
 
 def drop_all(engine: Engine) -> list[WheelEntry]:

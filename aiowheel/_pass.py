@@ -7,8 +7,8 @@ to now and hands what expired to ``run_due``, a short loop over the buckets;
 ``run_one`` runs one callback (``run_due`` keeps an inline copy, tagged *run one*,
 for a plain callback on an untraced timer), next to ``callback_failed``, where its
 exception rules live (``WorkerPool._run`` applies the same rules to jobs). A drop-in
-loop's handle runs through ``run_loop_entry`` (``_loophandle.run_in_pass``:
-``Handle._run``'s rules).
+loop's handle is counted and run by ``_loophandle.run_in_pass`` (``Handle._run``'s
+rules), the room that knows that handle.
 
 Functions of the engine, not a class: the pass holds no state of its own but the
 locals of one run (the counts it adds up and writes once). Compiled, a call between
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 from ._handle import TimerHandle, TracedHandle, _Failure, forget_snapshot, without_frame
-from ._loophandle import LoopTimerHandle, run_in_pass
+from ._loophandle import run_in_pass
 from ._shutdown import break_engine
 from ._tracing import Tracer
-from ._wheel import Bucket, WheelEntry
+from ._wheel import Bucket
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -132,7 +132,7 @@ def run_due(engine: Engine, buckets: list[Bucket], now: float) -> None:
                 if not isinstance(entry, TimerHandle):
                     # A drop-in loop's call_at handle: its lateness counts as a
                     # timer's (stats().lateness_max).
-                    lateness = run_loop_entry(engine, entry, now)
+                    lateness = run_in_pass(engine, entry, now)
                     if lateness > lateness_max:
                         lateness_max = lateness
                     continue
@@ -168,22 +168,6 @@ def run_due(engine: Engine, buckets: list[Bucket], now: float) -> None:
         engine.fired += fired  # inline copy of Engine.count_ran
         engine.lateness_max = lateness_max  # inline copy of Engine.note_lateness
         handle = entry = result = context = None
-
-
-def run_loop_entry(engine: Engine, entry: WheelEntry, now: float) -> float:
-    """Run a drop-in loop's ``call_at`` handle the pass popped
-    (aiowheel/_loophandle.py, ``run_in_pass``: ``Handle._run``'s rules); return
-    its lateness, ``-inf`` when it did not run. Counted before it runs: it may
-    raise (SystemExit, KeyboardInterrupt)."""
-    if cast("LoopTimerHandle[Any]", entry)._args is None:
-        # Cancelled from another thread, its unlink still queued
-        # (LoopTimerHandle.cancel): counted as the cancel it is.
-        engine.count_cancelled()
-        return -_INF
-    engine.count_ran()
-    lateness = now - entry._deadline
-    run_in_pass(engine, entry)
-    return lateness
 
 
 def run_one(engine: Engine, handle: TimerHandle[Any], now: float) -> None:
