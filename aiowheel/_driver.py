@@ -146,6 +146,10 @@ class Driver(Protocol):
     def disarm(self) -> None:
         """Do not wake."""
 
+    def armed_for(self, when: float) -> bool:
+        """Whether the driver will wake at ``when`` as ``arm(when)`` arms it (and not
+        before): so that a re-check need not arm again."""
+
     def recheck(self, check: Callable[[], None]) -> None:
         """Run ``check`` soon, before any timer of the next loop iteration."""
 
@@ -157,6 +161,7 @@ class AsyncioDriver:
     """Wakes the timer with a single ``call_at`` handle on the running loop."""
 
     __slots__ = (
+        "_armed",
         "_call_at",
         "_call_soon",
         "_context",
@@ -182,6 +187,8 @@ class AsyncioDriver:
         self._loop = loop if loop is not None else asyncio.get_running_loop()
         self._on_wakeup = on_wakeup
         self._handle: asyncio.Handle | None = None
+        # What the live handle was armed for (arm's ``when``, before rounding).
+        self._armed = _INF
         # Wake-ups are rounded up to the loop clock's grid (see arm): uvloop keeps
         # whole milliseconds; for the others a microsecond covers the virtual clocks.
         if grid is None:
@@ -232,9 +239,11 @@ class AsyncioDriver:
         old = self._handle
         if when == -_INF:
             self._handle = self._call_soon(self._wake, context=self._context)
+            self._armed = when
             if old is not None:
                 old.cancel()
             return
+        armed = when
         if when < _ROUNDING_LIMIT:
             # Round the wake-up *up* to the loop clock's grid. A bucket's time,
             # origin + start * tick, is on no clock's grid, and a loop whose clock
@@ -247,6 +256,7 @@ class AsyncioDriver:
             # (on uvloop its clock's own resolution), and never early.
             when = round_up(when, self._grid)
         self._handle = self._call_at(when, self._wake, context=self._context)
+        self._armed = armed
         if old is not None:
             old.cancel()
 
@@ -254,6 +264,9 @@ class AsyncioDriver:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def armed_for(self, when: float) -> bool:
+        return self._handle is not None and self._armed == when
 
     def _wake(self) -> None:
         self._handle = None
@@ -280,6 +293,10 @@ class AnyioDriver:
 
     def disarm(self) -> None:
         self.arm(_INF)
+
+    def armed_for(self, when: float) -> bool:
+        # Not while a re-check is pending: it moved the one deadline to -inf.
+        return self._deadline == when and self._recheck is None
 
     def recheck(self, check: Callable[[], None]) -> None:
         """Run ``check`` once, when the driver task next runs (coalesced).

@@ -432,7 +432,7 @@ class Engine:
             # costs a handle cancel and a call_at, so the driver defers it to one check
             # per loop iteration (still before any timer of that iteration): a loop of
             # schedule + cancel on an otherwise idle timer re-arms once, not each time.
-            self.driver.recheck(self.sync_wakeup_unless_passing)
+            self.driver.recheck(self.wakeup_after_cancel)
         if self.waiters.handles:
             self.waiters.settle(handle, _CANCELLED)
         self.pending_fell()
@@ -460,14 +460,30 @@ class Engine:
                 raise
 
     def sync_wakeup_unless_passing(self) -> None:
-        # The deferred re-check after a cancel emptied the armed bucket; a pass in
-        # progress re-arms at its end anyway. Not `wake_at != -inf`: a timer filed as
-        # due meanwhile arms -inf too, and on trio the re-check's wake-up is the only
-        # one coming (the driver's one cancel scope carries both), so skipping the
-        # re-arm then stranded the due timer and every later one (found by
+        # A pass in progress re-arms at its end anyway. Not `wake_at != -inf`: a timer
+        # filed as due meanwhile arms -inf too, and on trio a re-check's wake-up is the
+        # only one coming (the driver's one cancel scope carries both), so skipping
+        # the re-arm then stranded the due timer and every later one (found by
         # tests/test_fault_model.py; fixed program there).
         if not self.closed and not self.passing:
             self.sync_wakeup()
+
+    def wakeup_after_cancel(self) -> None:
+        """The deferred re-check after a cancel emptied the bucket the driver is armed
+        for (``after_cancel``; a drop-in loop handle's cancel, ``_loophandle.py``):
+        point the driver at the earliest occupied bucket, unless it is armed for that
+        one still. That is the common case of a loop of timeouts (each block's
+        deadline cancelled as it ends, the next block's filed in the same tick before
+        the re-check runs): on asyncio, a re-arm is a ``call_at`` and a ``cancel`` on
+        the base loop, as much as the block's own timer costs there. The driver says
+        whether it is armed (``Driver.armed_for``): trio's re-check moves its one
+        deadline, so there it never is, and the re-check re-arms."""
+        if self.closed or self.passing:
+            return
+        when = self.wheel.next_expiry()
+        if when is not None and when == self.wake_at and self.driver.armed_for(when):
+            return
+        self.sync_wakeup()
 
     def to_worker(self, handle: TimerHandle[Any], awaitable: Any, context: Context) -> None:
         """The callback returned an awaitable: queue it for a worker, still pending;

@@ -502,7 +502,7 @@ def _cancelled(engine: Engine, bucket: Bucket) -> None:
     """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
     engine.count_cancelled()
     if bucket._first is None and bucket.time == engine.wake_at:
-        engine.driver.recheck(engine.sync_wakeup_unless_passing)  # as Engine.after_cancel
+        engine.driver.recheck(engine.wakeup_after_cancel)  # as Engine.after_cancel
     if engine.notify_cancel:
         engine.pending_fell()
 

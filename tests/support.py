@@ -290,15 +290,23 @@ class RecordingDriver:
         self.disarmed = 0
         self.rechecks: list[Callable[[], None]] = []
         self.stopped = False
+        self._at: float | None = None
 
     async def start(self, tg: Any) -> None:
         pass
 
     def arm(self, when: float) -> None:
         self.armed.append(when)
+        self._at = when
 
     def disarm(self) -> None:
         self.disarmed += 1
+        self._at = None
+
+    def armed_for(self, when: float) -> bool:
+        # A driver that wakes nobody is armed for what it was last asked, if that
+        # came after the last disarm.
+        return self._at == when
 
     def recheck(self, check: Callable[[], None]) -> None:
         self.rechecks.append(check)

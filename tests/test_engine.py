@@ -253,6 +253,41 @@ async def test_cancel_that_empties_the_armed_bucket_asks_for_a_recheck() -> None
         check_engine(e)
 
 
+async def test_a_recheck_leaves_the_driver_armed_when_the_bucket_was_filled_again() -> None:
+    """A loop of timeouts: each block's deadline is cancelled as it ends (emptying the
+    bucket the driver is armed for) and the next block's is filed in the same tick
+    before the re-check runs. The driver is armed for that bucket still: no re-arm
+    (on asyncio a call_at and a cancel on the base loop) and no disarm."""
+    async with rig() as r:
+        e = r.engine
+        first = r.file(0.005, print)
+        armed = e.wake_at  # the bucket's time, the deadline rounded up to a tick
+        assert r.driver.armed == [armed]
+        e.cancel(first)
+        assert len(r.driver.rechecks) == 1
+        second = r.file(0.005, print)  # the same tick: the same bucket
+        assert first.deadline == second.deadline
+        r.driver.rechecks[0]()
+        assert r.driver.armed == [armed]
+        assert r.driver.disarmed == 0
+        assert e.wake_at == armed
+        r.advance(0.005)
+        assert second.done()
+        check_engine(e)
+
+
+async def test_a_recheck_rearms_when_the_next_bucket_is_another() -> None:
+    async with rig() as r:
+        e = r.engine
+        first = r.file(0.005, print)
+        e.cancel(first)
+        later = r.file(0.050, print)  # filed before the re-check, in a later bucket
+        r.driver.rechecks[0]()
+        assert len(r.driver.armed) == 2
+        assert r.driver.armed[-1] == e.wake_at >= later.deadline
+        check_engine(e)
+
+
 async def test_admission_and_rearm() -> None:
     async with rig(limit=2) as r:
         e = r.engine

@@ -103,10 +103,16 @@ def _timer_instructions(dump: str, loop: str) -> int | None:
         check=True,
     ).stdout
     total = 0
+    # callgrind_annotate may list a function twice (its table by file:function, then
+    # again with the object's name): count each file:function once.
+    seen: set[tuple[str, str]] = set()
     for line in annotated.splitlines():
-        match = re.match(r"\s*([\d,]+) .*:(\S+)( \[.*\])?$", line)
-        if match and any(re.search(p, match.group(2)) for p in patterns):
-            total += int(match.group(1).replace(",", ""))
+        match = re.match(r"\s*([\d,]+) .*?(\S+):(\S+)( \[.*\])?$", line)
+        if match and any(re.search(p, match.group(3)) for p in patterns):
+            key = (os.path.basename(match.group(2)), match.group(3))
+            if key not in seen:
+                seen.add(key)
+                total += int(match.group(1).replace(",", ""))
     return total
 
 
