@@ -455,7 +455,7 @@ async def test_a_loop_of_timeout_blocks_arms_the_base_loop_once() -> None:
         arms += 1
         return call_at(*args, **kwargs)
 
-    loop.call_at = counting_call_at  # type: ignore[method-assign]
+    loop.call_at = counting_call_at  # type: ignore[method-assign, assignment]
     try:
         async with Timer(tick=TICK) as timer:
             for _ in range(50):
