@@ -14,6 +14,8 @@ The hot paths (``schedule_nowait``, ``reset``) test ``type(x) is float`` inline 
 call ``aiowheel._handle.to_seconds`` for anything else: it converts an int, and any
 type ``seconds`` has already accepted once, with ``float()`` alone, and hands
 everything else to ``seconds``, so the rule costs a real number almost nothing.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

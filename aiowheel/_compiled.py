@@ -24,6 +24,8 @@ two. The pure core is chosen when
 
 This module runs in ``setup.py`` too (``MODULES``, ``source_digest``), before the
 package can be imported: it must import nothing but the standard library.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The exceptions aiowheel raises (docs/usage.md, "Failure semantics")."""
+"""The exceptions aiowheel raises (docs/usage.md, "Failure semantics").
+
+Where it stands among the modules: docs/design.md, "Module map".
+"""
 
 from __future__ import annotations
 

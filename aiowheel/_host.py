@@ -16,6 +16,8 @@ workers (``TimerLifecycle._open_for_loop``).
 
 Interpreted (not in ``_compiled.MODULES``), like ``_driver.py``: each method runs once
 per timer.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ of ``loop.timer``'s engine, whose pass (``_pass.run_due``) runs it through
 is left (``drop_all``). Those functions, at the end of this module, are the engine's
 whole side of the drop-in loop's handles: the engine keeps the counts (through its
 counter methods: ``len(loop.timer)``) and the wake-up.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

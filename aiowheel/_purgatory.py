@@ -7,6 +7,8 @@ key's watch list (``Watchers``) and the purgatory's (``_Purgatory``). The public
 compiler cannot give a compiled class a safe ``__weakref__`` (tests/test_parity.py),
 and a plain class defined in a compiled module may not inherit from a compiled one.
 Both cores run the same classes, so they answer copy, pickle and weak references alike.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ other thread reaches it through the loop's thread-safe call (the backend's,
 are the API) and hands their bodies to the functions here, with what they need of
 it: the backend while the timer is open (else None), the error a closed timer
 raises, and its ``schedule_nowait``. Nothing here is hot: interpreted on both cores.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ layer in between (the backend's ``block_cancel``, aiowheel/_driver.py):
 
 Either way pushing the deadline out on every read (``t.reset``) is the wheel's O(1)
 lazy re-arm instead of a heap operation.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ The engine (``_engine.py``) owns the accounting and decides when to wake whom
 (the *drain wake-up*, ``Engine.pending_fell``); this class keeps the waiting
 tasks and wakes them. It reads the counters through a reference typed as
 ``Engine`` (compiled, native reads), as the worker pool does.
+
+Where it stands among the modules: docs/design.md, "Module map".
 """
 
 from __future__ import annotations

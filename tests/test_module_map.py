@@ -702,3 +702,16 @@ def test_a_name_cited_on_the_wrong_class_is_found(monkeypatch: pytest.MonkeyPatc
         ("_exceptions", "Timer._cancel"),
         ("_exceptions", "_nowhere.py"),
     }
+
+
+def test_every_core_module_docstring_points_to_the_map() -> None:
+    """A module's docstring says what it owns and points to docs/design.md's map for
+    where it stands, rather than restating the map."""
+    missing = [
+        module
+        for module, source in _core_sources().items()
+        if module.startswith("_")
+        and not module.startswith("__")
+        and "docs/design.md" not in (ast.get_docstring(ast.parse(source)) or "")
+    ]
+    assert missing == []
