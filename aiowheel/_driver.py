@@ -68,6 +68,7 @@ __all__ = [
 ]
 
 _INF = math.inf
+_NAN = math.nan
 _ceil = math.ceil
 # Past this (about 31 years of loop time) a microsecond is near float resolution.
 _ROUNDING_LIMIT = 1e9
@@ -149,6 +150,11 @@ class Driver(Protocol):
     def armed_for(self, when: float) -> bool:
         """Whether the driver will wake at ``when`` as ``arm(when)`` arms it (and not
         before): so that a re-check need not arm again."""
+
+    def clock_changed(self) -> None:
+        """The clock the wake-up was armed on changed (a drop-in loop's ``time``
+        patched or restored): armed for nothing ``armed_for`` can vouch for, until the
+        next ``arm``."""
 
     def recheck(self, check: Callable[[], None]) -> None:
         """Run ``check`` soon, before any timer of the next loop iteration."""
@@ -268,6 +274,9 @@ class AsyncioDriver:
     def armed_for(self, when: float) -> bool:
         return self._handle is not None and self._armed == when
 
+    def clock_changed(self) -> None:
+        self._armed = _NAN  # equal to no time
+
     def _wake(self) -> None:
         self._handle = None
         self._on_wakeup()
@@ -297,6 +306,9 @@ class AnyioDriver:
     def armed_for(self, when: float) -> bool:
         # Not while a re-check is pending: it moved the one deadline to -inf.
         return self._deadline == when and self._recheck is None
+
+    def clock_changed(self) -> None:
+        pass  # trio's clock is the run's: no loop patches it under the driver
 
     def recheck(self, check: Callable[[], None]) -> None:
         """Run ``check`` once, when the driver task next runs (coalesced).

@@ -341,7 +341,12 @@ class _WheelLoop(WheelEventLoop):
         if calls is not None:
             calls.patched = patched
         engine: Engine | None = getattr(self, "_engine", None)
-        if engine is not None and not patched:
+        if engine is None:
+            return
+        # The wake-up in place was armed on the other clock: a re-check after a cancel
+        # must arm again rather than keep it (Engine.wakeup_after_cancel).
+        engine.driver.clock_changed()
+        if not patched:
             # The wake-up again, on the real clock (_arm_at). Not when the patch
             # begins: the new time() is often configured only after it is set (a
             # Mock's return_value); the next arming follows it.

@@ -308,6 +308,9 @@ class RecordingDriver:
         # came after the last disarm.
         return self._at == when
 
+    def clock_changed(self) -> None:
+        self._at = None
+
     def recheck(self, check: Callable[[], None]) -> None:
         self.rechecks.append(check)
 

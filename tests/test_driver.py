@@ -418,6 +418,9 @@ def test_the_asyncio_driver_says_what_it_is_armed_for() -> None:
         driver.disarm()
         assert not driver.armed_for(when)
         driver.arm(when)
+        driver.clock_changed()  # armed on another clock: nothing it can vouch for
+        assert not driver.armed_for(when)
+        driver.arm(when)
         await woken.wait()
         assert not driver.armed_for(when)  # woken: armed for nothing
 

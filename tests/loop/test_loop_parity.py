@@ -527,6 +527,39 @@ def test_the_wheel_keeps_its_clock_under_a_patched_time(base: str) -> None:
 
 
 @pytest.mark.parametrize("base", BASES)
+def test_a_recheck_after_a_clock_patch_arms_on_the_patched_clock(base: str) -> None:
+    """Found by a hostile round: ``loop.time`` patched to a clock that runs at the
+    real rate an hour behind, a ``loop.timer`` timer filed before the patch cancelled
+    after it and a new one filed in the same bucket (a loop of timeouts). The
+    re-check after the cancel kept the wake-up armed before the patch
+    (``Engine.wakeup_after_cancel``: the driver was armed for that bucket), for the
+    bucket's time on the real clock, which the base loop then compared with the
+    patched one: the new timer fired an hour late. A patch tells the driver its
+    arming is on another clock (``Driver.clock_changed``), so the re-check arms
+    again, on the patched clock as far ahead."""
+    import time
+
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        timer = loop.timer
+        fired = asyncio.Event()
+        first = timer.schedule_nowait(0.05, lambda: None)  # wake-up armed, real clock
+        real = time.monotonic
+        loop.time = lambda: real() - 3600.0  # the real rate, an hour behind
+        try:
+            first.cancel()  # empties the armed bucket: a re-check is queued
+            second = timer.schedule_at_nowait(first.deadline, fired.set)  # same bucket
+            assert second.deadline == first.deadline
+            # wait_for's own timer is the base loop's, on the patched clock, which
+            # runs at the real rate: awaited with a bound, not slept on.
+            await asyncio.wait_for(fired.wait(), 2.0)
+        finally:
+            del loop.time
+
+    run_in(wheel_loop(base), main)
+
+
+@pytest.mark.parametrize("base", BASES)
 def test_a_time_patched_before_the_loop_runs_is_followed(base: str) -> None:
     from unittest import mock
 
