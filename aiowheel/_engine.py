@@ -185,7 +185,7 @@ class Engine:
         # the base loop measures its callbacks, so that a slow-callback warning names
         # the slow timer, not the pass (issue 28, finding 11).
         # (An entry: this module does not know the loop's handle class.)
-        self.loop_debug_run: Callable[[WheelEntry], None] | None = None
+        self.loop_debug_run: Callable[[WheelEntry], bool] | None = None
         if max_concurrency is not None:
             self.pool = WorkerPool(self, max_concurrency, backend)
 
@@ -220,7 +220,7 @@ class Engine:
         """The drop-in loop's debug mode (``_WheelLoop.set_debug``, ``_loop.py``)."""
         self.loop_debug = debug
 
-    def set_loop_debug_run(self, run: Callable[[WheelEntry], None]) -> None:
+    def set_loop_debug_run(self, run: Callable[[WheelEntry], bool]) -> None:
         """How the pass runs the drop-in loop's handles in debug mode
         (``_WheelLoop._debug_run``, ``_loop.py``)."""
         self.loop_debug_run = run
@@ -307,6 +307,13 @@ class Engine:
         """The close cancelled the ``count`` timers still pending: none is left."""
         self.cancelled += count
         self.pending = 0
+
+    def count_fired_as_cancelled(self) -> None:
+        """A drop-in loop's handle counted fired (``count_ran``) whose callback was not
+        called after all: cancelled from another thread before it ran
+        (``_loophandle.run_in_pass``)."""
+        self.fired -= 1
+        self.cancelled += 1
 
     def count_failed(self) -> None:
         """A callback raised (in the pass, ``_pass.callback_failed``; on a worker,

@@ -245,15 +245,16 @@ class _WheelLoop(WheelEventLoop):
     # calls _debug_run), and the base loop does not warn about the pass
     # (_measured_pass, armed by _arm_at while debug mode is on).
 
-    def _debug_run(self, entry: WheelEntry) -> None:
+    def _debug_run(self, entry: WheelEntry) -> bool:
         handle = cast("LoopTimerHandle[Any]", entry)  # the pass runs only these here
         loop: Any = self
         started = _monotonic()
-        handle._run()  # Handle._run's rules: only SystemExit/KeyboardInterrupt leave
+        ran = handle._run()  # Handle._run's rules: only SystemExit/KeyboardInterrupt leave
         took = _monotonic() - started
         loop._debug_measured += took  # the part of the pass named already (_measured_pass)
         if took >= self._slow_callback_limit():
             _asyncio_logger.warning("Executing %s took %.3f seconds", _format_handle(handle), took)
+        return ran
 
     def _slow_callback_limit(self) -> float:
         loop: Any = self

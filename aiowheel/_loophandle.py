@@ -205,13 +205,14 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
     def _scheduled(self) -> bool:
         return self._bucket is not None
 
-    def _run(self) -> None:
+    def _run(self) -> bool:
         """``Handle._run``: the callback in its context; its exception goes to the
         loop's exception handler, but ``SystemExit``/``KeyboardInterrupt``
-        propagate."""
+        propagate. Returns whether the callback was called (not: cancelled, from
+        another thread after the pass took the handle; ``run_in_pass``)."""
         args = self._args
         if args is None:
-            return  # cancelled
+            return False  # cancelled
         callback = self._callback
         run_in = self._context
         if self._shared_context:
@@ -237,6 +238,7 @@ class LoopTimerHandle(WheelEntry, Generic[T]):
             if self._source_traceback:
                 context["source_traceback"] = self._source_traceback
             self._loop.call_exception_handler(context)
+        return True
 
     # -- as asyncio.TimerHandle: hash, equality, order, repr -------------------------------
 
@@ -553,10 +555,13 @@ def run_in_pass(engine: Engine, entry: WheelEntry, now: float) -> float:
     engine.count_ran()
     lateness = now - handle._deadline
     debug_run = engine.loop_debug_run
-    if engine.loop_debug and debug_run is not None:
-        debug_run(handle)
-    else:
-        handle._run()
+    ran = debug_run(handle) if engine.loop_debug and debug_run is not None else handle._run()
+    if not ran:
+        # Cancelled from another thread between the check above and the run (debug
+        # mode's cancel marks it at once, and the loop's measuring frame lets that
+        # thread in): its callback was not called, so it is the cancel it is.
+        engine.count_fired_as_cancelled()
+        return -_INF
     return lateness
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -602,3 +603,51 @@ def test_debug_exceptions_of_timers_still_reach_the_handler(base: str) -> None:
 
 def operator_div_zero() -> None:
     raise ZeroDivisionError
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_debug_a_handle_cancelled_from_another_thread_as_the_pass_runs_it_is_cancelled(
+    base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a hostile round: in debug mode a ``cancel()`` from another thread marks
+    the handle cancelled at once. The pass counted the handle fired, then ran it
+    through the loop's measuring frame (``_WheelLoop._debug_run``), where the other
+    thread could get in: a cancel landing there left a handle whose callback never
+    ran counted fired, not cancelled. Made deterministic here: the other thread
+    cancels while ``_debug_run`` reads its clock."""
+    from aiowheel import _loop
+
+    real_monotonic = _loop._monotonic
+    victim: list[asyncio.TimerHandle] = []
+    ran: list[str] = []
+
+    def cancelling_clock() -> float:
+        if victim and sys._getframe(1).f_code.co_name == "_debug_run":
+            thread = threading.Thread(target=victim.pop().cancel)
+            thread.start()
+            thread.join()
+        return real_monotonic()
+
+    async def main() -> None:
+        loop: Any = asyncio.get_running_loop()
+        loop.set_debug(True)
+        done = asyncio.Event()
+        # Far enough ahead that neither is due at once (uvloop's loop.time() is the
+        # iteration's, and a due call_at goes to its call_soon, not the wheel).
+        when = loop.time() + 0.02
+        handle = loop.call_at(when, ran.append, "ran")
+        loop.call_at(when, done.set)  # the same pass, after it (when order, then FIFO)
+        before = loop.timer.stats()
+        victim.append(handle)
+        monkeypatch.setattr(_loop, "_monotonic", cancelling_clock)
+        await done.wait()
+        monkeypatch.setattr(_loop, "_monotonic", real_monotonic)
+        after = loop.timer.stats()
+        assert handle.cancelled()
+        assert ran == []
+        # done.set ran (fired); the victim is the cancel it is.
+        assert (after.fired - before.fired, after.cancelled - before.cancelled) == (1, 1)
+        assert len(loop.timer) == 0
+        check_engine(loop._engine)
+
+    run_in(wheel_loop(base), main)
