@@ -419,7 +419,10 @@ def call_later(
         raise TypeError("delay must not be None")
     if calls.engine.loop_debug or calls.patched:  # debug mode, or loop.time patched
         return calls.debug_call_later(delay, callback, *args, context=context)
-    when = float(calls.loop.time() + delay)
+    # The loop's time() unpatched is the engine's clock (aiowheel/_driver.py,
+    # loop_clock), which on the asyncio base is time.monotonic itself: no Python frame
+    # of BaseEventLoop.time per call (a tenth of a call_later and its cancel).
+    when = float(calls.engine.clock() + delay)
     due = calls.soon_if_due and delay <= 0 and when - when == 0.0  # see call_at
     return file_loop(calls, when, callback, args, context, False, due)
 
