@@ -130,3 +130,19 @@ def test_a_result_line_split_by_a_warning_is_still_read() -> None:
         f"{prefix}test_readline.test_readline": "ok",
         f"{prefix}test_slow.test_slow": "skipped",
     }
+
+
+def test_a_failed_test_is_named_for_its_run_alone() -> None:
+    """A test that failed runs once more alone (tools/asyncio_suite.py, rerun): its id
+    (``parse_results``') gives back its module and the ``Class.test`` name unittest
+    takes, with the method's doubled name (3.11's ``-v`` lines) dropped once."""
+    test_name = _load_asyncio_suite().test_name
+    prefix = "test.test_asyncio.test_waitfor.AsyncioWaitForTest."
+    assert test_name(f"{prefix}test_wait_for.test_wait_for") == (
+        "test_waitfor",
+        "AsyncioWaitForTest.test_wait_for",
+    )
+    assert test_name(f"{prefix}test_wait_for") == (
+        "test_waitfor",
+        "AsyncioWaitForTest.test_wait_for",
+    )
