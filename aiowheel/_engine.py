@@ -153,6 +153,8 @@ class Engine:
         # when idle. So -inf does not say a pass is running: `passing` does.
         self.wake_at = _INF
         self.passing = False
+        # A re-check asked of the driver (request_recheck) that has not run yet.
+        self.recheck_queued = False
 
         # Counters (docs/design.md, "Accounting"). pending is exact at every moment.
         self.pending = 0
@@ -439,7 +441,7 @@ class Engine:
             # costs a handle cancel and a call_at, so the driver defers it to one check
             # per loop iteration (still before any timer of that iteration): a loop of
             # schedule + cancel on an otherwise idle timer re-arms once, not each time.
-            self.driver.recheck(self.wakeup_after_cancel)
+            self.request_recheck()
         if self.waiters.handles:
             self.waiters.settle(handle, _CANCELLED)
         self.pending_fell()
@@ -475,6 +477,16 @@ class Engine:
         if not self.closed and not self.passing:
             self.sync_wakeup()
 
+    def request_recheck(self) -> None:
+        """A cancel emptied the bucket the driver is armed for: one deferred re-check
+        (``wakeup_after_cancel``), unless one is queued already. The driver coalesces
+        too, but asking it is a call through its protocol and a bound method, a fifth
+        of a drop-in ``call_at`` and its ``cancel`` in a loop of timeouts, where every
+        block's cancel empties the armed bucket (docs/loop.md, "Figures")."""
+        if not self.recheck_queued:
+            self.driver.recheck(self.wakeup_after_cancel)
+            self.recheck_queued = True  # after: a driver that refused queued nothing
+
     def wakeup_after_cancel(self) -> None:
         """The deferred re-check after a cancel emptied the bucket the driver is armed
         for (``after_cancel``; a drop-in loop handle's cancel, ``_loophandle.py``):
@@ -485,6 +497,7 @@ class Engine:
         the base loop, as much as the block's own timer costs there. The driver says
         whether it is armed (``Driver.armed_for``): trio's re-check moves its one
         deadline, so there it never is, and the re-check re-arms."""
+        self.recheck_queued = False
         if self.closed or self.passing:
             return
         when = self.wheel.next_expiry()

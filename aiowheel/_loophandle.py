@@ -509,7 +509,7 @@ def _cancelled(engine: Engine, bucket: Bucket) -> None:
     """A loop handle's ``cancel()`` unlinked it from ``bucket``."""
     engine.count_cancelled()
     if bucket._first is None and bucket.time == engine.wake_at:
-        engine.driver.recheck(engine.wakeup_after_cancel)  # as Engine.after_cancel
+        engine.request_recheck()  # as Engine.after_cancel
     if engine.notify_cancel:
         engine.pending_fell()
 

@@ -344,6 +344,7 @@ ENGINE_WRITERS: dict[str, set[str]] = {
             "cancelled",
             "failed",
             "lateness_max",
+            "recheck_queued",
         ]
     },
     # The pass's own: it holds the driver while it runs (_pass.fire_due).

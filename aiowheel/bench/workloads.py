@@ -828,13 +828,39 @@ class _TimeoutData:
     ops: int
 
 
+#: The timeout workload's figures of the timer's own blocks (aiowheel's timer.timeout,
+#: asyncio.timeout, trio's move_on_after), and those of asyncio.timeout on the drop-in
+#: loop against the plain loops' (each peer is compared with one aiowheel contender of
+#: its base per figure: fill_ratios).
+_TIMER_KINDS = frozenset({"aiowheel", "call_later", "trio"})
+_LOOP_KINDS = frozenset({"loop", "call_later"})
+
+
 class TimeoutScope(RepeatedWorkload):
     name = "timeout"
     quick_step_seconds = 1.0
     title = "a timeout block: enter + exit, and reset per read, N other timers pending"
+    kinds = _TIMER_KINDS | _LOOP_KINDS
     metrics = (
-        Metric("enter_exit_ns", "enter + exit of a timeout block", "ns", "lower"),
-        Metric("reset_ns", "reset of the open block's deadline (per read)", "ns", "lower"),
+        Metric(
+            "enter_exit_ns", "enter + exit of a timeout block", "ns", "lower", kinds=_TIMER_KINDS
+        ),
+        Metric(
+            "reset_ns",
+            "reset of the open block's deadline (per read)",
+            "ns",
+            "lower",
+            kinds=_TIMER_KINDS,
+        ),
+        # The drop-in loop's own asyncio.timeout, the same block on the same loop
+        # with the N timers on its wheel: what an application gains unchanged.
+        Metric(
+            "loop_enter_exit_ns",
+            "drop-in loop: enter + exit of asyncio.timeout",
+            "ns",
+            "lower",
+            kinds=_LOOP_KINDS,
+        ),
     )
     traced = False  # one-block guards that never fire: the trace is all cancellations
 
@@ -858,6 +884,7 @@ class TimeoutScope(RepeatedWorkload):
                 "cm.reschedule(loop.time() + 10)",
                 "trio": "with trio.move_on_after(10): pass; "
                 "scope.deadline = trio.current_time() + 10",
+                "loop": "on aiowheel.new_event_loop(): async with asyncio.timeout(10): pass",
             },
         }
 
@@ -923,6 +950,10 @@ class TimeoutScope(RepeatedWorkload):
                         pass
                 await checkpoint()
             enter_exit = perf() - t0
+            if kind == "loop":  # its figure is the block's only (loop-timeout: reschedule)
+                for handle in handles:
+                    handle.cancel()
+                return {"loop_enter_exit_ns": enter_exit / ops * 1e9}
             async with asyncio_timeout(10.0) as cm:
                 reschedule = cm.reschedule
                 t0 = perf()
@@ -933,4 +964,8 @@ class TimeoutScope(RepeatedWorkload):
                 resets = perf() - t0
         for handle in handles:
             handle.cancel()
-        return {"enter_exit_ns": enter_exit / ops * 1e9, "reset_ns": resets / ops * 1e9}
+        figures = {"enter_exit_ns": enter_exit / ops * 1e9, "reset_ns": resets / ops * 1e9}
+        if kind == "call_later":
+            # The plain loop's block: the peer of the drop-in loop's as well.
+            figures["loop_enter_exit_ns"] = figures["enter_exit_ns"]
+        return figures
