@@ -114,16 +114,22 @@ def applicable(workload: str) -> set[str]:
     }
 
 
-def ours(workload: str) -> set[str]:
-    """The aiowheel contenders of ``workload`` that every peer's ratios are against."""
-    return {c.name for c in CONTENDERS if c.is_aiowheel and c.name in applicable(workload)}
+def ours(workload: str, kinds: frozenset[str] | None = None) -> set[str]:
+    """The aiowheel contenders of ``workload`` that every peer's ratios are against
+    (of a figure only ``kinds`` have, when given: ``Metric.kinds``)."""
+    return {
+        c.name
+        for c in CONTENDERS
+        if c.is_aiowheel and c.name in applicable(workload) and (kinds is None or c.kind in kinds)
+    }
 
 
-def against(workload: str, peer: str) -> set[str]:
+def against(workload: str, peer: str, kinds: frozenset[str] | None = None) -> set[str]:
     """The aiowheel contender a peer's ratio is against: the one on the peer's own
-    event loop, else (rloop) the uvloop one (issue 32: one meaning of a ratio)."""
+    event loop, else (rloop) the uvloop one (issue 32: one meaning of a ratio); of a
+    figure only ``kinds`` have, one of those."""
     backend = next(c.backend for c in CONTENDERS if c.name == peer)
-    mine = {c.name: c.backend for c in CONTENDERS if c.name in ours(workload)}
+    mine = {c.name: c.backend for c in CONTENDERS if c.name in ours(workload, kinds)}
     same = {name for name, b in mine.items() if b == backend}
     if same:
         return same
