@@ -55,7 +55,7 @@ from typing import Any, TypeVar, cast
 from ._checks import seconds
 from ._driver import AsyncioBackend, AsyncioDriver, Driver, loop_clock
 from ._engine import Engine
-from ._loophandle import LoopCalls, LoopTimerHandle, file_loop, when_of
+from ._loophandle import LoopCalls, LoopTimerHandle, beyond_floats, file_loop, when_of
 from ._loophandle import call_at as compiled_call_at
 from ._loophandle import call_later as compiled_call_later
 from ._shutdown import close_engine
@@ -139,6 +139,7 @@ class _WheelLoop(WheelEventLoop):
     """Mixed in front of the base loop class; see the module docstring."""
 
     _base_call_at: Callable[..., Any]
+    _base_call_later: Callable[..., Any]
     # The base clock's grid (aiowheel/_driver.py, AsyncioDriver.arm), a class attribute
     # of each base's loop: one more instance attribute would pass CPython's limit of
     # inline attributes and materialise the loop's __dict__, which slows every
@@ -169,6 +170,7 @@ class _WheelLoop(WheelEventLoop):
             MethodType(_WheelLoop.call_at, self),
             MethodType(_WheelLoop.call_later, self),
             self._base_call_at,
+            self._base_call_later,
             self._due_call_soon(),
         )
         self._calls = calls
@@ -194,8 +196,12 @@ class _WheelLoop(WheelEventLoop):
         if delay is None:
             raise TypeError("delay must not be None")
         loop: Any = self
+        try:
+            when = loop.time() + delay
+        except OverflowError:  # an int delay past the float range (beyond_floats)
+            return beyond_floats(self._base_call_later, delay, callback, args, context)
         # In debug mode call_at's source traceback leaves this frame out (_OWN_CODE).
-        return self.call_at(loop.time() + delay, callback, *args, context=context)
+        return self.call_at(when, callback, *args, context=context)
 
     def call_at(  # type: ignore[override]
         self,
@@ -210,7 +216,10 @@ class _WheelLoop(WheelEventLoop):
         if when is None:
             raise TypeError("when cannot be None")
         loop: Any = self
-        number = when_of(when)
+        try:
+            number = when_of(when)
+        except OverflowError:  # an int past the float range (beyond_floats)
+            return beyond_floats(self._base_call_at, when, callback, args, context)
         if self._time_patched:
             # loop.time is patched on the instance (mock.patch.object(loop, "time")):
             # the base loop's own timer, which it runs on the patched clock, exactly
@@ -535,6 +544,15 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     ) -> asyncio.TimerHandle:
         return asyncio.SelectorEventLoop.call_at(self, when, callback, *args, context=context)
 
+    def _base_call_later(
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        return asyncio.SelectorEventLoop.call_later(self, delay, callback, *args, context=context)
+
     def _wake_soon(self, callback: Callable[[], None], *, context: Context) -> asyncio.TimerHandle:
         # A heap entry at now, not call_soon: asyncio moves a due timer to the ready
         # queue at the next iteration, after the callbacks already queued, and so
@@ -662,6 +680,18 @@ class _UvloopOverrides(_WheelLoop):
         # NaN timer firing at once, issue 28, finding 10).
         handle: asyncio.TimerHandle = _UvLoop.call_later(
             self, when - self.time(), callback, *args, context=context
+        )
+        return handle
+
+    def _base_call_later(
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        handle: asyncio.TimerHandle = _UvLoop.call_later(
+            self, delay, callback, *args, context=context
         )
         return handle
 

@@ -348,6 +348,7 @@ class LoopCalls:
         debug_call_at: Callable[..., Any],
         debug_call_later: Callable[..., Any],
         base_call_at: Callable[..., Any],
+        base_call_later: Callable[..., Any],
         base_call_soon: Callable[..., Any] | None,
     ) -> None:
         self.loop = loop
@@ -356,8 +357,11 @@ class LoopCalls:
         # traceback, which needs the Python frames these compiled calls do not have).
         self.debug_call_at = debug_call_at
         self.debug_call_later = debug_call_later
-        # The base loop's call_at, for NaN and infinite times (as the base loop does).
+        # The base loop's call_at, for NaN and infinite times (as the base loop does),
+        # and its call_at and call_later for an int past the float range, which only
+        # the base loop can take as it is (``beyond_floats``).
         self.base_call_at = base_call_at
+        self.base_call_later = base_call_later
         # uvloop's rule for a timer due now (a delay of 0 or less): its
         # call_soon, at the call, in call order with the other call_soon callbacks
         # (issue 28, finding 5). None on the asyncio base, where a due timer waits for
@@ -386,7 +390,10 @@ def call_at(
         number = when
         given_int = False
     else:
-        number = when_of(when)
+        try:
+            number = when_of(when)
+        except OverflowError:
+            return beyond_floats(calls.base_call_at, when, callback, args, context)
         given_int = type(when) is int and number == when
     # uvloop's call_at: its call_later of when - time(), which runs a timer due now as
     # a call_soon. (uvloop also runs one up to half a millisecond ahead at once, as it
@@ -395,6 +402,20 @@ def call_at(
     # unchanged (file_loop).
     due = calls.soon_if_due and number - number == 0.0 and number <= calls.engine.clock()
     return file_loop(calls, number, callback, args, context, given_int, due)
+
+
+def beyond_floats(
+    base_call: Callable[..., Any],
+    time: Any,
+    callback: Callable[..., object],
+    args: tuple[Any, ...],
+    context: Context | None,
+) -> Any:
+    """A time (or delay) that is an int past the float range (``10**400``): no wheel
+    holds it, and the base loops differ on it, so the base loop's own ``call_at`` or
+    ``call_later`` takes it as given. asyncio files such a ``call_at`` on its heap and
+    raises ``OverflowError`` at such a ``call_later``; uvloop the other way round."""
+    return base_call(time, callback, *args, context=context)
 
 
 def when_of(when: Any) -> float:
@@ -422,7 +443,10 @@ def call_later(
     # The loop's time() unpatched is the engine's clock (aiowheel/_driver.py,
     # loop_clock), which on the asyncio base is time.monotonic itself: no Python frame
     # of BaseEventLoop.time per call (a tenth of a call_later and its cancel).
-    when = float(calls.engine.clock() + delay)
+    try:
+        when = float(calls.engine.clock() + delay)
+    except OverflowError:
+        return beyond_floats(calls.base_call_later, delay, callback, args, context)
     due = calls.soon_if_due and delay <= 0 and when - when == 0.0  # see call_at
     return file_loop(calls, when, callback, args, context, False, due)
 

@@ -189,12 +189,20 @@ def _outcome(call: Callable[[], Any]) -> str:
 
 @pytest.mark.parametrize("base", BASES)
 @pytest.mark.parametrize(
-    "value", [math.nan, math.inf, -math.inf, 1e300, -1e300, 1e18, -1e18, 2**70]
+    "value", [math.nan, math.inf, -math.inf, 1e300, -1e300, 1e18, -1e18, 2**70, 10**400, -(10**400)]
 )
-def test_extreme_times_are_taken_as_the_base_loop_takes_them(base: str, value: float) -> None:
+@pytest.mark.parametrize("debug", [False, True])
+def test_extreme_times_are_taken_as_the_base_loop_takes_them(
+    base: str, value: float, debug: bool
+) -> None:
+    """Also an int past the float range (``_loophandle.beyond_floats``): the base
+    loops differ on it (asyncio files such a ``call_at`` and refuses such a
+    ``call_later``, uvloop the other way round), and the drop-in loop with each base
+    does what its base does, in debug mode (its Python methods) too."""
     outcomes: dict[str, list[str]] = {}
     for name, make in (("plain", plain_loop), ("wheel", wheel_loop)):
         loop = make(base)
+        loop.set_debug(debug)
         try:
             outcomes[name] = [
                 _outcome(lambda: loop.call_later(value, print)),  # noqa: B023 - called here
