@@ -509,6 +509,7 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
     _base_grid = 1e6
     # What loop_base() answers; also read by aiowheel/_driver.py's backend_name().
     _aiowheel_base = "asyncio"
+    _base_call_later = asyncio.SelectorEventLoop.call_later  # past _WheelLoop's override
     # The drop-in loop's own state lives in one side object (_AsyncioLoopState), read
     # through the properties below, not in five attributes of the loop: CPython keeps
     # an instance's attributes inline (no dict object) only up to 30 names per class on
@@ -543,15 +544,6 @@ class _AsyncioWheelLoop(_WheelLoop, asyncio.SelectorEventLoop):  # type: ignore[
         context: Context | None = None,
     ) -> asyncio.TimerHandle:
         return asyncio.SelectorEventLoop.call_at(self, when, callback, *args, context=context)
-
-    def _base_call_later(
-        self,
-        delay: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: Context | None = None,
-    ) -> asyncio.TimerHandle:
-        return asyncio.SelectorEventLoop.call_later(self, delay, callback, *args, context=context)
 
     def _wake_soon(self, callback: Callable[[], None], *, context: Context) -> asyncio.TimerHandle:
         # A heap entry at now, not call_soon: asyncio moves a due timer to the ready
@@ -683,18 +675,6 @@ class _UvloopOverrides(_WheelLoop):
         )
         return handle
 
-    def _base_call_later(
-        self,
-        delay: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: Context | None = None,
-    ) -> asyncio.TimerHandle:
-        handle: asyncio.TimerHandle = _UvLoop.call_later(
-            self, delay, callback, *args, context=context
-        )
-        return handle
-
     def _due_call_soon(self) -> Callable[..., Any] | None:
         return MethodType(_UvLoop.call_soon, self)
 
@@ -761,7 +741,8 @@ def _uvloop_loop_class() -> type[Any]:
     if _uvloop_class is None:
 
         class _UvloopWheelLoop(_UvloopOverrides, _uvloop()):  # type: ignore[misc]
-            pass
+            # uvloop's own call_later, past _WheelLoop's override (beyond_floats).
+            _base_call_later = _UvLoop.call_later
 
         _uvloop_class = _UvloopWheelLoop
     return _uvloop_class
