@@ -217,23 +217,26 @@ def drop_in(bench: BenchResults) -> pd.DataFrame:
 def _ratio_frame(bench: BenchResults, kind: str) -> pd.DataFrame:
     import pandas as pd
 
-    # The workloads whose baseline is of this kind (its contenders ran them).
-    workloads = {r["workload"] for r in bench.results if r["kind"] == kind}
-    ours_by_backend: dict[tuple[str, str], str] = {}
+    # The figures whose baseline is of this kind (its contenders have them): by
+    # workload and metric, as one workload may have figures of both (the timeout
+    # workload's drop-in loop figure).
+    figures = {(r["workload"], r["metric"]) for r in bench.results if r["kind"] == kind}
+    ours_by_backend: dict[tuple[str, str, str], str] = {}
     medians: dict[tuple[str, str, str, str], float] = {}
     spans: dict[tuple[str, str, str, str], tuple[float, float] | None] = {}
     for r in bench.results:
         if r["kind"] == kind:
-            ours_by_backend.setdefault((r["workload"], r["backend"]), r["contender"])
+            ours_by_backend.setdefault((r["workload"], r["metric"], r["backend"]), r["contender"])
             key = (r["workload"], r["variant"], r["metric"], r["contender"])
             medians[key] = _float(r.get("median"))
             spans[key] = _span(r)
     rows: list[dict[str, Any]] = []
     for r in bench.results:
         ratios = r.get("ratios") or {}
-        if r["kind"] in ("aiowheel", "loop") or not ratios or r["workload"] not in workloads:
+        figure = (r["workload"], r["metric"])
+        if r["kind"] in ("aiowheel", "loop") or not ratios or figure not in figures:
             continue
-        ours = ours_by_backend.get((r["workload"], r["backend"]))
+        ours = ours_by_backend.get((r["workload"], r["metric"], r["backend"]))
         if ours is None:
             # No contender of this kind on the peer's backend: the one its ratio names.
             ours = next(iter(ratios)) if len(ratios) == 1 else f"{kind}-{r['backend']}"

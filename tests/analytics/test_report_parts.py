@@ -649,6 +649,14 @@ def _drop_in_bench(tmp_path: Path) -> Any:
             {"loop-uvloop": 1.25}),
         row("churn", "N=10", "pair_ns", "aiowheel-asyncio", 100.0),
         row("churn", "N=10", "pair_ns", "call_later-asyncio", 300.0, {"aiowheel-asyncio": 3.0}),
+        # The timeout workload has a figure of each: the timer's block, and
+        # asyncio.timeout on the drop-in loop (the same plain loop in both).
+        row("timeout", "N=10", "enter_exit_ns", "aiowheel-asyncio", 100.0),
+        row("timeout", "N=10", "enter_exit_ns", "call_later-asyncio", 400.0,
+            {"aiowheel-asyncio": 4.0}),
+        row("timeout", "N=10", "loop_enter_exit_ns", "loop-asyncio", 200.0),
+        row("timeout", "N=10", "loop_enter_exit_ns", "call_later-asyncio", 400.0,
+            {"loop-asyncio": 2.0}),
     ]  # fmt: skip
     path = tmp_path / "bench-results.json"
     settings = {"quick": True, "reps": 2}
@@ -663,8 +671,14 @@ def test_the_drop_in_loop_has_a_section_comparing_each_loop_on_its_own_base(
     from aiowheel.analytics.bench_results import drop_in
 
     bench = _drop_in_bench(tmp_path)
-    # The timer's headline leaves the drop-in loop's workloads to their own section.
-    assert set(headline(bench)["workload"]) == {"churn"}
+    # The timer's headline leaves the drop-in loop's workloads to their own section,
+    # and each figure of a workload that has both goes to its own table, with a ratio.
+    timer = headline(bench)
+    assert set(zip(timer["workload"], timer["metric"], strict=True)) == {
+        ("churn", "pair_ns"),
+        ("timeout", "enter_exit_ns"),
+    }
+    assert not timer["note"].any()
     frame = drop_in(bench)
     pairs = set(zip(frame["peer"], frame["aiowheel"], strict=True))
     assert pairs == {
@@ -672,6 +686,8 @@ def test_the_drop_in_loop_has_a_section_comparing_each_loop_on_its_own_base(
         ("call_later-uvloop", "loop-uvloop"),
         ("call_later-rloop", "loop-uvloop"),
     }
+    assert set(frame[frame["workload"] == "timeout"]["metric"]) == {"loop_enter_exit_ns"}
+    assert not frame["note"].any()
     summary = _bench_runs(["fire"])
     text = render.render_markdown(
         summary.drop(columns=["lateness_cdf"]), _files(), 4, "local[2]", "4.3.0",
