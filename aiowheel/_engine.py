@@ -482,7 +482,7 @@ class Engine:
         (``wakeup_after_cancel``), unless one is queued already. The driver coalesces
         too, but asking it is a call through its protocol and a bound method, a fifth
         of a drop-in ``call_at`` and its ``cancel`` in a loop of timeouts, where every
-        block's cancel empties the armed bucket (docs/loop.md, "Figures")."""
+        block's cancel empties the armed bucket (docs/design.md, "Eager O(1) cancel")."""
         if not self.recheck_queued:
             self.driver.recheck(self.wakeup_after_cancel)
             self.recheck_queued = True  # after: a driver that refused queued nothing
