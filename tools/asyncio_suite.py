@@ -26,7 +26,7 @@ import time
 # A sibling module of tools/: imported from this file's directory, which is on
 # sys.path only when PYTHONSAFEPATH is unset (noxfile.py sets it).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from suite_compare import FAILED, compare, report
+from suite_compare import FAILED, PASSED, compare, report
 
 MODULES = [
     "test_timeouts",
@@ -171,7 +171,7 @@ def rerun(base: str, tests: list[str]) -> list[str]:
         module, name = test_name(test)
         print(f"re-running on aiowheel's loop, alone: {test}", flush=True)
         results = run_module(base, module, (name,))[2]
-        if results.get(test) in ("ok", "unexpected success"):
+        if results.get(test) in PASSED:
             passed.append(test)
     return passed
 

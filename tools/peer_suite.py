@@ -48,7 +48,7 @@ from pathlib import Path
 # A sibling module of tools/: imported from this file's directory, which is on
 # sys.path only when PYTHONSAFEPATH is unset (noxfile.py sets it).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from suite_compare import CRASH, HANG, OUTCOMES, compare, report
+from suite_compare import CRASH, HANG, OUTCOMES, PASSED, compare, report
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
@@ -354,7 +354,7 @@ def main() -> int:
         ids = [t for t in again if " " not in t]  # not "tests.x (exit)": a module's
         names = [t.removeprefix("tests.") for t in ids] if run is run_uvloop else ids
         second = run(suite, deps, args.jobs, timeout, names, ("aiowheel",))["aiowheel"][0]
-        flaky = [t for t in again if second.get(t) in ("ok", "unexpected success")]
+        flaky = [t for t in again if second.get(t) in PASSED]
         ours.update({t: second[t] for t in flaky})
     assert set(plain.values()) | set(ours.values()) <= set(OUTCOMES)
     print(f"{args.peer} {version}'s suite, both loops: {time.perf_counter() - start:.0f} s")

@@ -23,6 +23,9 @@ XFAIL = "expected failure"
 XPASS = "unexpected success"
 OUTCOMES = (OK, FAIL, ERROR, HANG, CRASH, SKIPPED, XFAIL, XPASS)
 FAILED = frozenset({FAIL, ERROR, HANG, CRASH})
+# Passed (an unexpected success too): counted as passed, and what a re-run must end
+# with for a failure to be called flaky.
+PASSED = frozenset({OK, XPASS})
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def compare(plain: Mapping[str, str], ours: Mapping[str, str]) -> Verdict:
     passed = skipped = 0
     for test in sorted(set(plain) | set(ours)):
         mine, ref = ours.get(test), plain.get(test)
-        mine_failed = mine in FAILED or (mine is None and ref in (OK, XPASS))
+        mine_failed = mine in FAILED or (mine is None and ref in PASSED)
         ref_failed = ref in FAILED
         if mine_failed and not ref_failed:
             regressions.append(test)
@@ -63,7 +66,7 @@ def compare(plain: Mapping[str, str], ours: Mapping[str, str]) -> Verdict:
             both.append(test)
         elif ref_failed:
             only_plain.append(test)
-        if mine in (OK, XPASS):
+        if mine in PASSED:
             passed += 1
         elif mine in (SKIPPED, XFAIL):
             skipped += 1
