@@ -42,8 +42,11 @@ def _source(name: str) -> str:
     return os.path.join(PACKAGE, f"{name}.py")
 
 
-#: The C module built with the compiled core (aiowheel/_gcutil.c), never without it.
-GCUTIL = "_gcutil"
+#: The hand-written C modules, built with the compiled core, never without it:
+#: aiowheel/_gcutil.c untracks and tracks an object for the garbage collector, and
+#: aiowheel/_ctxutil.c tells whether the current context holds a snapshot's variables
+#: without copying it; Python can do neither.
+C_MODULES = ("_gcutil", "_ctxutil")
 
 
 def _c_source(name: str) -> str:
@@ -76,9 +79,9 @@ def mypyc_extensions(target_dir: str) -> list[Extension]:
         )
     )
     weakref_safe(target_dir)
-    # The compiled core's one hand-written C module: it untracks and tracks an object
-    # for the garbage collector, which Python cannot (aiowheel/_gcutil.c).
-    extensions.append(Extension(f"{PACKAGE}.{GCUTIL}", sources=[_c_source(GCUTIL)]))
+    extensions.extend(
+        Extension(f"{PACKAGE}.{name}", sources=[_c_source(name)]) for name in C_MODULES
+    )
     return extensions
 
 
@@ -283,7 +286,7 @@ class build_core(build_ext):
         try:
             for where in {False, inplace}:
                 self.inplace = where
-                for name in [*MODULES, "_core__mypyc", GCUTIL]:
+                for name in [*MODULES, "_core__mypyc", *C_MODULES]:
                     path = self.get_ext_fullpath(f"{PACKAGE}.{name}")
                     paths += [path, os.path.join(os.path.dirname(path), CORE["MANIFEST"])]
         finally:

@@ -68,6 +68,7 @@ from __future__ import annotations
 from _thread import get_ident
 from collections.abc import Callable
 from contextvars import Context, copy_context
+from types import FunctionType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
 from ._checks import not_copyable, seconds
@@ -92,6 +93,29 @@ _get_ident: Final = get_ident
 _INF: Final = float("inf")
 _ONE_TIMER: Final = "a handle is one timer, in its timer's wheel; share the handle itself"
 _copy_context: Final = copy_context
+
+
+def _never(snapshot: Context, /) -> bool:
+    """Stands for aiowheel._ctxutil's holds_current where it is not built (a pure
+    install): the current context is then copied to be compared (snapshot_context)."""
+    return False
+
+
+try:
+    from ._ctxutil import holds_current as _c_holds_current
+    from ._ctxutil import layout_known as _layout_known
+except ImportError:  # a pure install
+    _c_holds_current = _never
+    _FOUND = False
+else:
+    _FOUND = _layout_known()  # False: CPython's context object was not recognised
+# Final: compiled, a C static, called without a module-dict lookup.
+_holds_current: Final = _c_holds_current
+#: Whether snapshot_context asks aiowheel._ctxutil before it copies: on the compiled
+#: core, which is built with it. Compiled, this module's functions are not Python
+#: functions; the pure core (AIOWHEEL_PURE=1 beside a build) keeps its behaviour and
+#: compares copies, as aiowheel/_wheel.py's HIDES does for the collector.
+ASKS_WITHOUT_COPY: Final = _FOUND and type(_never) is not FunctionType
 # The last snapshot taken (snapshot_context), shared by the next handles scheduled in
 # an equal context. One per process, whatever the thread: a race between two threads
 # only costs a share that is not made. It keeps one context alive that its handles may
@@ -123,10 +147,17 @@ def snapshot_context() -> Context:
     (``_pass.run_one``, ``LoopTimerHandle._run``), so what a callback sets stays its
     own, as with a copy per handle. Only a periodic timer's handle has a context of
     its own, run in directly (``PeriodicHandle``: a run sees what the last one set)."""
-    context = _copy_context()
     last = _last_context[0]
-    if last is not None and same_variables(context, last):
-        return cast("Context", last)
+    if last is not None:
+        # The common case, asked without a copy (aiowheel/_ctxutil.c): the current
+        # context holds the very mapping of variables the snapshot holds.
+        if ASKS_WITHOUT_COPY and _holds_current(last):
+            return cast("Context", last)
+        context = _copy_context()
+        if same_variables(context, last):
+            return cast("Context", last)
+    else:
+        context = _copy_context()
     _last_context[0] = context
     return context
 

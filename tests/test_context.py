@@ -4,11 +4,13 @@ as ``loop.call_later`` does (docs/usage.md, "Context variables")."""
 from __future__ import annotations
 
 import contextvars
+import threading
 
 import anyio
 import anyio.lowlevel
 import pytest
 
+import aiowheel
 from aiowheel import Timer
 
 pytestmark = pytest.mark.anyio
@@ -125,9 +127,80 @@ async def test_a_context_of_many_variables_is_copied_per_handle_not_walked() -> 
         many[-1].set(1)
         past = [timer.schedule_nowait(10, lambda: None) for _ in range(2)]
         assert at_limit[0]._context is at_limit[1]._context
-        assert past[0]._context is not past[1]._context
+        # Not walked past the limit: shared only where the compiled core asks, without
+        # a walk, whether the context holds the very mapping (aiowheel/_ctxutil.c).
+        assert (past[0]._context is past[1]._context) is _asks_without_a_copy()
         assert past[0]._context[many[-1]] == 1
         for handle in (*at_limit, *past):
+            handle.cancel()
+
+
+def _asks_without_a_copy() -> bool:
+    from aiowheel._handle import ASKS_WITHOUT_COPY
+
+    return ASKS_WITHOUT_COPY
+
+
+def _ctxutil_works() -> bool:
+    try:
+        from aiowheel._ctxutil import layout_known
+    except ImportError:  # a pure install
+        return False
+    return layout_known()
+
+
+def test_the_compiled_core_asks_about_the_current_context_without_a_copy() -> None:
+    # Built with the compiled core (setup.py), for the CPython versions the project
+    # supports, whose context object it recognises (else it would always answer
+    # False); the pure core (AIOWHEEL_PURE=1 beside a build) compares copies.
+    assert _asks_without_a_copy() is aiowheel.COMPILED
+    if aiowheel.COMPILED:
+        assert _ctxutil_works()
+
+
+@pytest.mark.skipif(not _ctxutil_works(), reason="aiowheel._ctxutil is not built")
+def test_holds_current_is_true_exactly_for_the_very_same_variables() -> None:
+    from aiowheel._ctxutil import holds_current
+
+    var: contextvars.ContextVar[object] = contextvars.ContextVar("var")
+    outer = contextvars.copy_context()
+
+    def inside() -> list[bool]:
+        found = [holds_current(outer)]  # a copy holds the same mapping
+        var.set(object())
+        found.append(holds_current(outer))  # a new binding: a new mapping
+        return found
+
+    assert holds_current(outer)
+    assert outer.copy().run(inside) == [True, False]
+    assert holds_current(outer)  # back in the caller's context
+    # Equal variables in another mapping: False (snapshot_context then compares them).
+    token = var.set(1)
+    var.reset(token)
+    assert not holds_current(outer)
+    # A thread that has made no context yet, and a thread's own context.
+    seen: list[bool] = []
+    thread = threading.Thread(target=lambda: seen.append(holds_current(outer)))
+    thread.start()
+    thread.join()
+    assert seen == [False]
+    with pytest.raises(TypeError):
+        holds_current()  # type: ignore[call-arg]
+    assert not holds_current(object())  # type: ignore[arg-type]
+
+
+async def test_a_snapshot_is_shared_after_a_variable_set_and_reset() -> None:
+    # The same objects in another mapping (a reset makes a new one): still shared, by
+    # comparing the variables (snapshot_context's second question).
+    async with Timer(tick=0.001) as timer:
+        request_id.set("one")
+        first = timer.schedule_nowait(10, lambda: None)
+        token = request_id.set("two")
+        request_id.reset(token)
+        second = timer.schedule_nowait(10, lambda: None)
+        assert first._context is second._context
+        assert second._context[request_id] == "one"
+        for handle in (first, second):
             handle.cancel()
 
 
