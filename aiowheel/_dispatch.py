@@ -55,7 +55,7 @@ class RunQueue(Bucket):
 
     It is a bucket (a linked list: ``add`` at the end, ``pop_first``, ``remove`` in
     O(1)) and the container (``handle._bucket``) of the handles it holds; it is never
-    scheduled (``tick is None``), as a detached bucket, so the handle's lazy re-arm
+    scheduled (``tick`` is ``UNSCHEDULED``), as a detached bucket, so the handle's lazy re-arm
     check treats it as "not in the wheel"."""
 
     __slots__ = ()

@@ -72,7 +72,7 @@ from types import FunctionType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
 from ._checks import not_copyable, seconds
-from ._wheel import DUE_LEVEL, GC_START, WheelEntry
+from ._wheel import DUE_LEVEL, GC_START, UNSCHEDULED, WheelEntry
 
 if TYPE_CHECKING:
     from ._affinity import Affinity
@@ -442,7 +442,7 @@ class TimerHandle(WheelEntry, Generic[T]):
         raises as ``schedule`` does and leaves the handle as it was.
         """
         bucket = self._bucket
-        if bucket is not None and bucket.tick is not None:
+        if bucket is not None and bucket.tick != UNSCHEDULED:
             # The idle-timeout touch, inline (Wheel.extend's lazy case): a pending
             # timer moved later than its bucket comes due only records the deadline;
             # the bucket re-files it when it comes due. Any real number takes this

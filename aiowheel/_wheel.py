@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from types import FunctionType
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 if TYPE_CHECKING:
     from mypy_extensions import u8  # compiled: a one-byte field; a plain int otherwise
@@ -68,6 +68,11 @@ _FAR_KEY: Final = -(1 << 16)
 DUE_LEVEL: Final = -1  # entries already due when filed (Wheel._due, and its chunks)
 QUEUE_LEVEL: Final = -2  # the worker pool's run queue (aiowheel/_dispatch.py, RunQueue)
 FAR_LEVEL: Final = -3  # entries past the horizon (Wheel._far)
+#: A bucket's ``tick`` while it is not scheduled (a scheduled bucket's tick is later
+#: than the wheel's clock, which starts at 0): an int, not None, so that compiled,
+#: ``bucket.tick != start`` in ``_file`` compares two machine integers instead of
+#: boxing ``start`` for a rich comparison (about 150 instructions of a schedule).
+UNSCHEDULED: Final = -1
 
 
 # -- hidden from the collector while linked (compiled core only) ----------------------
@@ -225,7 +230,7 @@ class Bucket:
     (docs/design.md, "Data structures, compiled").
 
     ``tick`` is the tick at which the bucket comes due in its current revolution
-    (``None`` while it is empty and unscheduled, or once it has been detached from the
+    (``UNSCHEDULED`` while it is empty and unscheduled, or once it has been detached from the
     wheel for firing); ``time`` is the same instant on the loop clock; ``level`` is
     the wheel the bucket belongs to, or a tag for a bucket in no wheel (``DUE_LEVEL``,
     ``QUEUE_LEVEL``, ``FAR_LEVEL``).
@@ -252,7 +257,7 @@ class Bucket:
         self._young = 0
         self._dirty = False
         self.level = level
-        self.tick: int | None = None
+        self.tick = UNSCHEDULED
         self.time = _INF
 
     def add(self, entry: WheelEntry) -> None:
@@ -407,6 +412,21 @@ class WheelEntry:
         self._next: WheelEntry | None = None
 
 
+@final
+class Level:
+    """A coarser wheel (level 1 and up) as ``Wheel._file`` reads it: the first due
+    tick past its window (``limit``, kept by ``Wheel._set_now``), its buckets' width
+    in ticks and its buckets. Native fields, where a tuple per level made every
+    schedule past level 0 unbox the tuple and two ints again, level by level."""
+
+    __slots__ = ("buckets", "limit", "width")
+
+    def __init__(self, limit: int, width: int, buckets: list[Bucket]) -> None:
+        self.limit = limit
+        self.width = width
+        self.buckets = buckets
+
+
 class Wheel:
     """A hierarchy of timing wheels over integer ticks of ``tick`` seconds (Kafka's
     ``TimingWheel`` with overflow levels made on demand, rounding up: never early).
@@ -463,7 +483,7 @@ class Wheel:
         self._widths: list[int] = [1]  # ticks per bucket, per level
         self._limits: list[int] = [wheel_size]  # first due tick past each level's window
         self._limit0 = wheel_size
-        self._upper: list[tuple[int, int, list[Bucket]]] = []
+        self._upper: list[Level] = []  # levels 1 and up (Level: what _file reads)
         self._heap: list[tuple[int, int, float, Bucket]] = []
         # Entries that were already due when filed; they expire on the next advance.
         self._due = Bucket(DUE_LEVEL)
@@ -492,14 +512,13 @@ class Wheel:
         for level, width in enumerate(self._widths):
             limits[level] = now - now % width + width * size
         self._limit0 = limits[0]
-        # Allocates: a finalizer may add a level meanwhile (see _add_level); then
-        # build the list again, with it.
-        while True:
-            count = len(self._levels)
-            upper = list(zip(limits[1:], self._widths[1:], self._levels[1:], strict=False))
-            if len(self._levels) == count == len(upper) + 1:
-                break
-        self._upper = upper
+        # In place, allocating nothing: a level a finalizer added meanwhile (the
+        # `enumerate` above allocates) was made for this clock already (_add_level).
+        upper = self._upper
+        index = 0
+        while index < len(upper):
+            upper[index].limit = limits[index + 1]
+            index += 1
 
     def reserve(self, deadline: float) -> None:
         """Create the levels that filing at ``deadline`` needs, ahead of the filing.
@@ -516,7 +535,7 @@ class Wheel:
             self._add_level()
 
     def _add_level(self) -> None:
-        # Every allocation (the buckets, the tuple) comes before the first append:
+        # Every allocation (the buckets, the Level) comes before the first append:
         # one may run the collector, whose finalizers may re-arm a timer far enough
         # to add a level themselves (issue 28, item 3). Then the level built here is
         # stale (its number, its width): build it again on top of theirs. The
@@ -528,7 +547,7 @@ class Wheel:
             buckets = [Bucket(level) for _ in range(size)]
             width = self._widths[-1] * size
             limit = self._now - self._now % width + width * size
-            upper = (limit, width, buckets)
+            upper = Level(limit, width, buckets)
             if len(self._levels) == level:
                 break
         self._levels.append(buckets)
@@ -589,24 +608,21 @@ class Wheel:
             bucket = self._wheel0[e % self._size]
             start = e
         else:
-            # A coarser level: the lowest one whose window holds e. `_upper` is
-            # (limit, width, buckets) per level >= 1, rebuilt when the clock moves.
+            # A coarser level: the lowest one whose window holds e. `_upper` is a
+            # Level per level >= 1, its limit kept up to date as the clock moves.
             # Nothing here allocates an object the collector tracks (an index, not a
-            # `for`, whose list iterator is one; no tuple unpacking, which allocates
-            # an iterator until the interpreter has specialized it): a collection
-            # here runs finalizers between the caller's reading of the entry's state
-            # and the link (issue 28, item 3; the re-check below is the backstop).
+            # `for`, whose list iterator is one): a collection here runs finalizers
+            # between the caller's reading of the entry's state and the link (issue
+            # 28, item 3; the re-check below is the backstop).
             upper = self._upper
             index = 0
             count = len(upper)
             while index < count:
-                level_window = upper[index]
-                limit = level_window[0]
-                if e < limit:
-                    width = level_window[1]
-                    buckets = level_window[2]
+                level = upper[index]
+                if e < level.limit:
+                    width = level.width
                     number = e // width
-                    bucket = buckets[number % self._size]
+                    bucket = level.buckets[number % self._size]
                     start = number * width
                     break
                 index += 1
@@ -654,7 +670,7 @@ class Wheel:
         # tick earlier leaves the old heap item stale (tick differs): it is skipped.
         far = self._far
         start = e - HORIZON  # > _now: e is past the horizon
-        if far.tick is None or start < far.tick:
+        if far.tick == UNSCHEDULED or start < far.tick:
             when = self._far_time(start)
             far.tick = start
             far.time = when
@@ -703,7 +719,7 @@ class Wheel:
         bucket = entry._bucket
         # The lazy-extend test: in a scheduled bucket, no earlier than it comes due.
         # (TimerHandle.reset keeps an inline copy of this test, for its idle touch.)
-        if bucket is not None and bucket.tick is not None and deadline >= bucket.time:
+        if bucket is not None and bucket.tick != UNSCHEDULED and deadline >= bucket.time:
             entry._deadline = deadline
             return _INF
         e = self.due_tick_of(deadline)  # may raise: before any change
@@ -726,7 +742,7 @@ class Wheel:
                 return when
             _heappop(heap)
             if bucket.tick == start:
-                bucket.tick = None
+                bucket.tick = UNSCHEDULED
                 bucket.time = _INF
         return None
 
@@ -794,7 +810,7 @@ class Wheel:
         # the far bucket moved earlier), or an emptied bucket: unschedule it.
         _heappop(self._heap)
         if bucket.tick == start:
-            bucket.tick = None
+            bucket.tick = UNSCHEDULED
             bucket.time = _INF
 
     def _far_came_due(self, start: int, now: float, fired: list[Bucket]) -> None:
@@ -802,7 +818,7 @@ class Wheel:
         # against the clock at its tick.
         far = self._far
         _heappop(self._heap)
-        far.tick = None
+        far.tick = UNSCHEDULED
         far.time = _INF
         if start > self._now:
             self._set_now(start)
@@ -854,7 +870,7 @@ class Wheel:
         if not heap or heap[0][3] is not bucket or heap[0][0] != start:
             return False
         _heappop(heap)
-        bucket.tick = None
+        bucket.tick = UNSCHEDULED
         # Listed in _out before it leaves its level: always findable (recover).
         self._out.append(bucket)
         self._levels[level][(start // self._widths[level]) % self._size] = fresh
@@ -1063,13 +1079,14 @@ class Wheel:
         del self._levels[count:]
         del self._widths[count:]
         del self._limits[count:]
+        del self._upper[count - 1 :]
         self._set_now(self._now)
         self._out.clear()
         self._heap.clear()
         for bucket in buckets:
             bucket._first = bucket._last = bucket._cascaded = None
             bucket._young = 0  # counted again as they are linked again
-            bucket.tick = None
+            bucket.tick = UNSCHEDULED
             bucket.time = _INF
         for entry in entries:
             entry._bucket = entry._prev = entry._next = None
@@ -1087,12 +1104,12 @@ class Wheel:
             entries += bucket.take_all()
         self._out.clear()
         entries += self._far.take_all()
-        self._far.tick = None
+        self._far.tick = UNSCHEDULED
         self._far.time = _INF
         for level in self._levels:
             for bucket in level:
                 entries += bucket.take_all()
-                bucket.tick = None
+                bucket.tick = UNSCHEDULED
                 bucket.time = _INF
         self._heap.clear()
         # What no bucket reaches: the entry a pass stopped between its unlink and its
@@ -1137,7 +1154,7 @@ class Wheel:
         far = self._far
         _check_links(far)
         if far._first is not None:
-            assert far.tick is not None, "occupied far bucket is not scheduled"
+            assert far.tick != UNSCHEDULED, "occupied far bucket is not scheduled"
             assert scheduled.get(id(far)) == far.tick, "the far bucket is not in the heap"
             assert far.tick > self._now, "the far bucket is due but still filed"
             for entry in far:
@@ -1145,6 +1162,9 @@ class Wheel:
                 # within the horizon; it is filed when the far bucket comes due).
                 assert self.due_tick_of(entry._deadline) >= far.tick, entry
         assert self._limit0 == self._limits[0]
+        assert [(u.limit, u.width, u.buckets) for u in self._upper] == list(
+            zip(self._limits[1:], self._widths[1:], self._levels[1:], strict=True)
+        ), "the Levels _file reads disagree with the levels"
         for level, wheel in enumerate(self._levels):
             width = self._widths[level]
             assert self._limits[level] == self._now - self._now % width + width * self._size
@@ -1153,7 +1173,7 @@ class Wheel:
                 _check_links(bucket)
                 if bucket._first is None:
                     continue
-                assert bucket.tick is not None, f"occupied {bucket!r} is not scheduled"
+                assert bucket.tick != UNSCHEDULED, f"occupied {bucket!r} is not scheduled"
                 assert scheduled.get(id(bucket)) == bucket.tick, f"{bucket!r} not in the heap"
                 assert bucket.tick > self._now, f"{bucket!r} is due but still filed"
                 assert bucket.time == self.tick_time(bucket.tick)

@@ -35,7 +35,7 @@ from support import Probe, assert_on_time
 from aiowheel import Timer, TimerCancelled, TimerHandle
 from aiowheel._dispatch import RunQueue, WorkerPool, close_awaitable
 from aiowheel._driver import AsyncioBackend
-from aiowheel._wheel import WheelEntry
+from aiowheel._wheel import UNSCHEDULED, WheelEntry
 
 pytestmark = pytest.mark.anyio
 
@@ -112,10 +112,10 @@ class Jobs:
 
 def test_run_queue_is_a_detached_bucket_to_the_handle() -> None:
     """A handle's lazy reset path (``TimerHandle.reset``) stays inline only while
-    ``bucket.tick is not None``; the run queue answers None, so a reset of a queued
+    ``bucket.tick != UNSCHEDULED``; the run queue answers no, so a reset of a queued
     handle always goes to the timer, which takes it out of the queue."""
     queue = RunQueue()
-    assert queue.tick is None
+    assert queue.tick == UNSCHEDULED
     assert queue.level == -2
     assert queue.time == float("inf")
 

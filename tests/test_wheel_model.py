@@ -47,7 +47,7 @@ from hypothesis.stateful import (
 from support import COUNTS_FILINGS
 from support import Entry as CountingEntry
 
-from aiowheel._wheel import HORIZON, Wheel
+from aiowheel._wheel import HORIZON, UNSCHEDULED, Wheel
 
 
 class Entry(CountingEntry):
@@ -184,7 +184,7 @@ class WheelModel(RuleBasedStateMachine):
         the lazy-extend test (``deadline >= bucket.time``), in every bucket, the far
         one included (issue 28's lost timer was an extend to the far bucket's time)."""
         bucket = entry._bucket
-        if bucket is None or bucket.tick is None:
+        if bucket is None or bucket.tick == UNSCHEDULED:
             return
         self.extend(entry, (bucket.time - self.now) / self.tick + nudge)
 
