@@ -68,11 +68,10 @@ from __future__ import annotations
 from _thread import get_ident
 from collections.abc import Callable
 from contextvars import Context, copy_context
-from types import FunctionType
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, SupportsFloat, TypeVar, cast
 
 from ._checks import not_copyable, seconds
-from ._wheel import DUE_LEVEL, GC_START, UNSCHEDULED, WheelEntry
+from ._wheel import CORE_COMPILED, DUE_LEVEL, GC_START, UNSCHEDULED, WheelEntry
 
 if TYPE_CHECKING:
     from ._affinity import Affinity
@@ -112,10 +111,8 @@ else:
 # Final: compiled, a C static, called without a module-dict lookup.
 _holds_current: Final = _c_holds_current
 #: Whether snapshot_context asks aiowheel._ctxutil before it copies: on the compiled
-#: core, which is built with it. Compiled, this module's functions are not Python
-#: functions; the pure core (AIOWHEEL_PURE=1 beside a build) keeps its behaviour and
-#: compares copies, as aiowheel/_wheel.py's HIDES does for the collector.
-ASKS_WITHOUT_COPY: Final = _FOUND and type(_never) is not FunctionType
+#: core, which is built with it (the pure core compares copies: CORE_COMPILED).
+ASKS_WITHOUT_COPY: Final = _FOUND and CORE_COMPILED
 # The last snapshot taken (snapshot_context), shared by the next handles scheduled in
 # an equal context. One per process, whatever the thread: a race between two threads
 # only costs a share that is not made. It keeps one context alive that its handles may
@@ -148,16 +145,13 @@ def snapshot_context() -> Context:
     own, as with a copy per handle. Only a periodic timer's handle has a context of
     its own, run in directly (``PeriodicHandle``: a run sees what the last one set)."""
     last = _last_context[0]
-    if last is not None:
-        # The common case, asked without a copy (aiowheel/_ctxutil.c): the current
-        # context holds the very mapping of variables the snapshot holds.
-        if ASKS_WITHOUT_COPY and _holds_current(last):
-            return cast("Context", last)
-        context = _copy_context()
-        if same_variables(context, last):
-            return cast("Context", last)
-    else:
-        context = _copy_context()
+    # The common case, asked without a copy (aiowheel/_ctxutil.c): the current context
+    # holds the very mapping of variables the snapshot holds.
+    if last is not None and ASKS_WITHOUT_COPY and _holds_current(last):
+        return cast("Context", last)
+    context = _copy_context()
+    if last is not None and same_variables(context, last):
+        return cast("Context", last)
     _last_context[0] = context
     return context
 

@@ -140,10 +140,12 @@ else:
 # Final: compiled, a C static each, called without a module-dict lookup.
 _show: Final = _c_track
 _hide: Final = _c_untrack
-# Compiled, this module's functions are not Python functions. The pure core
-# (AIOWHEEL_PURE=1) runs the .py beside extensions that may be there, and keeps its
-# behaviour: nothing hidden.
-HIDES: Final = _FOUND and type(_absent) is not FunctionType
+#: Whether the core runs compiled: compiled, this module's functions are not Python
+#: functions. The pure core (AIOWHEEL_PURE=1) runs the .py beside the C modules that
+#: may be there (aiowheel/_gcutil.c, aiowheel/_ctxutil.c) and keeps its behaviour
+#: without them: nothing hidden here, and context copies in aiowheel/_handle.py.
+CORE_COMPILED: Final = type(_absent) is not FunctionType
+HIDES: Final = _FOUND and CORE_COMPILED
 
 #: The ``_gc`` a new entry starts with.
 GC_START: Final = GC_TRACKED if HIDES else GC_OFF
