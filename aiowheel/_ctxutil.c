@@ -11,7 +11,8 @@
  * mapping alive, so no other mapping can have that address meanwhile.
  *
  * The mapping is a field of CPython's context object that no API exposes
- * (Include/internal/pycore_context.h: the same layout from 3.7 to 3.13). Its place is
+ * (Include/internal/pycore_context.h: the same layout in 3.11, 3.12 and 3.13, the
+ * versions the project supports). Its place is
  * checked when the module is imported; if the check fails, holds_current() always
  * answers False and every handle takes the copy, as without this module. It
  * allocates nothing and runs no Python code.
