@@ -29,7 +29,8 @@ repetition: all contenders see the same workload.
 ``timeout`` a timeout block with N other timers pending: ns per enter + exit (nothing
             inside), and ns per reset of the open block's deadline (one per read):
             aiowheel ``timer.timeout``; ``asyncio.timeout`` on asyncio and uvloop (the
-            ``call_later`` contenders: the loop's own timer heap); trio's
+            ``call_later`` contenders: the loop's own timer heap, and the same
+            block with the loop's ``call_at`` stubbed, what no timer can save); trio's
             ``move_on_after`` (``trio-native``).
 ``kafka``, a searched workload, is in ``kafka.py``; ``registry.py`` lists them all.
 
@@ -836,6 +837,21 @@ _TIMER_KINDS = frozenset({"aiowheel", "call_later", "trio"})
 _LOOP_KINDS = frozenset({"loop", "call_later"})
 
 
+class _StubHandle:
+    __slots__ = ()
+
+    def cancel(self) -> None:
+        pass
+
+
+_STUB_HANDLE = _StubHandle()
+
+
+def _stub_call_at(when: float, callback: object, *args: object, context: object = None) -> Any:
+    """A timer that costs nothing but a Python call: the timeout workload's floor."""
+    return _STUB_HANDLE
+
+
 class TimeoutScope(RepeatedWorkload):
     name = "timeout"
     quick_step_seconds = 1.0
@@ -860,6 +876,18 @@ class TimeoutScope(RepeatedWorkload):
             "ns",
             "lower",
             kinds=_LOOP_KINDS,
+        ),
+        # The plain loops' block with its timer stubbed out (_stub_call_at: call_at
+        # and cancel() do nothing): the part of the block no loop's timer can make
+        # cheaper, so plain / this is the most any timer could gain (docs/loop.md,
+        # "asyncio.timeout on the drop-in loop").
+        Metric(
+            "stub_timer_ns",
+            "the same asyncio.timeout block, its call_at and cancel stubbed",
+            "ns",
+            "lower",
+            ratio=False,
+            kinds=frozenset({"call_later"}),
         ),
     )
     traced = False  # one-block guards that never fire: the trace is all cancellations
@@ -900,6 +928,7 @@ class TimeoutScope(RepeatedWorkload):
         batches = range(max(data.ops // _BATCH, 1))
         ops = len(batches) * _BATCH
         inner = range(_BATCH)
+        stub_timer = 0.0  # the plain loops' only (below)
         gc.collect()
         if kind == "aiowheel":
             assert env.timer is not None
@@ -954,6 +983,20 @@ class TimeoutScope(RepeatedWorkload):
                 for handle in handles:
                     handle.cancel()
                 return {"loop_enter_exit_ns": enter_exit / ops * 1e9}
+            # The stub, set on the loop instance, shadows the loop's call_at for the
+            # block's reschedule, which looks it up on the loop at each call.
+            loop: Any = asyncio.get_running_loop()
+            loop.call_at = _stub_call_at
+            try:
+                t0 = perf()
+                for _ in batches:
+                    for _ in inner:
+                        async with asyncio_timeout(10.0):
+                            pass
+                    await checkpoint()
+                stub_timer = perf() - t0
+            finally:
+                del loop.call_at
             async with asyncio_timeout(10.0) as cm:
                 reschedule = cm.reschedule
                 t0 = perf()
@@ -968,4 +1011,5 @@ class TimeoutScope(RepeatedWorkload):
         if kind == "call_later":
             # The plain loop's block: the peer of the drop-in loop's as well.
             figures["loop_enter_exit_ns"] = figures["enter_exit_ns"]
+            figures["stub_timer_ns"] = stub_timer / ops * 1e9
         return figures
