@@ -207,7 +207,8 @@ def level_for(now: int, e: int, size: int) -> int:
     is ``size`` buckets from ``now`` rounded down to a bucket's width.
 
     ``Wheel._file`` keeps an inline copy over the windows it keeps up to date
-    (``_limit0``, ``_upper``: the hot path of every schedule computes no power);
+    (``_limit0``, each ``Level``'s ``limit``: the hot path of every schedule
+    computes no power);
     tests/test_wheel.py checks that the two agree."""
     level = 0
     width = 1
@@ -416,10 +417,11 @@ class WheelEntry:
 
 @final
 class Level:
-    """A coarser wheel (level 1 and up) as ``Wheel._file`` reads it: the first due
-    tick past its window (``limit``, kept by ``Wheel._set_now``), its buckets' width
-    in ticks and its buckets. Native fields, where a tuple per level made every
-    schedule past level 0 unbox the tuple and two ints again, level by level."""
+    """One wheel of the hierarchy: the first due tick past its window (``limit``, kept
+    by ``Wheel._set_now``), its buckets' width in ticks (``wheel_size ** level``) and
+    its buckets. The one place a level's state is kept. Native fields, where a tuple
+    per level made every schedule past level 0 unbox the tuple and two ints again,
+    level by level."""
 
     __slots__ = ("buckets", "limit", "width")
 
@@ -457,14 +459,11 @@ class Wheel:
         "_held",
         "_levels",
         "_limit0",
-        "_limits",
         "_moving",
         "_now",
         "_out",
         "_size",
-        "_upper",
         "_wheel0",
-        "_widths",
         "origin",
         "tick",
     )
@@ -479,13 +478,12 @@ class Wheel:
         self._size = wheel_size
         # The wheel's clock: every bucket due at or before this tick has been flushed.
         self._now = 0
-        # Level 0 is kept in its own attributes: it takes most inserts.
+        # The levels, finest first, each a Level. Level 0's buckets and limit are
+        # also kept in attributes of their own (copies _set_now keeps equal): it
+        # takes most inserts, and _file reads them without indexing the list.
         self._wheel0 = [Bucket(0) for _ in range(wheel_size)]
-        self._levels: list[list[Bucket]] = [self._wheel0]
-        self._widths: list[int] = [1]  # ticks per bucket, per level
-        self._limits: list[int] = [wheel_size]  # first due tick past each level's window
+        self._levels: list[Level] = [Level(wheel_size, 1, self._wheel0)]
         self._limit0 = wheel_size
-        self._upper: list[Level] = []  # levels 1 and up (Level: what _file reads)
         self._heap: list[tuple[int, int, float, Bucket]] = []
         # Entries that were already due when filed; they expire on the next advance.
         self._due = Bucket(DUE_LEVEL)
@@ -507,20 +505,19 @@ class Wheel:
         return len(self._levels)
 
     def _set_now(self, now: int) -> None:
-        # Recompute each level's window for the new current tick.
+        # Recompute each level's window for the new current tick: in place, with an
+        # index rather than a `for` (whose iterator is an allocation, which may run
+        # finalizers), allocating nothing.
         self._now = now
         size = self._size
-        limits = self._limits
-        for level, width in enumerate(self._widths):
-            limits[level] = now - now % width + width * size
-        self._limit0 = limits[0]
-        # In place, allocating nothing: a level a finalizer added meanwhile (the
-        # `enumerate` above allocates) was made for this clock already (_add_level).
-        upper = self._upper
+        levels = self._levels
         index = 0
-        while index < len(upper):
-            upper[index].limit = limits[index + 1]
+        while index < len(levels):
+            level = levels[index]
+            width = level.width
+            level.limit = now - now % width + width * size
             index += 1
+        self._limit0 = levels[0].limit
 
     def reserve(self, deadline: float) -> None:
         """Create the levels that filing at ``deadline`` needs, ahead of the filing.
@@ -533,29 +530,25 @@ class Wheel:
         horizon = self._now + HORIZON
         if e > horizon:
             e = horizon
-        while e >= self._limits[-1]:
+        while e >= self._levels[-1].limit:
             self._add_level()
 
     def _add_level(self) -> None:
         # Every allocation (the buckets, the Level) comes before the first append:
         # one may run the collector, whose finalizers may re-arm a timer far enough
         # to add a level themselves (issue 28, item 3). Then the level built here is
-        # stale (its number, its width): build it again on top of theirs. The
-        # appends allocate nothing the collector tracks, so the four lists always
-        # grow together (a pure-core interrupt between them: `recover`).
+        # stale (its number, its width): build it again on top of theirs. The one
+        # append then adds the whole level.
         size = self._size
         while True:
-            level = len(self._levels)
-            buckets = [Bucket(level) for _ in range(size)]
-            width = self._widths[-1] * size
+            number = len(self._levels)
+            buckets = [Bucket(number) for _ in range(size)]
+            width = self._levels[-1].width * size
             limit = self._now - self._now % width + width * size
-            upper = Level(limit, width, buckets)
-            if len(self._levels) == level:
+            level = Level(limit, width, buckets)
+            if len(self._levels) == number:
                 break
-        self._levels.append(buckets)
-        self._widths.append(width)
-        self._limits.append(limit)
-        self._upper.append(upper)
+        self._levels.append(level)
 
     # -- filing -------------------------------------------------------------------
 
@@ -610,17 +603,17 @@ class Wheel:
             bucket = self._wheel0[e % self._size]
             start = e
         else:
-            # A coarser level: the lowest one whose window holds e. `_upper` is a
-            # Level per level >= 1, its limit kept up to date as the clock moves.
-            # Nothing here allocates an object the collector tracks (an index, not a
-            # `for`, whose list iterator is one): a collection here runs finalizers
-            # between the caller's reading of the entry's state and the link (issue
-            # 28, item 3; the re-check below is the backstop).
-            upper = self._upper
-            index = 0
-            count = len(upper)
+            # A coarser level: the lowest one whose window holds e (the limits
+            # _set_now keeps up to date as the clock moves). Nothing here allocates
+            # an object the collector tracks (an index, not a `for`, whose list
+            # iterator is one): a collection here runs finalizers between the
+            # caller's reading of the entry's state and the link (issue 28, item 3;
+            # the re-check below is the backstop).
+            levels = self._levels
+            index = 1
+            count = len(levels)
             while index < count:
-                level = upper[index]
+                level = levels[index]
                 if e < level.limit:
                     width = level.width
                     number = e // width
@@ -864,8 +857,7 @@ class Wheel:
         # Detach the top bucket: new inserts during this pass must not land in a
         # bucket the pass returns. The replacement first: its allocation may run
         # finalizers that change the heap, so False (look again) if the top moved.
-        level = bucket.level
-        fresh = Bucket(level)
+        fresh = Bucket(bucket.level)
         heap = self._heap
         # Compare the fields, not the tuple's identity: compiled, the top is an
         # unboxed tuple, and boxing it again makes a new object every time.
@@ -875,7 +867,8 @@ class Wheel:
         bucket.tick = UNSCHEDULED
         # Listed in _out before it leaves its level: always findable (recover).
         self._out.append(bucket)
-        self._levels[level][(start // self._widths[level]) % self._size] = fresh
+        level = self._levels[bucket.level]
+        level.buckets[(start // level.width) % self._size] = fresh
         if start > self._now:
             self._set_now(start)
         return True
@@ -1051,7 +1044,7 @@ class Wheel:
     def _recover(self) -> None:
         buckets: list[Bucket] = [self._due, self._far, *self._out]
         for level in self._levels:
-            buckets.extend(level)
+            buckets.extend(level.buckets)
         entries: list[WheelEntry] = []
         seen: set[int] = set()
         held = self._held
@@ -1075,13 +1068,8 @@ class Wheel:
         # every entry is filed again.
         self._held = entries
         self._moving = None
-        # Levels: a level added half-way (its buckets listed, its width not yet) is
-        # empty; drop it. Then the windows, for the clock as it stands.
-        count = min(len(self._levels), len(self._widths), len(self._limits))
-        del self._levels[count:]
-        del self._widths[count:]
-        del self._limits[count:]
-        del self._upper[count - 1 :]
+        # The windows, for the clock as it stands (a level is added whole, by one
+        # append: there is no half-added level to drop).
         self._set_now(self._now)
         self._out.clear()
         self._heap.clear()
@@ -1109,7 +1097,7 @@ class Wheel:
         self._far.tick = UNSCHEDULED
         self._far.time = _INF
         for level in self._levels:
-            for bucket in level:
+            for bucket in level.buckets:
                 entries += bucket.take_all()
                 bucket.tick = UNSCHEDULED
                 bucket.time = _INF
@@ -1138,15 +1126,15 @@ class Wheel:
     # -- introspection (not on any hot path) -----------------------------------------
 
     def __len__(self) -> int:
-        filed = sum(len(b) for wheel in self._levels for b in wheel)
+        filed = sum(len(b) for level in self._levels for b in level.buckets)
         return len(self._due) + len(self._far) + filed
 
     def __iter__(self) -> Iterator[WheelEntry]:
         """Every entry still in the wheel (not the detached buckets), in no order."""
         yield from self._due
         yield from self._far
-        for wheel in self._levels:
-            for bucket in wheel:
+        for level in self._levels:
+            for bucket in level.buckets:
                 yield from bucket
 
     def _check(self) -> None:
@@ -1163,15 +1151,16 @@ class Wheel:
                 # Never early (a lazily extended entry may be due before it is
                 # within the horizon; it is filed when the far bucket comes due).
                 assert self.due_tick_of(entry._deadline) >= far.tick, entry
-        assert self._limit0 == self._limits[0]
-        assert [(u.limit, u.width, u.buckets) for u in self._upper] == list(
-            zip(self._limits[1:], self._widths[1:], self._levels[1:], strict=True)
-        ), "the Levels _file reads disagree with the levels"
-        for level, wheel in enumerate(self._levels):
-            width = self._widths[level]
-            assert self._limits[level] == self._now - self._now % width + width * self._size
+        assert self._levels[0].buckets is self._wheel0
+        assert self._limit0 == self._levels[0].limit
+        for number, level in enumerate(self._levels):
+            width = level.width
+            wheel = level.buckets
+            assert width == self._size**number
+            assert len(wheel) == self._size
+            assert level.limit == self._now - self._now % width + width * self._size
             for bucket in wheel:
-                assert bucket.level == level
+                assert bucket.level == number
                 _check_links(bucket)
                 if bucket._first is None:
                     continue

@@ -43,6 +43,10 @@ from pathlib import Path
 PATHS = ("/", "/a", "/t")
 GUARDS = ("uvicorn", "protocol", "middleware")
 LOOPS = ("asyncio", "loop-asyncio", "uvloop", "loop-uvloop")
+#: The plain loops with their long timers stubbed out (``--loops stub-asyncio,...``):
+#: what a request costs when its timers cost nothing, the floor no loop's timers
+#: can go below.
+STUB_LOOPS = ("stub-asyncio", "stub-uvloop")
 
 #: callgrind symbols of each loop's timer entry points (inclusive costs add up: the
 #: outermost entry points only).
@@ -78,7 +82,42 @@ async def app(scope, receive, send):
 
 
 serve.app = app
-sys.exit(serve.main([sys.argv[1], sys.argv[2]]))
+loop_name = sys.argv[1]
+if loop_name.startswith("stub-"):
+    # The plain loop, its timers 5 s or more ahead stubbed out: the app's 10 s
+    # timeouts and uvicorn's keep-alive timer cost a Python call and nothing else
+    # (uvicorn's own short sleeps stay real).
+    loop_name = loop_name.removeprefix("stub-")
+    make_loop = serve.new_loop
+
+    class Stub:
+        __slots__ = ()
+
+        def cancel(self):
+            pass
+
+    STUB = Stub()
+
+    def new_loop(name):
+        loop = make_loop(name)
+        call_at, call_later, time = loop.call_at, loop.call_later, loop.time
+
+        def stub_call_at(when, callback, *args, context=None):
+            if when - time() >= 5.0:
+                return STUB
+            return call_at(when, callback, *args, context=context)
+
+        def stub_call_later(delay, callback, *args, context=None):
+            if delay >= 5.0:
+                return STUB
+            return call_later(delay, callback, *args, context=context)
+
+        loop.call_at = stub_call_at
+        loop.call_later = stub_call_later
+        return loop
+
+    serve.new_loop = new_loop
+sys.exit(serve.main([loop_name, sys.argv[2]]))
 """
 
 
@@ -195,9 +234,10 @@ def main() -> None:
     if args.measure == "instructions" and shutil.which("valgrind") is None:
         parser.error("--measure instructions needs valgrind on PATH (or --measure cpu)")
     loops = args.loops.split(",")
-    unknown = set(loops) - set(LOOPS)
+    unknown = set(loops) - set(LOOPS) - set(STUB_LOOPS)
     if unknown:
-        parser.error(f"unknown loops {sorted(unknown)}; choose from {', '.join(LOOPS)}")
+        known = ", ".join(LOOPS + STUB_LOOPS)
+        parser.error(f"unknown loops {sorted(unknown)}; choose from {known}")
     unit = "instructions" if args.measure == "instructions" else "cpu_us"
     results = {
         loop: profile(loop, args.requests, args.warm_up, args.measure, args.guard) for loop in loops
@@ -220,6 +260,9 @@ def main() -> None:
         if base in results and f"loop-{base}" in results:
             plain, drop_in = results[base]["/t"][unit], results[f"loop-{base}"]["/t"][unit]
             print(f"drop-in / plain {base}, /t: {drop_in / plain:.3f}")
+        if base in results and f"stub-{base}" in results:
+            plain, stub = results[base]["/t"][unit], results[f"stub-{base}"]["/t"][unit]
+            print(f"timers stubbed / plain {base}, /t: {stub / plain:.3f} (the floor)")
 
 
 if __name__ == "__main__":
