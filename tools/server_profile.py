@@ -23,7 +23,16 @@ machine's load, and the inclusive instructions of the loop's timer entry points
 compiled ones), where those are C functions callgrind can name (plain asyncio's are
 Python, so its line says "-"). ``--measure cpu`` reads the server's own CPU time
 (``/__stats``) before and after each path instead: µs per request, noisy on a shared
-machine.
+machine. ``--measure load`` reads it around the ``server`` workload's own load (wrk
+where it is installed, 64 connections, ``--seconds`` per path): the CPU per request
+of a loaded server, kernel time included, which callgrind does not count; ``--rounds``
+rounds, the loops interleaved, medians.
+
+``--loops`` may also name ``stub-asyncio`` and ``stub-uvloop``: the plain loop with its
+timers 5 s or more ahead stubbed out (the app's timeouts and uvicorn's keep-alive
+timer cost a Python call and nothing else), what a request costs when its timers
+cost nothing: the floor of any loop's timers (docs/loop.md, "Why a server gains
+little").
 """
 
 from __future__ import annotations
@@ -35,10 +44,13 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from aiowheel.bench.server import _measure as measure_under_load
 
 PATHS = ("/", "/a", "/t")
 GUARDS = ("uvicorn", "protocol", "middleware")
@@ -156,7 +168,12 @@ def _timer_instructions(dump: str, loop: str) -> int | None:
 
 
 def profile(
-    loop: str, requests: int, warm_up: int, measure: str, guard: str = "uvicorn"
+    loop: str,
+    requests: int,
+    warm_up: int,
+    measure: str,
+    guard: str = "uvicorn",
+    seconds: float = 3.0,
 ) -> dict[str, dict[str, float]]:
     """Per path: instructions (or CPU µs) per request, and the timers' share."""
     scratch = tempfile.mkdtemp(prefix="server-profile-")
@@ -181,6 +198,9 @@ def profile(
             for _ in range(warm_up):
                 _get(connection, path)
         for path in PATHS:
+            if measure == "load":
+                figures[path] = {"cpu_us": measure_under_load(port, path, seconds).cpu_us}
+                continue
             if measure == "instructions":
                 pid = str(server.pid)
                 subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
@@ -217,9 +237,21 @@ def profile(
     return figures
 
 
+def _medians(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each path's figures, the median over the rounds."""
+    return {
+        path: {key: statistics.median(r[path][key] for r in rounds) for key in figures}
+        for path, figures in rounds[0].items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--measure", choices=("instructions", "cpu"), default="instructions")
+    parser.add_argument(
+        "--measure", choices=("instructions", "cpu", "load"), default="instructions"
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="--measure load: per path")
+    parser.add_argument("--rounds", type=int, default=3, help="--measure load: rounds")
     parser.add_argument("-n", "--requests", type=int, default=1000, help="requests per path")
     parser.add_argument("--warm-up", type=int, default=300, help="requests per path first")
     parser.add_argument("--loops", default=",".join(LOOPS), help="comma-separated")
@@ -239,13 +271,20 @@ def main() -> None:
         known = ", ".join(LOOPS + STUB_LOOPS)
         parser.error(f"unknown loops {sorted(unknown)}; choose from {known}")
     unit = "instructions" if args.measure == "instructions" else "cpu_us"
-    results = {
-        loop: profile(loop, args.requests, args.warm_up, args.measure, args.guard) for loop in loops
-    }
-    print(
-        f"per request ({unit}), {args.requests} requests per path, one connection, "
-        f"idle connections closed by {args.guard}"
+    rounds = args.rounds if args.measure == "load" else 1
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {loop: [] for loop in loops}
+    for _ in range(rounds):
+        for loop in loops:
+            runs[loop].append(
+                profile(loop, args.requests, args.warm_up, args.measure, args.guard, args.seconds)
+            )
+    results = {loop: _medians(figures) for loop, figures in runs.items()}
+    how = (
+        f"{args.seconds:g} s of load per path, medians of {rounds} rounds"
+        if args.measure == "load"
+        else f"{args.requests} requests per path, one connection"
     )
+    print(f"per request ({unit}), {how}, idle connections closed by {args.guard}")
     print(f"{'loop':<14}{'/':>12}{'/a':>12}{'/t':>12}{'/t - /a':>12}{'timers in /t':>14}")
     for loop, figures in results.items():
         cells = [figures[path][unit] for path in PATHS]

@@ -14,19 +14,29 @@ from bench_support import subprocess_env
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
-#: probe -> (tiny arguments, a line its output has).
-PROBES: dict[str, tuple[list[str], str]] = {
-    "kafka_saturation.py": (["aiowheel-asyncio,null", "0.1", "1"], "us/request"),
-    "loop_gc_probe.py": (
-        ["--reps", "1", "--pending", "500", "--steps", "1000"],
-        "in the collector",
-    ),
-    "loop_lateness_probe.py": (["--timers", "3"], "median"),
-    "idle_middleware_cost.py": (["--rounds", "1", "-n", "50"], "middleware / bare"),
-    "server_profile.py": (
-        ["--measure", "cpu", "-n", "20", "--warm-up", "5", "--loops", "asyncio,loop-asyncio"],
-        "drop-in / plain asyncio",
-    ),
+#: probe -> its runs: (tiny arguments, a line its output has).
+PROBES: dict[str, list[tuple[list[str], str]]] = {
+    "kafka_saturation.py": [(["aiowheel-asyncio,null", "0.1", "1"], "us/request")],
+    "loop_gc_probe.py": [
+        (["--reps", "1", "--pending", "500", "--steps", "1000"], "in the collector")
+    ],
+    "loop_lateness_probe.py": [(["--timers", "3"], "median")],
+    "idle_middleware_cost.py": [(["--rounds", "1", "-n", "50"], "middleware / bare")],
+    "server_profile.py": [
+        (
+            ["--measure", "cpu", "-n", "20", "--warm-up", "5", "--loops", "asyncio,loop-asyncio"],
+            "drop-in / plain asyncio",
+        ),
+        # Under load (wrk, or the bench's own load generator), with the plain loop
+        # whose timers are stubbed out.
+        (
+            [
+                *("--measure", "load", "--seconds", "0.3", "--rounds", "1"),
+                *("--warm-up", "5", "--loops", "asyncio,stub-asyncio"),
+            ],
+            "timers stubbed / plain asyncio",
+        ),
+    ],
 }
 
 
@@ -47,9 +57,12 @@ def test_every_probe_of_tools_is_listed_here_or_run_elsewhere() -> None:
         assert f"`{name}`" in readme, name
 
 
-@pytest.mark.parametrize("probe", sorted(PROBES))
-def test_the_probe_runs(probe: str) -> None:
-    args, expected = PROBES[probe]
+RUNS = [(probe, run) for probe in sorted(PROBES) for run in range(len(PROBES[probe]))]
+
+
+@pytest.mark.parametrize(("probe", "run"), RUNS)
+def test_the_probe_runs(probe: str, run: int) -> None:
+    args, expected = PROBES[probe][run]
     done = subprocess.run(
         [sys.executable, "-W", "error", str(TOOLS / probe), *args],
         capture_output=True,
