@@ -342,6 +342,9 @@ async def run_probe(
 # 5% steps down this replaced gave up at 0.66x of the first try and reported 0.
 _STEP_DOWN = 0.8
 _CONFIRM_TRIES = 10
+#: The steps of a typical search, for the progress bar: about 6 short probes, the
+#: long confirmation and a traced short probe (then a probe per target rate).
+_SEARCH_STEPS = 8
 
 
 @dataclass
@@ -470,13 +473,20 @@ class Kafka(SearchedWorkload):
         return None
 
     def step_seconds(self, settings: Settings) -> float:
-        # A probe's window and its fresh event loop, pools and collection.
-        return settings.kafka_probe + 0.5
+        # The mean step of a planned search (planned_steps): its short probes, the
+        # long confirmation and a probe per target rate, each with its window and
+        # its fresh event loop, pools and collection (about half a second). The
+        # short probe's window alone, as it was, put a full run at half its time.
+        targets = len(settings.kafka_targets)
+        windows = (
+            (_SEARCH_STEPS - 1) * settings.kafka_probe
+            + settings.kafka_seconds
+            + targets * settings.kafka_target_seconds
+        )
+        return windows / (_SEARCH_STEPS + targets) + 0.5
 
     def planned_steps(self, settings: Settings, contenders: list[Contender]) -> int:
-        # A typical search: about 6 probes, a confirmation and a traced probe; then
-        # one probe per target rate.
-        per_case = 8 + len(settings.kafka_targets)
+        per_case = _SEARCH_STEPS + len(settings.kafka_targets)
         return per_case * len(settings.kafka_cases) * len(contenders)
 
     def pools(self, settings: Settings) -> _Pools:

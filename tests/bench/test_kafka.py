@@ -113,6 +113,18 @@ def test_kafka_is_a_searched_workload() -> None:
     assert kafka.planned_steps(settings, list(CONTENDERS[:3])) == (8 + 3) * 2 * 3
 
 
+def test_kafka_plans_the_time_of_its_long_windows() -> None:
+    # A search's steps add up to its windows (7 short probes, the long confirmation,
+    # a probe per target rate) and half a second of set-up each: a full run's
+    # estimate once counted the short probe's window for every step, half the time
+    # it took.
+    kafka = WORKLOADS["kafka"]
+    settings = Settings(workloads=["kafka"], kafka_cases=("high",))
+    planned = kafka.planned_steps(settings, list(CONTENDERS[:1])) * kafka.step_seconds(settings)
+    windows = 7 * settings.kafka_probe + settings.kafka_seconds + 3 * settings.kafka_target_seconds
+    assert planned == pytest.approx(windows + 0.5 * (8 + 3))
+
+
 def test_probe_uses_the_purgatory_for_aiowheel() -> None:
     settings = Settings(workloads=["kafka"], kafka_probe=0.05, kafka_max_rate=4000.0)
     ours = next(c for c in CONTENDERS if c.name == "aiowheel-asyncio")
