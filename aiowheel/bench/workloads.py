@@ -46,7 +46,7 @@ import math
 import random
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -852,6 +852,24 @@ def _stub_call_at(when: float, callback: object, *args: object, context: object 
     return _STUB_HANDLE
 
 
+async def _asyncio_timeout_blocks(
+    batches: range, inner: range, checkpoint: Callable[[], Awaitable[None]]
+) -> float:
+    """Seconds for ``async with asyncio.timeout(10): pass``, batch after batch, with a
+    checkpoint between batches (the timeout workload's asyncio block)."""
+    import asyncio
+
+    asyncio_timeout = asyncio.timeout
+    perf = time.perf_counter
+    t0 = perf()
+    for _ in batches:
+        for _ in inner:
+            async with asyncio_timeout(10.0):
+                pass
+        await checkpoint()
+    return perf() - t0
+
+
 class TimeoutScope(RepeatedWorkload):
     name = "timeout"
     quick_step_seconds = 1.0
@@ -970,15 +988,8 @@ class TimeoutScope(RepeatedWorkload):
         else:
             import asyncio
 
-            asyncio_timeout = asyncio.timeout
             loop_time = asyncio.get_running_loop().time
-            t0 = perf()
-            for _ in batches:
-                for _ in inner:
-                    async with asyncio_timeout(10.0):
-                        pass
-                await checkpoint()
-            enter_exit = perf() - t0
+            enter_exit = await _asyncio_timeout_blocks(batches, inner, checkpoint)
             if kind == "loop":  # its figure is the block's only (loop-timeout: reschedule)
                 for handle in handles:
                     handle.cancel()
@@ -988,16 +999,10 @@ class TimeoutScope(RepeatedWorkload):
             loop: Any = asyncio.get_running_loop()
             loop.call_at = _stub_call_at
             try:
-                t0 = perf()
-                for _ in batches:
-                    for _ in inner:
-                        async with asyncio_timeout(10.0):
-                            pass
-                    await checkpoint()
-                stub_timer = perf() - t0
+                stub_timer = await _asyncio_timeout_blocks(batches, inner, checkpoint)
             finally:
                 del loop.call_at
-            async with asyncio_timeout(10.0) as cm:
+            async with asyncio.timeout(10.0) as cm:
                 reschedule = cm.reschedule
                 t0 = perf()
                 for _ in batches:
