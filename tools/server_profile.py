@@ -265,6 +265,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.measure == "instructions" and shutil.which("valgrind") is None:
         parser.error("--measure instructions needs valgrind on PATH (or --measure cpu)")
+    if args.requests < 1 or args.warm_up < 0 or args.rounds < 1 or not args.seconds > 0:
+        parser.error("-n and --rounds must be at least 1, --warm-up at least 0, --seconds > 0")
     loops = args.loops.split(",")
     unknown = set(loops) - set(LOOPS) - set(STUB_LOOPS)
     if unknown:
