@@ -250,6 +250,43 @@ async def test_a_finalizer_closing_the_timer_during_a_reset() -> None:
             coro.close()
 
 
+async def test_a_handle_freed_holding_a_callback_whose_finalizer_schedules() -> None:
+    """A handle that ran keeps its callback (as asyncio's handles do) until it is
+    freed; freeing it runs the callback's finalizer, which schedules here. The new
+    handles are whole: nothing of the freed handle's memory is handed to them while
+    it is still being cleared (mypyc's free list, ``free_list_len=1``, did that:
+    docs/design.md, "Data structures, compiled")."""
+    made: list[TimerHandle[Any]] = []
+    calls: list[int] = []
+    async with Timer(tick=TICK) as timer:
+
+        def schedule_more() -> None:
+            for _ in range(3):
+                made.append(timer.schedule_nowait(0.01, calls.append, 1))
+
+        class Callback:
+            def __init__(self) -> None:
+                self.guard = OnDel(schedule_more)
+
+            def __call__(self) -> None:
+                calls.append(0)
+
+        handle = timer.schedule_nowait(0.005, Callback())
+        with anyio.fail_after(5):
+            await handle.wait()
+        assert not made  # the handle holds its callback yet
+        del handle  # the last reference: its callback's finalizer runs here
+        assert len(made) == 3
+        check(timer, made)
+        assert all(other.pending() for other in made)
+        with anyio.fail_after(5):
+            for other in made:
+                await other.wait()
+        check(timer, made)
+        assert len(timer) == 0
+    assert calls == [0, 1, 1, 1]
+
+
 def test_bucket_add_refuses_a_linked_entry() -> None:
     bucket, other = Bucket(0), Bucket(0)
     entry = WheelEntry(1.0)
