@@ -233,10 +233,10 @@ class Bucket:
     (docs/design.md, "Data structures, compiled").
 
     ``tick`` is the tick at which the bucket comes due in its current revolution
-    (``UNSCHEDULED`` while it is empty and unscheduled, or once it has been detached from the
-    wheel for firing); ``time`` is the same instant on the loop clock; ``level`` is
-    the wheel the bucket belongs to, or a tag for a bucket in no wheel (``DUE_LEVEL``,
-    ``QUEUE_LEVEL``, ``FAR_LEVEL``).
+    (``UNSCHEDULED`` while it is empty and unscheduled, or once it has been detached
+    from the wheel for firing); ``time`` is the same instant on the loop clock;
+    ``level`` is the wheel the bucket belongs to, or a tag for a bucket in no wheel
+    (``DUE_LEVEL``, ``QUEUE_LEVEL``, ``FAR_LEVEL``).
 
     Invariant: ``entry._bucket is self`` exactly for the entries linked here, and an
     entry in no bucket has ``_prev`` and ``_next`` ``None`` (a handle a user keeps must
@@ -446,8 +446,8 @@ class Wheel:
 
     * an entry is pending exactly while ``entry._bucket`` is not ``None``, and then it
       is linked in that bucket's list; an entry in no bucket has no links;
-    * a bucket with ``tick is not None`` is in the heap under that tick, and that tick
-      is later than the wheel's current tick (``_now``);
+    * a bucket whose ``tick`` is not ``UNSCHEDULED`` is in the heap under that tick,
+      and that tick is later than the wheel's current tick (``_now``);
     * a bucket's entries have due ticks inside its range, or later (a lazily extended
       entry: see ``extend``, or one past the horizon), never earlier.
     """
